@@ -1,0 +1,130 @@
+"""``speedtronic train`` and ``speedtronic validate``: load a config, run it or check it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from speedtronic.cli.app import handle_errors
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.errors import ConfigError
+
+ConfigOpt = typer.Option(
+    None, "--config", "-c", help="Path to a YAML or JSON config file. Default: the embedded smoke run."
+)
+SetOpt = typer.Option(
+    None, "--set", help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
+    "Repeatable; values are parsed as YAML."
+)
+
+
+def load_config(path: Optional[Path], overrides: list[str]) -> SpeedtronicConfig:
+    if path is None:
+        return SpeedtronicConfig.from_yaml(_default_text(), overrides)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file")
+    return SpeedtronicConfig.from_file(path, overrides)
+
+
+def _default_text() -> str:
+    from speedtronic.config import default_config_text
+
+    return default_config_text()
+
+
+def train(
+    config: Optional[Path] = ConfigOpt,
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", help="Train until this many optimizer steps in total (run.max_steps)."
+    ),
+    output_dir: Optional[Path] = typer.Option(
+        None, "--output-dir", help="Directory for logs and checkpoints (run.output_dir)."
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="Device to train on: auto, cpu, cuda, cuda:N or mps (run.device)."
+    ),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed of the run (run.seed)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
+    ),
+    overrides: Optional[list[str]] = SetOpt,
+) -> None:
+    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
+    flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if resume:
+        sets.append("checkpoint.resume=true")
+    cfg = load_config(config, sets + list(overrides or []))
+
+    from speedtronic.cli.display import make_display
+    from speedtronic.runtime import train_from_config
+
+    display = make_display()
+    try:
+        result = train_from_config(cfg, hooks=[display], console=False)
+    finally:
+        display.close()
+    if result.status == "interrupted":
+        code = 128 + (result.signal or signal.SIGINT)
+        print(f"interrupted at step {result.steps}", file=sys.stderr)
+        raise typer.Exit(code)
+
+
+def validate(
+    config: Optional[Path] = ConfigOpt,
+    overrides: Optional[list[str]] = SetOpt,
+    output_format: str = typer.Option(
+        "text", "--format", help="Output format: text (YAML and facts) or json."
+    ),
+) -> None:
+    """Check a config: print the resolved (redacted) config and derived facts, or every problem."""
+    if output_format not in ("text", "json"):
+        raise ConfigError(f"--format: must be text or json (got {output_format!r})")
+    cfg = load_config(config, list(overrides or []))
+    facts = derived_facts(cfg)
+    if output_format == "json":
+        print(json.dumps({"config": cfg.to_dict(), "facts": facts}, indent=2))
+        return
+    print(cfg.to_yaml().rstrip())
+    print("---")
+    for key, value in facts.items():
+        print(f"# {key}: {value}")
+
+
+def derived_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
+    """Facts that need torch: device and model problems are collected, not raised one by one."""
+    import torch
+
+    from speedtronic.precision import resolve_device
+    from speedtronic.registry import build_model
+
+    problems: list[str] = []
+    facts: dict[str, Any] = {
+        "accumulation_steps": cfg.accumulation_steps,
+        "batch_size": cfg.batch_size,
+        "tokens_per_optimizer_step": cfg.tokens_per_step,
+        "output_dir": str(cfg.output_dir),
+    }
+    try:
+        facts["device"] = str(resolve_device(cfg.run.device))
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        with torch.device("meta"):  # count parameters without allocating them
+            model = build_model(cfg.model.name, cfg.model.params, cfg.model.imports)
+        facts["parameters"] = sum(p.numel() for p in model.parameters())
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems[0], problems=problems)
+    return facts
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(handle_errors(train))
+    app.command()(handle_errors(validate))

@@ -1,0 +1,40 @@
+"""Typed errors raised by the engine and mapped to exit codes by the CLI.
+
+No imports on purpose: every layer may raise these without pulling anything in.
+"""
+
+
+class SpeedtronicError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with; ``hint`` an optional next step."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+class ConfigError(SpeedtronicError):
+    """Invalid configuration or usage: a bad key, value, file or combination (exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None, problems: list[str] | None = None):
+        super().__init__(message, hint)
+        self.problems = problems or [message]
+
+
+class DataError(ConfigError):
+    """A data source that cannot be read or does not fit the model (exit 2)."""
+
+
+class CheckpointError(SpeedtronicError):
+    """A checkpoint that cannot be written, read or trusted (exit 1)."""
+
+
+class TrainingError(SpeedtronicError):
+    """Training cannot continue, e.g. too many non-finite losses in a row (exit 1)."""
+
+
+class TransportError(SpeedtronicError):
+    """A DiLoCo transport (Hub or shared directory) failed (exit 1)."""

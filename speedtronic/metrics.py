@@ -1,0 +1,165 @@
+"""Metrics: the ``MetricLogger`` event fan-out, its sinks, and the device peak-FLOPs table.
+
+The engine reports everything as ``(event, payload)`` pairs: ``run_start``, ``train_step``,
+``warning``, ``notice``, ``run_end``. Sinks write them (stdout lines, a text file, JSONL) and
+hooks receive them (callables ``hook(event, payload)`` or objects with ``on_event``). A hook
+that raises is reported once and disabled, never fatal to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Callable
+
+Hook = Callable[[str, dict[str, Any]], None]
+
+# Dense peak TFLOPS per device for the autocast dtype (bf16/fp16) and for fp32 (TF32 on CUDA).
+# Vendor figures without sparsity. Matched by substring of the device name, first match wins.
+PEAK_TFLOPS: list[tuple[str, float, float]] = [
+    ("H200", 989.0, 494.0),
+    ("H100 PCIe", 756.0, 378.0),
+    ("H100", 989.0, 494.0),
+    ("GH200", 989.0, 494.0),
+    ("B200", 2250.0, 1100.0),
+    ("A100", 312.0, 156.0),
+    ("A10G", 125.0, 31.2),
+    ("A10", 125.0, 62.5),
+    ("L40S", 362.0, 183.0),
+    ("L4", 121.0, 60.0),
+    ("RTX 4090", 165.0, 82.6),
+    ("RTX 3090", 71.0, 35.6),
+    ("V100", 125.0, 15.7),
+    ("T4", 65.0, 8.1),
+]
+
+
+def peak_flops(device_name: str, low_precision: bool) -> float | None:
+    """Vendor peak FLOP/s for a device name, or None when the device is not in the table."""
+    for key, low, full in PEAK_TFLOPS:
+        if key in device_name:
+            return (low if low_precision else full) * 1e12
+    return None
+
+
+class MetricLogger:
+    """Fans events out to sinks and hooks.
+
+    ``console``: print one plain line per ``train_step`` (and notices) to stdout.
+    ``file`` / ``json_file``: append text lines / JSON objects (one per event).
+    ``hooks``: callables ``(event, payload)`` or objects with ``on_event(event, payload)``.
+    """
+
+    def __init__(
+        self,
+        console: bool = True,
+        file: str | Path | None = None,
+        json_file: str | Path | None = None,
+        hooks: list[Any] | None = None,
+        stream: IO[str] | None = None,
+    ):
+        self.console = console
+        self.stream = stream
+        self._text = _open_append(file)
+        self._json = _open_append(json_file)
+        self.hooks: list[Hook] = [_as_callable(h) for h in hooks or []]
+
+    def add_hook(self, hook: Any) -> None:
+        self.hooks.append(_as_callable(hook))
+
+    def log(self, event: str, payload: dict[str, Any]) -> None:
+        line = format_event(event, payload)
+        if self.console and line:
+            print(line, file=self.stream or sys.stdout, flush=True)
+        if self._text and line:
+            self._text.write(line + "\n")
+            self._text.flush()
+        if self._json:
+            record = {"event": event, "time": round(time.time(), 3), **payload}
+            self._json.write(json.dumps(record, default=_jsonable) + "\n")
+            self._json.flush()
+        for hook in list(self.hooks):
+            try:
+                hook(event, payload)
+            except Exception as exc:  # a broken hook must not end a training run
+                self.hooks.remove(hook)
+                self.log("warning", {"message": f"logging hook {_name(hook)} failed and was "
+                                     f"disabled: {type(exc).__name__}: {exc}"})
+
+    def warn(self, message: str) -> None:
+        self.log("warning", {"message": message})
+
+    def notice(self, message: str) -> None:
+        self.log("notice", {"message": message})
+
+    def close(self) -> None:
+        for handle in (self._text, self._json):
+            if handle:
+                handle.close()
+        self._text = self._json = None
+
+
+def format_event(event: str, payload: dict[str, Any]) -> str:
+    """The plain one-line form of an event (what non-TTY output and text files show)."""
+    if event == "train_step":
+        parts = [
+            f"step {payload['step']}/{payload['max_steps']}",
+            f"loss {payload['loss']:.4f}",
+            f"lr {payload['lr']:.2e}",
+            f"grad_norm {payload['grad_norm']:.3f}",
+            f"tok/s {payload['tokens_per_s']:,.0f}",
+            f"data_wait {payload['data_wait_share']:.1%}",
+        ]
+        if payload.get("mfu") is not None:
+            parts.append(f"mfu {payload['mfu']:.1%}")
+        if payload.get("memory_gb") is not None:
+            parts.append(f"mem {payload['memory_gb']:.2f}GB")
+        return " | ".join(parts)
+    if event in ("warning", "notice"):
+        return f"{event}: {payload['message']}"
+    if event == "run_start":
+        return (
+            f"run {payload['name']}: {payload['model']} ({payload['params'] / 1e6:.2f}M params) "
+            f"on {payload['device']} {payload['precision']}, {payload['max_steps']} steps, "
+            f"batch {payload['batch_size']} x {payload['seq_len']} tokens "
+            f"(accumulation {payload['accumulation_steps']})"
+        )
+    if event == "run_end":
+        loss = payload.get("final_loss")
+        loss_text = f"{loss:.4f}" if loss is not None and math.isfinite(loss) else "n/a"
+        return (
+            f"done: {payload['steps']} steps, final loss {loss_text}, "
+            f"{payload['tokens']:,} tokens in {payload['elapsed_s']:.1f}s "
+            f"({payload['tokens_per_s']:,.0f} tok/s) - {payload['status']}"
+        )
+    return ""
+
+
+def _open_append(path: str | Path | None) -> IO[str] | None:
+    if path is None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a", encoding="utf-8")
+
+
+def _as_callable(hook: Any) -> Hook:
+    if hasattr(hook, "on_event"):
+        return hook.on_event
+    if callable(hook):
+        return hook
+    raise TypeError(f"logging hook {hook!r} is neither callable nor has on_event")
+
+
+def _name(hook: Hook) -> str:
+    owner = getattr(hook, "__self__", None)
+    return type(owner).__name__ if owner is not None else getattr(hook, "__name__", repr(hook))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,279 @@
+"""The reference GPT-style decoder-only transformer that Speedtronic trains by default.
+
+This module owns the model architecture and nothing else: ``ReferenceConfig`` (sizes,
+validated on construction), ``ReferenceTransformer`` (token embedding, pre-norm blocks of
+RMSNorm + causal grouped-query attention with RoPE + SwiGLU MLP, final RMSNorm, LM head tied
+to the embedding by default), its weight init, its loss (mean cross-entropy over labels that
+are not -100, computed in float32), optional per-block activation checkpointing, and the
+parameter / FLOP counts used for throughput and MFU reporting. It imports only torch and the
+standard library so it can be read, copied and tested on its own; it must run eagerly, under
+``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ReferenceConfig:
+    vocab_size: int = 256
+    seq_len: int = 128  # maximum context length; RoPE tables are sized to this
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int | None = None  # None -> n_head (plain multi-head attention)
+    d_model: int = 128
+    mlp_hidden: int | None = None  # None -> 8/3 * d_model rounded up to a multiple of 64
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("n_kv_head", "mlp_hidden"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            _check_positive_float(name, getattr(self, name))
+        if self.d_model % self.n_head != 0:
+            raise ValueError(
+                f"d_model: must be divisible by n_head={self.n_head} (got {self.d_model})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(
+                f"d_model: head_dim = d_model / n_head must be even for RoPE "
+                f"(got d_model={self.d_model}, n_head={self.n_head} -> head_dim={self.head_dim})"
+            )
+        if self.n_head % self.kv_heads != 0:
+            raise ValueError(f"n_kv_head: must divide n_head={self.n_head} (got {self.n_kv_head})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads, with the ``None`` default resolved."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def mlp_dim(self) -> int:
+        """The SwiGLU hidden width, with the ``None`` default resolved."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        # 8/3 keeps SwiGLU's three matrices at the cost of a 4x GELU MLP; 64 suits matmul tiles.
+        return -(-int(8 * self.d_model / 3) // 64) * 64
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    # bool is an int subclass; "n_layer: true" in a YAML file is a typo, not a size.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: must be a positive integer (got {value!r})")
+
+
+def _check_positive_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}: must be a positive number (got {value!r})")
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device=None):
+    """Return float32 ``(cos, sin)``, each ``(seq_len, head_dim // 2)``, for rotary embeddings."""
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    )
+    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)  # (seq_len, head_dim // 2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, H, T, D) by position; pairs are (i, i + D/2), as in GPT-NeoX/Llama-HF."""
+    # float32 because bf16 angles lose relative-position precision at long context.
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # (B, H, T, D/2) each
+    cos, sin = cos.float(), sin.float()  # (T, D/2), broadcast over B and H
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    # Hand-written because nn.RMSNorm needs torch>=2.4.
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 so the mean of squares neither overflows in fp16 nor rounds away in bf16.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ReferenceConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.kv_heads
+        self.head_dim = config.head_dim
+        kv_dim = self.n_kv_head * self.head_dim
+        self.wq = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.wk = nn.Linear(config.d_model, kv_dim, bias=False)
+        self.wv = nn.Linear(config.d_model, kv_dim, bias=False)
+        self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        groups = self.n_head // self.n_kv_head
+        if groups > 1:
+            # Query head h reads K/V head h // groups. SDPA's enable_gqa needs torch>=2.5.
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, T, D)
+            v = v.repeat_interleave(groups, dim=1)  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ReferenceConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(config.d_model, config.mlp_dim, bias=False)
+        self.w_up = nn.Linear(config.d_model, config.mlp_dim, bias=False)
+        self.w_down = nn.Linear(config.mlp_dim, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ReferenceConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)  # (B, T, C)
+        return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
+
+
+class ReferenceTransformer(nn.Module):
+    def __init__(self, config: ReferenceConfig):
+        super().__init__()
+        self.config = config
+        self.gradient_checkpointing = False
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._tie_weights()
+        # Non-persistent: derived from the config, so checkpoints hold only parameters.
+        cos, sin = rope_tables(config.seq_len, config.head_dim, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialize parameters and RoPE tables in place, e.g. after meta-device to_empty()."""
+        cfg = self.config
+        self._tie_weights()  # to_empty() from the meta device replaces, and so unties, parameters
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        # GPT-2: each block adds two residual branches; scaling keeps the stream's variance flat.
+        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.wo.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.w_down.weight, mean=0.0, std=residual_std)
+        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    def _tie_weights(self) -> None:
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) without ``labels``; else the mean CE over labels != -100.
+
+        ``labels`` are already aligned: ``labels[:, t]`` is the target for position ``t``.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
+        T = input_ids.shape[1]
+        if T > self.config.seq_len:
+            raise ValueError(
+                f"input_ids: sequence length {T} exceeds seq_len={self.config.seq_len}"
+            )
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(
+                f"labels: shape {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}"
+            )
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D/2)
+        x = self.tok_emb(input_ids)  # (B, T, C)
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        if labels is None:
+            return logits
+        return self._loss(logits, labels)
+
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # float32: bf16 log-softmax over a large vocabulary is visibly off.
+        total = F.cross_entropy(
+            logits.float().flatten(0, 1),  # (B*T, vocab)
+            labels.flatten(),  # (B*T,)
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        # sum / clamp(count, 1) instead of reduction="mean": an all-ignored batch gives 0, not
+        # NaN, and the graph stays free of host syncs for torch.compile.
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        return total / count
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in backward (training only) to save memory."""
+        self.gradient_checkpointing = bool(enabled)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Count parameters, tied weights once; optionally without the token-embedding table.
+
+        With tied embeddings, excluding the table also excludes the LM head it doubles as.
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6*N + 12*n_layer*d_model*seq_len (PaLM / nanoGPT).
+
+        N counts parameters that take part in a matmul: every parameter, with a tied embedding
+        counted once as the LM head. An untied input-embedding table is a lookup and is left out.
+        """
+        cfg = self.config
+        seq_len = cfg.seq_len if seq_len is None else seq_len
+        n = self.num_parameters()
+        if not cfg.tie_embeddings:
+            n -= self.tok_emb.weight.numel()
+        return float(6 * n + 12 * cfg.n_layer * cfg.d_model * seq_len)

@@ -1,0 +1,107 @@
+"""Model registry: ``register_model`` and ``build_model``.
+
+A model is any ``nn.Module`` whose forward maps a batch to a loss. It is found by a registered
+name (``@register_model("name")``) or by an import path ``package.module:factory`` given as
+``model.name`` in YAML; ``model.imports`` lists modules to import first (so their
+``@register_model`` decorators run). Every other ``model.*`` key is passed to the factory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+from typing import Any, Callable
+
+from speedtronic.errors import ConfigError
+
+_REGISTRY: dict[str, Callable[..., Any]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: make a factory (or an ``nn.Module`` class) buildable as ``model.name: name``."""
+
+    def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorator
+
+
+def registered_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def import_modules(modules: list[str]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any import failure is a config problem to the user
+            raise ConfigError(f"model.imports: cannot import {module!r}: {exc}") from None
+
+
+def import_object(path: str, key: str) -> Any:
+    """Resolve ``package.module:attr.sub``; failures name the config ``key``."""
+    module_name, _, attr = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except Exception as exc:  # ImportError, AttributeError, or the module failing to import
+        raise ConfigError(f"{key}: cannot import {path!r}: {exc}") from None
+    return target
+
+
+def resolve_factory(name: str) -> Callable[..., Any]:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        target = import_object(name, "model.name")
+        if not callable(target):
+            raise ConfigError(f"model.name: {name!r} is not callable")
+        return target
+    close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "or use an import path 'package.module:factory'"
+    raise ConfigError(
+        f"model.name: unknown model {name!r}; registered: {', '.join(registered_models())}; {hint}"
+    )
+
+
+def build_model(name: str, params: dict[str, Any], imports: list[str] | None = None) -> Any:
+    """Build the module; bad parameters become a ConfigError naming ``model.<key>``."""
+    import_modules(imports or [])
+    factory = resolve_factory(name)
+    _check_params(name, factory, params)
+    try:
+        return factory(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model ({name}): {exc}") from None
+
+
+def _check_params(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    accepted = signature.parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted):
+        reject_unknown(name, params, [p.name for p in accepted])
+
+
+def reject_unknown(name: str, params: dict[str, Any], known: list[str]) -> None:
+    for key in params:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"accepted: {', '.join(known)}"
+            raise ConfigError(f"model.{key}: unknown parameter for model {name!r}; {hint}")
+
+
+@register_model("reference_transformer")
+def reference_transformer(**params: Any) -> Any:
+    """The shipped GPT-style decoder; params are ``ReferenceConfig`` fields."""
+    from speedtronic.config import check_types
+    from speedtronic.model import ReferenceConfig, ReferenceTransformer
+
+    reject_unknown("reference_transformer", params, [f.name for f in dataclasses.fields(ReferenceConfig)])
+    return ReferenceTransformer(ReferenceConfig(**check_types("model", ReferenceConfig, params)))

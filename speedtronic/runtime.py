@@ -1,0 +1,154 @@
+"""The one place where a config becomes objects: model, data, optimizer, schedule, precision,
+metrics and the Trainer. ``build_runtime`` assembles; ``train_from_config`` runs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.data import DataStream, build_dataloader
+from speedtronic.errors import ConfigError
+from speedtronic.metrics import MetricLogger
+from speedtronic.optim import build_optimizer, build_scheduler
+from speedtronic.precision import Precision, resolve_device, resolve_precision
+from speedtronic.registry import build_model, import_object
+from speedtronic.trainer import Trainer, TrainerOptions, TrainResult
+
+
+@dataclass
+class Runtime:
+    config: SpeedtronicConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    optimizer_kernel: str
+    scheduler: Any
+    precision: Precision
+    data: DataStream
+    logger: MetricLogger
+    trainer: Trainer
+
+    def facts(self) -> dict[str, Any]:
+        """The run_start payload: what a user wants to see before the first step."""
+        cfg = self.config
+        return {
+            "name": cfg.run.name,
+            "model": cfg.model.name,
+            "params": count_parameters(self.model),
+            "device": str(self.precision.device),
+            "precision": self.precision.mode,
+            "optimizer": f"adamw ({self.optimizer_kernel})",
+            "max_steps": cfg.run.max_steps,
+            "batch_size": cfg.batch_size,
+            "micro_batch_size": cfg.data.micro_batch_size,
+            "accumulation_steps": cfg.accumulation_steps,
+            "seq_len": cfg.seq_len,
+            "tokens_per_step": cfg.tokens_per_step,
+            "output_dir": str(cfg.output_dir),
+            "compile": cfg.compile,
+        }
+
+
+def build_runtime(
+    config: Any,
+    model: nn.Module | None = None,
+    dataset: Any = None,
+    tokenizer: Callable[[str], list[int]] | None = None,
+    hooks: list[Any] | None = None,
+    console: bool = True,
+) -> Runtime:
+    """Assemble everything a run needs. ``model``/``dataset`` replace the configured ones."""
+    config = SpeedtronicConfig.load(config)
+    seed_everything(config.run.seed)
+    logger = MetricLogger(
+        console=console,
+        file=_in_output(config, config.logging.file),
+        json_file=_in_output(config, config.logging.json_file),
+        hooks=[*load_hooks(config.logging.hooks), *(hooks or [])],
+    )
+    device = resolve_device(config.run.device)
+    precision = resolve_precision(config.precision.mode, device, logger.warn)
+    if model is None:
+        model = build_model(config.model.name, config.model.params, config.model.imports)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name: {config.model.name!r} did not build an nn.Module")
+    model.to(device)
+    if config.gradient_checkpointing:
+        _enable_checkpointing(model, logger)
+    optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
+    scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
+    loader = build_dataloader(config, dataset=dataset, tokenizer=tokenizer, device=device)
+    data = DataStream(loader, log=logger.notice)
+    options = TrainerOptions(
+        max_steps=config.run.max_steps,
+        accumulation_steps=config.accumulation_steps,
+        grad_clip=config.optimizer.grad_clip,
+        log_every=config.logging.every_steps,
+        compile=config.compile,
+        flops_per_token=flops_per_token(model, config.seq_len),
+    )
+    trainer = Trainer(model, optimizer, data, precision, options, scheduler, logger)
+    return Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
+
+
+def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
+    """Build the runtime for ``config`` (object, dict, path or YAML) and train to max_steps."""
+    runtime = build_runtime(config, **kwargs)
+    try:
+        runtime.logger.log("run_start", runtime.facts())
+        result = runtime.trainer.fit()
+        runtime.logger.log("run_end", {**result.__dict__, "tokens_per_s": result.tokens_per_s})
+        return result
+    finally:
+        runtime.logger.close()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights appear once
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """The model's own estimate when it has one, else the 6N rule."""
+    method = getattr(model, "flops_per_token", None)
+    if callable(method):
+        return float(method(seq_len))
+    return 6.0 * count_parameters(model)
+
+
+def load_hooks(paths: list[str]) -> list[Any]:
+    """Hooks named by import path; a class is instantiated with no arguments."""
+    hooks = [import_object(path, "logging.hooks") for path in paths]
+    return [hook() if isinstance(hook, type) else hook for hook in hooks]
+
+
+def _in_output(config: SpeedtronicConfig, path: str | None) -> Path | None:
+    """Relative log paths live in the run's output directory."""
+    if path is None:
+        return None
+    return Path(path) if Path(path).is_absolute() else config.output_dir / path
+
+
+def _enable_checkpointing(model: nn.Module, logger: MetricLogger) -> None:
+    method = getattr(model, "set_gradient_checkpointing", None)
+    if callable(method):
+        method(True)
+    else:
+        logger.warn(f"gradient_checkpointing: {type(model).__name__} has no "
+                    "set_gradient_checkpointing(enabled); training without it")

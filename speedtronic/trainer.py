@@ -1,0 +1,437 @@
+"""The Trainer: one optimizer step at a time, as fast as a hand-written loop.
+
+Owns gradient accumulation (the accumulated gradient equals the big-batch gradient, weighted
+by non-ignored label counts), autocast and GradScaler, gradient clipping, opt-in
+``torch.compile`` with an eager fallback, non-finite loss handling, throughput/MFU metrics,
+clean stops on SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small
+hooks. The host reads the loss back once per optimizer step (the finiteness check) and the
+metrics only at the logging cadence; never per micro-step.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from speedtronic.errors import TrainingError
+from speedtronic.metrics import MetricLogger, peak_flops
+from speedtronic.precision import Precision
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float | None
+    tokens: int
+    samples: int
+    elapsed_s: float
+    status: str = "completed"  # "completed" | "interrupted" | "stopped" | "at_target"
+    signal: int | None = None
+    skipped_steps: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass
+class TrainerOptions:
+    max_steps: int
+    accumulation_steps: int = 1
+    grad_clip: float | None = 1.0
+    log_every: int = 10
+    compile: bool = False
+    max_nonfinite: int = 5  # consecutive non-finite steps before stopping with an error
+    flops_per_token: float | None = None
+    handle_signals: bool = True
+
+
+@dataclass
+class _Window:
+    """Counters since the last log line."""
+
+    start: float = field(default_factory=time.perf_counter)
+    wait: float = 0.0
+    tokens: int = 0
+    samples: int = 0
+    steps: int = 0
+
+
+class Trainer:
+    """Trains ``model`` on micro-batches from ``data`` until ``options.max_steps``.
+
+    Plug-ins are objects with any of ``on_train_start(trainer)``,
+    ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``
+    and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: Iterator[Any],
+        precision: Precision,
+        options: TrainerOptions,
+        scheduler: Any = None,
+        logger: MetricLogger | None = None,
+        plugins: list[Any] | None = None,
+    ):
+        self.model, self.optimizer, self.data = model, optimizer, data
+        self.precision, self.options, self.scheduler = precision, options, scheduler
+        self.logger = logger or MetricLogger()
+        self.plugins = list(plugins or [])
+        self.scaler = precision.grad_scaler()
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.step = self.tokens = self.samples = 0
+        self.last_loss: float | None = None
+        self.skipped_steps = 0
+        self._nonfinite_run = 0
+        self._stop_signal: int | None = None
+        self._forward = self._maybe_compile(model) if options.compile else model
+        self._peak = self._peak_flops()
+
+    # ---- the loop --------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        start = time.perf_counter()
+        self.model.train()
+        if self.step >= self.options.max_steps:
+            return self._result(start, "at_target")
+        self._call_plugins("on_train_start", self)
+        status, window = "completed", _Window()
+        with self._signals():
+            while self.step < self.options.max_steps:
+                loss, grad_norm = self.train_step(window)
+                if self._should_log():
+                    self._log_step(window, loss, grad_norm)
+                    window = _Window()
+                if "stop" in self._call_plugins("after_optimizer_step", self):
+                    status = "stopped"
+                if self._stop_signal is not None:
+                    status = "interrupted"
+                if status != "completed":
+                    break
+        result = self._result(start, status)
+        self._call_plugins("on_train_end", self, result)
+        return result
+
+    def train_step(self, window: _Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""
+        window = window or _Window()
+        micro = self._next_micro_batches(window)
+        try:
+            loss, grad_norm = self._forward_backward(micro)
+        except Exception as exc:
+            if self._forward is self.model:
+                raise
+            self.logger.warn(f"torch.compile failed on the first step ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200]}); continuing eagerly")
+            self._forward = self.model
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, grad_norm = self._forward_backward(micro)
+        self._apply_update(loss, grad_norm)
+        self.step += 1
+        window.steps += 1
+        return loss, grad_norm
+
+    def _next_micro_batches(self, window: _Window) -> list[Any]:
+        micro = []
+        for _ in range(self.options.accumulation_steps):
+            t0 = time.perf_counter()
+            batch = next(self.data)
+            window.wait += time.perf_counter() - t0
+            samples, tokens = batch_size_of(batch)
+            window.samples += samples
+            window.tokens += tokens
+            self.samples += samples
+            self.tokens += tokens
+            micro.append(batch)
+        return micro
+
+    def _forward_backward(self, micro: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        device, non_blocking = self.precision.device, self.precision.device.type == "cuda"
+        micro = [move_to(b, device, non_blocking) for b in micro]
+        weights = loss_weights(micro)
+        total = torch.zeros((), device=device)
+        for batch, weight in zip(micro, weights):
+            with self.precision.autocast():
+                loss = extract_loss(call_model(self._forward, batch)).float() * weight
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.options.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=_on_gpu(device))
+        return total, grad_norm
+
+    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        # The one host read per optimizer step: weights must never see a non-finite update.
+        finite = bool(torch.isfinite(loss)) and (self.scaler or bool(torch.isfinite(grad_norm)))
+        if finite:
+            self._nonfinite_run = 0
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        else:
+            self._skip_nonfinite(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def _skip_nonfinite(self, loss: torch.Tensor) -> None:
+        self.skipped_steps += 1
+        self._nonfinite_run += 1
+        if self.scaler:
+            self.scaler.update()  # lowers the scale as after an overflow
+        self.logger.warn(f"step {self.step + 1}: non-finite loss or gradient "
+                         f"(loss={float(loss):.4g}); update skipped")
+        if self._nonfinite_run >= self.options.max_nonfinite:
+            raise TrainingError(
+                f"{self._nonfinite_run} non-finite steps in a row at step {self.step + 1}; "
+                "stopping before the weights are damaged",
+                hint="lower optimizer.lr, enable optimizer.grad_clip or use precision.mode: bf16",
+            )
+
+    # ---- metrics ---------------------------------------------------------------------
+    def _should_log(self) -> bool:
+        every = self.options.log_every
+        return self.step % every == 0 or self.step == self.options.max_steps or self.step == 1
+
+    def _log_step(self, window: _Window, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.last_loss = float(loss)  # synchronises the device: metrics are exact
+        elapsed = max(time.perf_counter() - window.start, 1e-9)
+        tokens_per_s = window.tokens / elapsed
+        flops = self.options.flops_per_token
+        mfu = flops * tokens_per_s / self._peak if (flops and self._peak) else None
+        self.logger.log("train_step", {
+            "step": self.step,
+            "max_steps": self.options.max_steps,
+            "loss": self.last_loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "grad_norm": float(grad_norm),
+            "steps_per_s": window.steps / elapsed,
+            "samples_per_s": window.samples / elapsed,
+            "tokens_per_s": tokens_per_s,
+            "data_wait_share": min(1.0, window.wait / elapsed),
+            "mfu": mfu,
+            "memory_gb": memory_gb(self.precision.device),
+            "tokens": self.tokens,
+            "samples": self.samples,
+            "skipped_steps": self.skipped_steps,
+        })
+
+    def _peak_flops(self) -> float | None:
+        device = self.precision.device
+        if device.type != "cuda":
+            return None
+        return peak_flops(torch.cuda.get_device_name(device), self.precision.dtype is not None)
+
+    def _result(self, start: float, status: str) -> TrainResult:
+        return TrainResult(
+            steps=self.step, final_loss=self.last_loss, tokens=self.tokens, samples=self.samples,
+            elapsed_s=time.perf_counter() - start, status=status, signal=self._stop_signal,
+            skipped_steps=self.skipped_steps,
+        )
+
+    # ---- compile, plug-ins, signals, state -------------------------------------------
+    def _maybe_compile(self, model: nn.Module) -> Any:
+        try:
+            return torch.compile(model)
+        except Exception as exc:  # compile is opt-in speed, never a reason to fail
+            self.logger.warn(f"torch.compile unavailable ({type(exc).__name__}: {exc}); "
+                             "continuing eagerly")
+            return model
+
+    def _call_plugins(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(p, method)(*args) for p in self.plugins if hasattr(p, method)]
+
+    def _signals(self) -> Any:
+        return _SignalGuard(self) if self.options.handle_signals else _NullGuard()
+
+    def request_stop(self, signum: int) -> None:
+        """Finish the current optimizer step, then stop (what the first Ctrl-C does)."""
+        self._stop_signal = signum
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this run exactly (plain data and tensors)."""
+        state = {
+            "step": self.step, "tokens": self.tokens, "samples": self.samples,
+            "last_loss": self.last_loss, "skipped_steps": self.skipped_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "data": self.data.state_dict() if hasattr(self.data, "state_dict") else None,
+            "rng": rng_state(),
+            "plugins": {p.name: p.state_dict() for p in self.plugins if hasattr(p, "state_dict")},
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.tokens, self.samples = state["step"], state["tokens"], state["samples"]
+        self.last_loss, self.skipped_steps = state["last_loss"], state["skipped_steps"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if state["data"] is not None and hasattr(self.data, "load_state_dict"):
+            self.data.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        for plugin in self.plugins:
+            if hasattr(plugin, "load_state_dict") and plugin.name in state["plugins"]:
+                plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+class _SignalGuard:
+    """First SIGINT/SIGTERM: stop after this step. Second SIGINT: abort at once."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.previous = trainer, {}
+
+    def __enter__(self) -> _SignalGuard:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.trainer._stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.trainer.request_stop(signum)
+        name = signal.Signals(signum).name
+        self.trainer.logger.notice(f"received {name}: stopping after the current step "
+                                   "(press Ctrl-C again to abort at once)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+class _NullGuard:
+    def __enter__(self) -> _NullGuard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# ---- batch helpers (module level: also used by benchmarks and bench) ----------------------
+
+
+def call_model(model: Any, batch: Any) -> Any:
+    """Dict batches are keyword arguments, (inputs, labels) tuples positional, tensors alone."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def extract_loss(output: Any) -> torch.Tensor:
+    if isinstance(output, dict) and "loss" in output:
+        output = output["loss"]
+    elif isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    if not isinstance(output, torch.Tensor) or output.numel() != 1:
+        raise TrainingError(
+            "model forward must return a scalar loss tensor, a dict with 'loss', or a tuple "
+            f"(loss, ...); got {type(output).__name__}"
+        )
+    return output.reshape(())
+
+
+def labels_of(batch: Any) -> torch.Tensor | None:
+    if isinstance(batch, dict):
+        return batch.get("labels")
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[1]
+    return None
+
+
+def loss_weights(micro: list[Any]) -> list[Any]:
+    """Weights so the sum of micro-batch mean losses equals the big-batch mean loss.
+
+    With integer labels each micro-batch is weighted by its count of non-ignored labels
+    (computed on the device, no host sync); otherwise micro-batches weigh the same.
+    """
+    labels = [labels_of(b) for b in micro]
+    if len(micro) == 1 or any(
+        not isinstance(t, torch.Tensor) or t.is_floating_point() for t in labels
+    ):
+        return [1.0 / len(micro)] * len(micro)
+    counts = [(t != IGNORE_INDEX).sum() for t in labels]
+    total = torch.stack(counts).sum().clamp(min=1)
+    return [c / total for c in counts]
+
+
+def batch_size_of(batch: Any) -> tuple[int, int]:
+    """(samples, tokens) of a batch, from shapes only: the first tensor's dims."""
+    first = batch
+    while isinstance(first, (dict, tuple, list)):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        return 1, 1
+    return first.shape[0], first.numel()
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def memory_gb(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    if device.type == "mps":
+        return torch.mps.current_allocated_memory() / 1e9
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
+
+
+def _on_gpu(device: torch.device) -> bool:
+    return device.type in ("cuda", "mps")
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss]
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
