@@ -66,7 +66,7 @@ class DataConfig:
     seq_len: int | None = None  # None -> model.seq_len, else 128
     num_workers: int = 0
     prefetch_factor: int = 2
-    pin_memory: Union[bool, Literal["auto"]] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"
     shuffle: bool = True
 
     def check(self) -> list[str]:
@@ -95,7 +95,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
-    fused: Union[bool, Literal["auto"]] = "auto"
+    fused: bool | Literal["auto"] = "auto"
     grad_clip: float | None = 1.0  # None or 0 disables clipping
 
     def check(self) -> list[str]:
@@ -244,8 +244,10 @@ class SpeedtronicConfig:
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], overrides: list[str] | None = None) -> SpeedtronicConfig:
-        """Validate a plain dict (as parsed from YAML/JSON). Raises ConfigError listing all problems."""
+    def from_dict(
+        cls, raw: dict[str, Any], overrides: list[str] | None = None
+    ) -> SpeedtronicConfig:
+        """Validate a plain dict (as parsed from YAML/JSON); a ConfigError lists every problem."""
         if not isinstance(raw, dict):
             raise ConfigError(f"config: must be a mapping of sections (got {type(raw).__name__})")
         raw = apply_overrides(raw, overrides or [])
@@ -368,10 +370,9 @@ def _build(raw: dict[str, Any], problems: list[str]) -> SpeedtronicConfig:
         else:
             problems.append(_unknown(key, key, known))
     config = SpeedtronicConfig(**{k: v for k, v in kwargs.items() if v is not None})
-    if not problems:
-        for name in SECTIONS:
-            check = getattr(getattr(config, name), "check", None)
-            problems.extend(check() if check else [])
+    for name in SECTIONS:  # fields that failed type checks hold defaults, so checks are safe
+        check = getattr(getattr(config, name), "check", None)
+        problems.extend(check() if check else [])
     return config
 
 
@@ -460,7 +461,7 @@ def _match(value: Any, hint: Any) -> tuple[bool, Any]:
         item_hints = args if origin is tuple else (args[0],) * len(value)
         if len(item_hints) != len(value):
             return False, None
-        matched = [_match(v, h) for v, h in zip(value, item_hints)]
+        matched = [_match(v, h) for v, h in zip(value, item_hints, strict=True)]
         if not all(ok for ok, _ in matched):
             return False, None
         items = [r for _, r in matched]
@@ -474,10 +475,11 @@ def _type_name(hint: Any) -> str:
         return " or ".join(_type_name(a) for a in args)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
+    plural = {float: "numbers", int: "integers", str: "strings", bool: "booleans"}
     if origin is tuple:
-        return f"a list of {len(args)} {_type_name(args[0])}s"
+        return f"a list of {len(args)} {plural[args[0]]}"
     if origin is list:
-        return f"a list of {_type_name(args[0])}s"
+        return f"a list of {plural[args[0]]}"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(hint, "null" if hint is type(None) else str(hint))
 
@@ -540,7 +542,7 @@ def parse_yaml(text: str, where: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` strings; values are parsed as YAML (``1e-3``, ``true``, ``[1,2]``)."""
+    """Apply ``key.path=value`` strings; values parse as YAML (``1e-3``, ``true``, ``[1,2]``)."""
     out = json.loads(json.dumps(raw, default=_plain))  # deep copy of plain data
     for item in overrides:
         key, sep, text = item.partition("=")

@@ -8,7 +8,8 @@ iterator of micro-batches the trainer consumes, so a run can report and restore 
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
@@ -26,8 +27,14 @@ class SyntheticTokens(Dataset):
     Sample ``i`` depends only on ``(seed, i)``: any order, any worker, same tokens.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0, branching: int = 4,
-                 num_samples: int = 1 << 20):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        seed: int = 0,
+        branching: int = 4,
+        num_samples: int = 1 << 20,
+    ):
         if branching & (branching - 1):
             raise ValueError(f"branching must be a power of two (got {branching})")
         chain = random.Random(f"speedtronic-synthetic-{seed}")

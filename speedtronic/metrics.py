@@ -12,8 +12,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 Hook = Callable[[str, dict[str, Any]], None]
 
@@ -86,8 +87,13 @@ class MetricLogger:
                 hook(event, payload)
             except Exception as exc:  # a broken hook must not end a training run
                 self.hooks.remove(hook)
-                self.log("warning", {"message": f"logging hook {_name(hook)} failed and was "
-                                     f"disabled: {type(exc).__name__}: {exc}"})
+                self.log(
+                    "warning",
+                    {
+                        "message": f"logging hook {_name(hook)} failed and was "
+                        f"disabled: {type(exc).__name__}: {exc}"
+                    },
+                )
 
     def warn(self, message: str) -> None:
         self.log("warning", {"message": message})

@@ -9,7 +9,7 @@ PyTorch), else the foreach kernel. Schedules: linear warmup then cosine to
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -42,8 +42,10 @@ def build_optimizer(
             return torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
         except (RuntimeError, TypeError, ValueError) as exc:
             if cfg.fused is True:
-                warn(f"optimizer.fused: the fused AdamW kernel is unavailable here ({exc}); "
-                     "using foreach")
+                warn(
+                    f"optimizer.fused: the fused AdamW kernel is unavailable here ({exc}); "
+                    "using foreach"
+                )
     try:
         return torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
     except (RuntimeError, TypeError, ValueError):

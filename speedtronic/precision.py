@@ -8,8 +8,8 @@ warning. bf16 autocast on CPU is a supported explicit mode.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -55,7 +55,7 @@ def resolve_device(name: str) -> torch.device:
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
     if device.type == "mps" and not _mps_available():
-        raise ConfigError(f"run.device: 'mps' is not available on this machine; use 'auto' or 'cpu'")
+        raise ConfigError("run.device: 'mps' is not available on this machine; use 'auto' or 'cpu'")
     return device
 
 

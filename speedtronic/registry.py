@@ -12,7 +12,8 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from speedtronic.errors import ConfigError
 
@@ -62,7 +63,9 @@ def resolve_factory(name: str) -> Callable[..., Any]:
             raise ConfigError(f"model.name: {name!r} is not callable")
         return target
     close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else "or use an import path 'package.module:factory'"
+    hint = (
+        f"did you mean {close[0]!r}?" if close else "or use an import path 'package.module:factory'"
+    )
     raise ConfigError(
         f"model.name: unknown model {name!r}; registered: {', '.join(registered_models())}; {hint}"
     )
@@ -103,5 +106,7 @@ def reference_transformer(**params: Any) -> Any:
     from speedtronic.config import check_types
     from speedtronic.model import ReferenceConfig, ReferenceTransformer
 
-    reject_unknown("reference_transformer", params, [f.name for f in dataclasses.fields(ReferenceConfig)])
+    reject_unknown(
+        "reference_transformer", params, [f.name for f in dataclasses.fields(ReferenceConfig)]
+    )
     return ReferenceTransformer(ReferenceConfig(**check_types("model", ReferenceConfig, params)))

@@ -5,9 +5,10 @@ metrics and the Trainer. ``build_runtime`` assembles; ``train_from_config`` runs
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -150,5 +151,7 @@ def _enable_checkpointing(model: nn.Module, logger: MetricLogger) -> None:
     if callable(method):
         method(True)
     else:
-        logger.warn(f"gradient_checkpointing: {type(model).__name__} has no "
-                    "set_gradient_checkpointing(enabled); training without it")
+        logger.warn(
+            f"gradient_checkpointing: {type(model).__name__} has no "
+            "set_gradient_checkpointing(enabled); training without it"
+        )

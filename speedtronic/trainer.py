@@ -17,8 +17,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -135,8 +136,10 @@ class Trainer:
         except Exception as exc:
             if self._forward is self.model:
                 raise
-            self.logger.warn(f"torch.compile failed on the first step ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0][:200]}); continuing eagerly")
+            self.logger.warn(
+                f"torch.compile failed on the first step ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); continuing eagerly"
+            )
             self._forward = self.model
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm = self._forward_backward(micro)
@@ -164,7 +167,7 @@ class Trainer:
         micro = [move_to(b, device, non_blocking) for b in micro]
         weights = loss_weights(micro)
         total = torch.zeros((), device=device)
-        for batch, weight in zip(micro, weights):
+        for batch, weight in zip(micro, weights, strict=True):
             with self.precision.autocast():
                 loss = extract_loss(call_model(self._forward, batch)).float() * weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -196,8 +199,10 @@ class Trainer:
         self._nonfinite_run += 1
         if self.scaler:
             self.scaler.update()  # lowers the scale as after an overflow
-        self.logger.warn(f"step {self.step + 1}: non-finite loss or gradient "
-                         f"(loss={float(loss):.4g}); update skipped")
+        self.logger.warn(
+            f"step {self.step + 1}: non-finite loss or gradient "
+            f"(loss={float(loss):.4g}); update skipped"
+        )
         if self._nonfinite_run >= self.options.max_nonfinite:
             raise TrainingError(
                 f"{self._nonfinite_run} non-finite steps in a row at step {self.step + 1}; "
@@ -216,22 +221,25 @@ class Trainer:
         tokens_per_s = window.tokens / elapsed
         flops = self.options.flops_per_token
         mfu = flops * tokens_per_s / self._peak if (flops and self._peak) else None
-        self.logger.log("train_step", {
-            "step": self.step,
-            "max_steps": self.options.max_steps,
-            "loss": self.last_loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "grad_norm": float(grad_norm),
-            "steps_per_s": window.steps / elapsed,
-            "samples_per_s": window.samples / elapsed,
-            "tokens_per_s": tokens_per_s,
-            "data_wait_share": min(1.0, window.wait / elapsed),
-            "mfu": mfu,
-            "memory_gb": memory_gb(self.precision.device),
-            "tokens": self.tokens,
-            "samples": self.samples,
-            "skipped_steps": self.skipped_steps,
-        })
+        self.logger.log(
+            "train_step",
+            {
+                "step": self.step,
+                "max_steps": self.options.max_steps,
+                "loss": self.last_loss,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": float(grad_norm),
+                "steps_per_s": window.steps / elapsed,
+                "samples_per_s": window.samples / elapsed,
+                "tokens_per_s": tokens_per_s,
+                "data_wait_share": min(1.0, window.wait / elapsed),
+                "mfu": mfu,
+                "memory_gb": memory_gb(self.precision.device),
+                "tokens": self.tokens,
+                "samples": self.samples,
+                "skipped_steps": self.skipped_steps,
+            },
+        )
 
     def _peak_flops(self) -> float | None:
         device = self.precision.device
@@ -241,8 +249,13 @@ class Trainer:
 
     def _result(self, start: float, status: str) -> TrainResult:
         return TrainResult(
-            steps=self.step, final_loss=self.last_loss, tokens=self.tokens, samples=self.samples,
-            elapsed_s=time.perf_counter() - start, status=status, signal=self._stop_signal,
+            steps=self.step,
+            final_loss=self.last_loss,
+            tokens=self.tokens,
+            samples=self.samples,
+            elapsed_s=time.perf_counter() - start,
+            status=status,
+            signal=self._stop_signal,
             skipped_steps=self.skipped_steps,
         )
 
@@ -251,8 +264,9 @@ class Trainer:
         try:
             return torch.compile(model)
         except Exception as exc:  # compile is opt-in speed, never a reason to fail
-            self.logger.warn(f"torch.compile unavailable ({type(exc).__name__}: {exc}); "
-                             "continuing eagerly")
+            self.logger.warn(
+                f"torch.compile unavailable ({type(exc).__name__}: {exc}); continuing eagerly"
+            )
             return model
 
     def _call_plugins(self, method: str, *args: Any) -> list[Any]:
@@ -268,8 +282,11 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run exactly (plain data and tensors)."""
         state = {
-            "step": self.step, "tokens": self.tokens, "samples": self.samples,
-            "last_loss": self.last_loss, "skipped_steps": self.skipped_steps,
+            "step": self.step,
+            "tokens": self.tokens,
+            "samples": self.samples,
+            "last_loss": self.last_loss,
+            "skipped_steps": self.skipped_steps,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -312,8 +329,10 @@ class _SignalGuard:
             raise KeyboardInterrupt
         self.trainer.request_stop(signum)
         name = signal.Signals(signum).name
-        self.trainer.logger.notice(f"received {name}: stopping after the current step "
-                                   "(press Ctrl-C again to abort at once)")
+        self.trainer.logger.notice(
+            f"received {name}: stopping after the current step "
+            "(press Ctrl-C again to abort at once)"
+        )
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self.previous.items():

@@ -65,8 +65,10 @@ class LiveTable:
 
     def _render(self) -> Table:
         f = self.facts
-        title = (f"{f.get('name')} - {f.get('model')} {f.get('params', 0) / 1e6:.2f}M params on "
-                 f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})")
+        title = (
+            f"{f.get('name')} - {f.get('model')} {f.get('params', 0) / 1e6:.2f}M params on "
+            f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})"
+        )
         table = Table(title=title, title_justify="left", expand=False)
         for column in ("step", "loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA"):
             table.add_column(column, justify="right")

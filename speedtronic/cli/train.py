@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -15,15 +15,20 @@ from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
 
 ConfigOpt = typer.Option(
-    None, "--config", "-c", help="Path to a YAML or JSON config file. Default: the embedded smoke run."
+    None,
+    "--config",
+    "-c",
+    help="Path to a YAML or JSON config file. Default: the embedded smoke run.",
 )
 SetOpt = typer.Option(
-    None, "--set", help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
-    "Repeatable; values are parsed as YAML."
+    None,
+    "--set",
+    help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
+    "Repeatable; values are parsed as YAML.",
 )
 
 
-def load_config(path: Optional[Path], overrides: list[str]) -> SpeedtronicConfig:
+def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
     if path is None:
         return SpeedtronicConfig.from_yaml(_default_text(), overrides)
     if path.is_dir():
@@ -38,21 +43,21 @@ def _default_text() -> str:
 
 
 def train(
-    config: Optional[Path] = ConfigOpt,
-    max_steps: Optional[int] = typer.Option(
+    config: Path | None = ConfigOpt,
+    max_steps: int | None = typer.Option(
         None, "--max-steps", help="Train until this many optimizer steps in total (run.max_steps)."
     ),
-    output_dir: Optional[Path] = typer.Option(
+    output_dir: Path | None = typer.Option(
         None, "--output-dir", help="Directory for logs and checkpoints (run.output_dir)."
     ),
-    device: Optional[str] = typer.Option(
+    device: str | None = typer.Option(
         None, "--device", help="Device to train on: auto, cpu, cuda, cuda:N or mps (run.device)."
     ),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed of the run (run.seed)."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed of the run (run.seed)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
     ),
-    overrides: Optional[list[str]] = SetOpt,
+    overrides: list[str] | None = SetOpt,
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
@@ -76,8 +81,8 @@ def train(
 
 
 def validate(
-    config: Optional[Path] = ConfigOpt,
-    overrides: Optional[list[str]] = SetOpt,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = SetOpt,
     output_format: str = typer.Option(
         "text", "--format", help="Output format: text (YAML and facts) or json."
     ),
