@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny configs that train in well under a second on a CPU."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+TINY: dict[str, Any] = {
+    "run": {"name": "tiny", "seed": 0, "device": "cpu", "max_steps": 6},
+    "model": {
+        "name": "reference_transformer",
+        "vocab_size": 64,
+        "seq_len": 16,
+        "n_layer": 1,
+        "n_head": 2,
+        "d_model": 32,
+    },
+    "data": {"micro_batch_size": 4, "target_batch_size": 8},
+    "optimizer": {"lr": 1e-2},
+    "scheduler": {"warmup_steps": 2},
+    "logging": {"every_steps": 2},
+}
+
+
+@pytest.fixture
+def tiny(tmp_path) -> dict[str, Any]:
+    """A fresh tiny config dict writing into a temporary output directory."""
+    config = copy.deepcopy(TINY)
+    config["run"]["output_dir"] = str(tmp_path / "run")
+    return config
