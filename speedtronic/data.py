@@ -117,6 +117,9 @@ def build_dataloader(
     )
     if workers > 0:
         kwargs["prefetch_factor"] = data.prefetch_factor
+    # Its own generator: starting an epoch must not draw from the global torch RNG, or a
+    # resumed run (which starts a fresh iterator) would see different dropout masks.
+    kwargs["generator"] = torch.Generator().manual_seed(config.run.seed)
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < data.micro_batch_size:
             raise ConfigError(
@@ -135,13 +138,18 @@ class DataStream:
     """Endless iterator of micro-batches over a DataLoader, epoch after epoch.
 
     Tracks ``(epoch, batch)`` so a run can save where it is. Restoring is exact for loaders
-    with a ``ResumableSampler``; other loaders skip ahead by reading and dropping batches.
+    with a ``ResumableSampler`` and for iterable datasets with ``state_dict()`` /
+    ``load_state_dict()`` read without workers; other loaders skip ahead by reading and
+    dropping batches, with a notice.
     """
 
     def __init__(self, loader: DataLoader | Any, log: Callable[[str], None] = print):
         self.loader, self.log = loader, log
         self.epoch, self.batch = 0, 0
         self._iterator: Iterator[Any] | None = None
+        self._skip = 0  # batches to drop when the next epoch iterator starts
+        generator = getattr(loader, "generator", None)
+        self._seed = generator.initial_seed() if generator is not None else None
 
     def __iter__(self) -> DataStream:
         return self
@@ -163,17 +171,33 @@ class DataStream:
         sampler = getattr(self.loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
             sampler.set_position(self.epoch, self.batch * self.loader.batch_size)
-            return iter(self.loader)
+        if self._seed is not None:  # worker seeds depend on the epoch only, also after resume
+            self.loader.generator.manual_seed(self._seed + self.epoch)
         iterator = iter(self.loader)
-        for _ in range(self.batch):  # no random access: replay to the saved position
+        for _ in range(self._skip):
             next(iterator)
+        self._skip = 0
         return iterator
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+    def _stateful_dataset(self) -> Any:
+        dataset = getattr(self.loader, "dataset", None)
+        exact = isinstance(dataset, IterableDataset) and hasattr(dataset, "state_dict")
+        return dataset if exact and getattr(self.loader, "num_workers", 0) == 0 else None
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batch": self.batch}
+        dataset = self._stateful_dataset()
+        if dataset is not None:
+            state["dataset"] = dataset.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-        self._iterator = None
-        if not isinstance(getattr(self.loader, "sampler", None), ResumableSampler):
-            self.log(f"data: this source has no random access; skipping {self.batch} batches")
+        self._iterator, self._skip = None, 0
+        dataset = self._stateful_dataset()
+        if dataset is not None and "dataset" in state:
+            dataset.load_state_dict(state["dataset"])
+        elif not isinstance(getattr(self.loader, "sampler", None), ResumableSampler):
+            self._skip = self.batch  # no random access: replay to the saved position
+            self.log(f"data: this source cannot restore its position; skipping {self.batch} "
+                     "batches to resume")

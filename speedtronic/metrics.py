@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from speedtronic.errors import ConfigError
 
 Hook = Callable[[str, dict[str, Any]], None]
 
@@ -65,6 +68,7 @@ class MetricLogger:
         self.console = console
         self.stream = stream
         self._text = _open_append(file)
+        self.json_path = Path(json_file) if json_file is not None else None
         self._json = _open_append(json_file)
         self.hooks: list[Hook] = [_as_callable(h) for h in hooks or []]
 
@@ -100,6 +104,27 @@ class MetricLogger:
 
     def notice(self, message: str) -> None:
         self.log("notice", {"message": message})
+
+    def drop_records_after(self, step: int) -> None:
+        """Remove JSONL records of steps after ``step`` (logged before a crash, redone on resume).
+
+        The file is rewritten atomically and reopened, so a kill here loses nothing.
+        """
+        if self._json is None or self.json_path is None:
+            return
+        self._json.close()
+        kept = []
+        for line in self.json_path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if not (isinstance(record.get("step"), int) and record["step"] > step):
+                kept.append(line)
+        tmp = self.json_path.with_name(self.json_path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, self.json_path)
+        self._json = _open_append(self.json_path)
 
     def close(self) -> None:
         for handle in (self._text, self._json):
@@ -148,8 +173,11 @@ def _open_append(path: str | Path | None) -> IO[str] | None:
     if path is None:
         return None
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("a", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot open log file {path}: {exc.strerror or exc}") from None
 
 
 def _as_callable(hook: Any) -> Hook:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic.checkpointing import CheckpointPlugin, resume_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader
 from speedtronic.errors import ConfigError
@@ -34,6 +35,7 @@ class Runtime:
     data: DataStream
     logger: MetricLogger
     trainer: Trainer
+    checkpoints: CheckpointPlugin | None = None
 
     def facts(self) -> dict[str, Any]:
         """The run_start payload: what a user wants to see before the first step."""
@@ -63,8 +65,10 @@ def build_runtime(
     tokenizer: Callable[[str], list[int]] | None = None,
     hooks: list[Any] | None = None,
     console: bool = True,
+    plugins: list[Any] | None = None,
 ) -> Runtime:
-    """Assemble everything a run needs. ``model``/``dataset`` replace the configured ones."""
+    """Assemble everything a run needs. ``model``/``dataset`` replace the configured ones;
+    ``hooks`` receive metric events; ``plugins`` are Trainer plug-ins (see ``Trainer``)."""
     config = SpeedtronicConfig.load(config)
     seed_everything(config.run.seed)
     logger = MetricLogger(
@@ -94,20 +98,33 @@ def build_runtime(
         compile=config.compile,
         flops_per_token=flops_per_token(model, config.seq_len),
     )
-    trainer = Trainer(model, optimizer, data, precision, options, scheduler, logger)
-    return Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
+    trainer = Trainer(model, optimizer, data, precision, options, scheduler, logger, plugins)
+    runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
+    runtime.checkpoints = CheckpointPlugin(runtime)
+    trainer.plugins.append(runtime.checkpoints)
+    return runtime
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
     """Build the runtime for ``config`` (object, dict, path or YAML) and train to max_steps."""
     runtime = build_runtime(config, **kwargs)
+    trainer, logger = runtime.trainer, runtime.logger
     try:
-        runtime.logger.log("run_start", runtime.facts())
-        result = runtime.trainer.fit()
-        runtime.logger.log("run_end", {**result.__dict__, "tokens_per_s": result.tokens_per_s})
+        if runtime.config.checkpoint.resume:
+            resume_run(runtime, runtime.checkpoints)
+        logger.log("run_start", runtime.facts())
+        if trainer.step >= trainer.options.max_steps:
+            logger.notice(
+                f"already at step {trainer.step} of max_steps "
+                f"{trainer.options.max_steps}; nothing to do"
+            )
+        result = trainer.fit()
+        last = runtime.checkpoints.last_path
+        result.checkpoint = str(last) if last else None
+        logger.log("run_end", dict(result.__dict__))
         return result
     finally:
-        runtime.logger.close()
+        logger.close()
 
 
 def seed_everything(seed: int) -> None:

@@ -41,10 +41,8 @@ class TrainResult:
     status: str = "completed"  # "completed" | "interrupted" | "stopped" | "at_target"
     signal: int | None = None
     skipped_steps: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+    checkpoint: str | None = None  # the last checkpoint written, if any
+    tokens_per_s: float = 0.0  # over the steps trained by this call (not a resumed total)
 
 
 @dataclass
@@ -96,7 +94,8 @@ class Trainer:
         self.scaler = precision.grad_scaler()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.step = self.tokens = self.samples = 0
-        self.last_loss: float | None = None
+        self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
+        self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
         self.skipped_steps = 0
         self._nonfinite_run = 0
         self._stop_signal: int | None = None
@@ -105,14 +104,14 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        start = time.perf_counter()
+        start, start_tokens = time.perf_counter(), self.tokens
         self.model.train()
         if self.step >= self.options.max_steps:
-            return self._result(start, "at_target")
+            return self._result(start, start_tokens, "at_target")
         self._call_plugins("on_train_start", self)
         status, window = "completed", _Window()
-        with self._signals():
-            while self.step < self.options.max_steps:
+        with self._signals():  # also covers the final save: a first Ctrl-C there waits for it
+            while status == "completed" and self.step < self.options.max_steps:
                 loss, grad_norm = self.train_step(window)
                 if self._should_log():
                     self._log_step(window, loss, grad_norm)
@@ -121,10 +120,8 @@ class Trainer:
                     status = "stopped"
                 if self._stop_signal is not None:
                     status = "interrupted"
-                if status != "completed":
-                    break
-        result = self._result(start, status)
-        self._call_plugins("on_train_end", self, result)
+            result = self._result(start, start_tokens, status)
+            self._call_plugins("on_train_end", self, result)
         return result
 
     def train_step(self, window: _Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +141,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm = self._forward_backward(micro)
         self._apply_update(loss, grad_norm)
+        self._loss = loss
         self.step += 1
         window.steps += 1
         return loss, grad_norm
@@ -241,19 +239,27 @@ class Trainer:
             },
         )
 
+    def current_loss(self) -> float | None:
+        """The latest step's loss (reads it from the device)."""
+        if self._loss is not None:
+            self.last_loss = float(self._loss)
+        return self.last_loss
+
     def _peak_flops(self) -> float | None:
         device = self.precision.device
         if device.type != "cuda":
             return None
         return peak_flops(torch.cuda.get_device_name(device), self.precision.dtype is not None)
 
-    def _result(self, start: float, status: str) -> TrainResult:
+    def _result(self, start: float, start_tokens: int, status: str) -> TrainResult:
+        elapsed = time.perf_counter() - start
         return TrainResult(
             steps=self.step,
-            final_loss=self.last_loss,
+            final_loss=self.current_loss(),
             tokens=self.tokens,
             samples=self.samples,
-            elapsed_s=time.perf_counter() - start,
+            elapsed_s=elapsed,
+            tokens_per_s=(self.tokens - start_tokens) / elapsed if elapsed > 0 else 0.0,
             status=status,
             signal=self._stop_signal,
             skipped_steps=self.skipped_steps,
@@ -285,7 +291,7 @@ class Trainer:
             "step": self.step,
             "tokens": self.tokens,
             "samples": self.samples,
-            "last_loss": self.last_loss,
+            "last_loss": self.current_loss(),
             "skipped_steps": self.skipped_steps,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,

@@ -51,6 +51,9 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             if exc.hint:
                 print(f"hint: {exc.hint}", file=sys.stderr)
             raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:  # `speedtronic ... | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except KeyboardInterrupt:
             print("speedtronic: aborted", file=sys.stderr)
             raise typer.Exit(130) from None
@@ -82,9 +85,10 @@ def root(
 
 
 def _register_commands() -> None:
-    from speedtronic.cli import train
+    from speedtronic.cli import ckpt, train
 
     train.register(app)
+    ckpt.register(app)
 
 
 _register_commands()

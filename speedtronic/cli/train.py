@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -75,9 +76,13 @@ def train(
     finally:
         display.close()
     if result.status == "interrupted":
-        code = 128 + (result.signal or signal.SIGINT)
-        print(f"interrupted at step {result.steps}", file=sys.stderr)
-        raise typer.Exit(code)
+        saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
+        again = shlex.join(["speedtronic", *[a for a in sys.argv[1:] if a != "--resume"]])
+        print(
+            f"interrupted at step {result.steps}{saved}\nresume with: {again} --resume",
+            file=sys.stderr,
+        )
+        raise typer.Exit(128 + (result.signal or signal.SIGINT))
 
 
 def validate(

@@ -1,0 +1,700 @@
+"""Checkpoint storage: writing, verifying, finding and loading training checkpoints.
+
+This module owns the bytes of a checkpoint on disk. A checkpoint is a directory
+``<root>/step_XXXXXXXXXX/`` holding ``model.safetensors`` (the model state_dict, tied
+tensors stored once), ``trainer_state.pt`` (an opaque dict of plain data and tensors, loaded
+only with ``torch.load(weights_only=True)``, never unpickled) and ``meta.json`` (written last:
+step, counters, versions, the redacted config, and the size and sha256 of both files).
+Saves are crash-safe: everything is written and fsynced in a ``.tmp-*`` sibling, renamed into
+place, and only then is ``<root>/latest.json`` atomically replaced. The stdlib-only layout
+helpers and structural checks live in ``speedtronic.ckpt_info``; this layer adds torch,
+safetensors and hashing. Extension point: ``trainer_state`` belongs to its producers, one key
+each, e.g. "optimizer", "scheduler", "scaler", "rng", "data" from the trainer and
+"coordinator" (or another key of its own) from a plug-in; this module never looks inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import struct
+import sys
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from speedtronic.ckpt_info import (
+    CHECKPOINT_FILES,
+    FORMAT_VERSION,
+    LATEST_FILE,
+    META_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    TMP_PREFIX,
+    error_reason,
+    list_step_dirs,
+    list_tmp_dirs,
+    parse_step,
+    parse_tmp_pid,
+    read_latest,
+    remove_checkpoint_dir,
+    scan_checkpoint,
+    step_dir_name,
+)
+from speedtronic.errors import CheckpointError
+
+__all__ = [
+    "Checkpoint",
+    "find_latest",
+    "list_checkpoints",
+    "load_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
+
+SAFETENSORS_FORMAT = "speedtronic-ckpt-1"
+_READ_CHUNK_BYTES = 8 << 20
+# torch dtype -> safetensors dtype code, for the dtypes safetensors can load back into torch.
+_ST_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+    if hasattr(torch, _name):  # absent from older torch builds
+        _ST_DTYPES[getattr(torch, _name)] = _code
+# What torch.load(weights_only=True) rebuilds on every supported torch version.
+_PLAIN_LEAVES = (str, bytes, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: ``model_state`` fits ``model.load_state_dict(strict=True)``."""
+
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    trainer_state: dict[str, Any]
+    meta: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    model_state: Mapping[str, torch.Tensor],
+    trainer_state: dict[str, Any],
+    meta: dict[str, Any],
+    keep_last: int | None = None,
+) -> Path:
+    """Write ``<root>/step_XXXXXXXXXX`` crash-safely, point latest.json at it, apply retention.
+
+    ``meta`` comes from the caller with at least ``run_id`` (and normally tokens, samples, loss,
+    param_count and the redacted config); format_version, step, created_at, versions and files
+    are added here. ``trainer_state`` is opaque (see the module docstring) but must hold only
+    plain data and tensors, because it is loaded with ``weights_only=True``; anything else is
+    refused now rather than discovered at resume. ``keep_last=N`` keeps the newest N complete
+    checkpoints of this run_id (never the one just written, never other runs'). On an OSError
+    the temporary dir is removed, earlier checkpoints and latest.json are untouched, and a
+    CheckpointError names the root and the OS reason.
+    """
+    _check_arguments(step, trainer_state, meta, keep_last)
+    root, name = Path(root), step_dir_name(step)
+    tensors, aliases = _dedupe_model_state(model_state)
+    tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier failed attempt
+        tmp.mkdir()
+        _write_dir(tmp, tensors, aliases, trainer_state, _full_meta(step, meta))
+        final = _install(tmp, root / name)
+        _write_latest(root, step, name)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            reason = error_reason(exc)
+            raise CheckpointError(f"could not write checkpoint to {root}: {reason}") from exc
+        raise
+    _clean_up(root, name, meta["run_id"], keep_last)
+    return final
+
+
+def _check_arguments(step: Any, trainer_state: Any, meta: Any, keep_last: Any) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step must be an integer >= 0, got {step!r}")
+    if sys.byteorder != "little":
+        raise CheckpointError("checkpoints can only be written on little-endian machines")
+    if not isinstance(meta, dict) or "run_id" not in meta:
+        raise CheckpointError("checkpoint meta must be a dict with at least a run_id")
+    if keep_last is not None and (isinstance(keep_last, bool) or int(keep_last) < 1):
+        raise CheckpointError(f"keep_last must be >= 1 or None, got {keep_last!r}")
+    if not isinstance(trainer_state, dict):
+        raise CheckpointError(f"trainer_state must be a dict, got {type(trainer_state).__name__}")
+    _check_plain(trainer_state, "trainer_state")
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    """Refuse what weights_only loading would refuse, naming where it sits."""
+    if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN_LEAVES:
+        return
+    if type(obj) in (dict, OrderedDict):
+        for key, value in obj.items():
+            _check_plain(key, f"{where} key {key!r}")
+            _check_plain(value, f"{where}[{key!r}]")
+        return
+    if type(obj) in (list, tuple):
+        for index, value in enumerate(obj):
+            _check_plain(value, f"{where}[{index}]")
+        return
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    raise CheckpointError(
+        f"{where} is a {kind}: trainer state may hold only plain data and tensors",
+        hint="store a state_dict() or .tolist() instead; checkpoints load with weights_only=True",
+    )
+
+
+def _dedupe_model_state(
+    model_state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """CPU, contiguous tensors with each shared tensor (tied weights) kept once.
+
+    Returns ``(tensors, aliases)`` where ``aliases`` maps a dropped key to the key that holds
+    the same tensor; ``load_checkpoint`` restores them so strict loading works. Identity is
+    checked on the original device, before copies to CPU would make tied tensors look distinct.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    owners: dict[tuple, str] = {}
+    for key, value in model_state.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"model_state[{key!r}] is a {type(value).__name__}, not a tensor")
+        if key == "__metadata__" or value.dtype not in _ST_DTYPES:
+            raise CheckpointError(f"model_state[{key!r}] ({value.dtype}) cannot be stored")
+        value = value.detach()
+        identity = _storage_identity(value)
+        if identity is not None and identity in owners:
+            aliases[key] = owners[identity]
+            continue
+        if identity is not None:
+            owners[identity] = key
+        tensors[key] = value.to("cpu").contiguous()
+    return tensors, aliases
+
+
+def _storage_identity(t: torch.Tensor) -> tuple | None:
+    if t.numel() == 0 or t.layout != torch.strided or t.device.type == "meta":
+        return None
+    ptr = t.untyped_storage().data_ptr()
+    return (str(t.device), ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _write_dir(
+    tmp: Path,
+    tensors: dict[str, torch.Tensor],
+    aliases: dict[str, str],
+    trainer_state: dict,
+    meta: dict,
+) -> None:
+    """Write the two data files, then meta.json (last, with their sizes and hashes).
+
+    Hashing runs on helper threads (sha256 and file I/O both drop the GIL), and so do the
+    data fsyncs: they wait on the disk while the hashes finish on the CPU. All three files
+    and the dir are fsynced before this returns, i.e. before anything is renamed.
+    """
+    st_meta = {"format": SAFETENSORS_FORMAT, "aliases": json.dumps(aliases, sort_keys=True)}
+    model_path, state_path = tmp / MODEL_FILE, tmp / STATE_FILE
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-io") as pool:
+        # Trainer state first: its hash (read back behind torch.save) is the longest chain,
+        # while the model's hash works from memory and can run any time.
+        state_bytes, state_sha = _write_torch(state_path, trainer_state, pool)
+        synced = [pool.submit(_fsync_file, state_path)]
+        model_bytes, model_sha = _write_safetensors(model_path, tensors, st_meta, pool)
+        synced.append(pool.submit(_fsync_file, model_path))
+        meta["files"] = {
+            MODEL_FILE: {"bytes": model_bytes, "sha256": model_sha.result()},
+            STATE_FILE: {"bytes": state_bytes, "sha256": state_sha.result()},
+        }
+        _write_json(tmp / META_FILE, meta)
+        for future in synced:
+            future.result()
+    _fsync_dir(tmp)
+
+
+def _write_safetensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], pool
+) -> tuple[int, Future]:
+    """Stream a safetensors file straight from tensor memory; returns (size, sha256 future).
+
+    Written here rather than with ``safetensors.torch.save_file`` so that the hash is taken
+    from the same in-memory bytes on another thread while this one writes, with no extra copy;
+    ``safetensors.torch.load_file`` reads the result (the format is an 8-byte header length,
+    a JSON header, then raw little-endian tensor bytes).
+    """
+    # Larger elements first: every tensor then starts at a multiple of its element size.
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for key in order:
+        t = tensors[key]
+        end = offset + t.numel() * t.element_size()
+        header[key] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape)}
+        header[key]["data_offsets"] = [offset, end]
+        offset = end
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # tensor data starts 8-byte aligned, as safetensors does
+    views = [memoryview(struct.pack("<Q", len(blob)) + blob)]
+    views += [_byte_view(tensors[key]) for key in order]
+    # The views borrow tensor memory: pass the tensors along to keep them alive while hashing.
+    digest = pool.submit(_sha256_views, views, tensors)
+    with open(path, "wb") as f:
+        for view in views:
+            f.write(view)
+    return sum(len(v) for v in views), digest
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without copying them."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
+
+
+def _sha256_views(views: list[memoryview], _keepalive: object) -> str:
+    sha = hashlib.sha256()
+    for view in views:
+        sha.update(view)
+    return sha.hexdigest()
+
+
+def _write_torch(path: Path, obj: dict, pool: ThreadPoolExecutor) -> tuple[int, Future]:
+    """torch.save ``obj`` to ``path``; returns (size, sha256 future).
+
+    torch.save hands its writer memoryviews valid only during ``write()``: hashing them
+    inline would add the whole hash time to the save, and handing them to a thread would
+    need a copy. Instead a helper thread reads the file back behind the writer (from the
+    page cache) and hashes it, concurrently and in bounded memory, so that with a spare core
+    the hash costs little wall time.
+    """
+    with open(path, "wb", buffering=0) as f:
+        hasher = _TailHasher(path, pool)
+        sink = _Sink(f, hasher)
+        try:
+            with _without_zip_crc32():
+                torch.save(obj, sink)
+        finally:
+            hasher.close()
+    return sink.size, hasher.future
+
+
+@contextlib.contextmanager
+def _without_zip_crc32():
+    """Skip torch.save's per-record CRC32s, where torch lets us (>= 2.5).
+
+    They cost about half of torch.save's time and add nothing here: meta.json holds the
+    sha256 of the whole file, verified on every load, and torch.load does not need them.
+    The setting is global, so it is restored at once.
+    """
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    set_ = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or set_ is None:
+        yield
+        return
+    previous = get()
+    set_(False)
+    try:
+        yield
+    finally:
+        set_(previous)
+
+
+class _Sink:
+    """Unbuffered file-like target for torch.save that tells the hasher what has landed."""
+
+    def __init__(self, f, hasher: _TailHasher):
+        self._f, self._hasher, self.size = f, hasher, 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:  # raw writes may be partial
+            view = view[self._f.write(view) :]
+        self.size += total
+        self._hasher.advance(self.size)
+        return total
+
+    def flush(self) -> None:
+        pass  # unbuffered: every write() is already in the kernel
+
+
+class _TailHasher:
+    """sha256 of a file that another thread is still appending to, read behind the writer."""
+
+    def __init__(self, path: Path, pool: ThreadPoolExecutor):
+        self._cond = threading.Condition()
+        self._written, self._closed = 0, False
+        self.future = pool.submit(self._run, path)
+
+    def advance(self, written: int) -> None:
+        with self._cond:
+            self._written = written
+            self._cond.notify()
+
+    def close(self) -> None:
+        """No more data: the future completes once everything written so far is hashed."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self, path: Path) -> str:
+        sha, done = hashlib.sha256(), 0
+        buffer = memoryview(bytearray(_READ_CHUNK_BYTES))
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                with self._cond:
+                    while self._written == done and not self._closed:
+                        self._cond.wait()
+                    target, closed = self._written, self._closed
+                while done < target:
+                    n = f.readinto(buffer[: min(len(buffer), target - done)])
+                    if not n:
+                        raise OSError(errno.EIO, f"{path} shrank while being hashed")
+                    sha.update(buffer[:n])
+                    done += n
+                if closed and done == target:
+                    return sha.hexdigest()
+
+
+def _full_meta(step: int, meta: dict) -> dict:
+    """The caller's meta plus ours; "files" is filled in once the files are written."""
+    ours = {
+        "format_version": FORMAT_VERSION,
+        "step": int(step),
+        "tokens": meta.get("tokens"),
+        "samples": meta.get("samples"),
+        "loss": _finite_or_none(meta.get("loss")),
+        "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": meta["run_id"],
+        "versions": {
+            "torch": str(torch.__version__),
+            "speedtronic": _speedtronic_version(),
+            "python": platform.python_version(),
+        },
+        "param_count": meta.get("param_count"),
+        "config": meta.get("config"),
+    }
+    extra = {k: v for k, v in meta.items() if k not in ours and k != "files"}
+    return {**ours, **extra, "files": None}
+
+
+def _finite_or_none(value: Any) -> float | None:
+    """NaN/inf are not JSON; a diverged loss is recorded as null."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _speedtronic_version() -> str:
+    try:
+        from speedtronic import __version__
+
+        return str(__version__)
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("speedtronic")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(obj, indent=2, default=str) + "\n")
+        _flush_and_sync(f)
+
+
+def _flush_and_sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    """fsync by path: any descriptor of the inode flushes its dirty pages."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and new entries in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some filesystems cannot fsync a directory; their renames are as durable as they get.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _install(tmp: Path, final: Path) -> Path:
+    """Rename the finished tmp dir to its final name, replacing a stale dir of the same step.
+
+    A stale dir (from a crash or an earlier run) is moved aside rather than deleted first,
+    so that some copy of this step exists at every moment; it is deleted once ours is in place.
+    """
+    aside = None
+    if final.exists():
+        aside = final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}-old")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if aside is not None:
+            os.rename(aside, final)
+        raise
+    _fsync_dir(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+def _write_latest(root: Path, step: int, name: str) -> None:
+    tmp = root / f"{LATEST_FILE}.tmp-{os.getpid()}"
+    try:
+        _write_json(tmp, {"step": int(step), "path": name})
+        os.replace(tmp, root / LATEST_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(root)
+
+
+def _clean_up(root: Path, just_written: str, run_id: Any, keep_last: int | None) -> None:
+    """Remove stale tmp dirs and apply retention, after the new checkpoint is committed.
+
+    Failures only warn: the save itself succeeded, and the next save retries the cleanup.
+    """
+    try:
+        _remove_stale_tmp_dirs(root)
+        if keep_last is not None:
+            _apply_retention(root, just_written, run_id, int(keep_last))
+    except OSError as exc:
+        warnings.warn(f"checkpoint cleanup in {root} failed: {error_reason(exc)}", stacklevel=3)
+
+
+def _apply_retention(root: Path, just_written: str, run_id: Any, keep_last: int) -> None:
+    mine = [d for d in list_step_dirs(root) if _complete_run_id(d) == (True, run_id)]
+    for path in mine[:-keep_last]:
+        if path.name != just_written:
+            remove_checkpoint_dir(path)
+
+
+def _complete_run_id(path: Path) -> tuple[bool, Any]:
+    """(True, run_id) for a dir with a readable meta.json; (False, None) otherwise."""
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        return True, meta["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, None
+
+
+def _remove_stale_tmp_dirs(root: Path) -> None:
+    """Delete ``.tmp-*`` dirs whose writer process is gone (a crash mid-save)."""
+    for path in list_tmp_dirs(root):
+        pid = parse_tmp_pid(path.name)
+        if pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists but belongs to someone else
+    return True
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """``step_*`` dirs in ``root`` sorted by step (not verified; see ``find_latest``)."""
+    return list_step_dirs(root)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
+    """``(status, problem)``: the structural check plus sha256 of both files.
+
+    status is "ok", "incomplete" or "damaged"; problem names the file and what is wrong.
+    """
+    scan = scan_checkpoint(path)
+    if scan.status != "ok":
+        return scan.status, scan.problem
+    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
+        problem = _hash_problem(_start_hashes(Path(path), pool), scan.meta)
+    return ("damaged", problem) if problem else ("ok", None)
+
+
+def _start_hashes(path: Path, pool: ThreadPoolExecutor) -> dict[str, Future]:
+    return {name: pool.submit(_sha256_file, path / name) for name in CHECKPOINT_FILES}
+
+
+def _hash_problem(hashes: dict[str, Future], meta: dict) -> str | None:
+    for name, future in hashes.items():
+        try:
+            digest = future.result()
+        except OSError as exc:
+            return f"{name}: {error_reason(exc)}"
+        if digest != meta["files"][name].get("sha256"):
+            return f"{name}: sha256 mismatch"
+    return None
+
+
+def _sha256_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(_READ_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            sha.update(view[:n])
+    return sha.hexdigest()
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Verify (meta.json, files, sizes, sha256) and load a checkpoint dir onto the CPU.
+
+    Files are hashed while they load: both loaders are pickle-free, so reading a corrupt
+    file is safe, and its data is discarded if a hash does not match. Any problem raises
+    CheckpointError naming the file.
+    """
+    path = Path(path)
+    scan = scan_checkpoint(path)
+    if scan.status != "ok":
+        raise CheckpointError(f"checkpoint {path} is {scan.status}: {scan.problem}")
+    load_error = None
+    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
+        hashes = _start_hashes(path, pool)
+        try:
+            model_state = _load_model(path / MODEL_FILE, scan.header.get("__metadata__"))
+            trainer_state = _load_trainer_state(path / STATE_FILE)
+        except CheckpointError as exc:
+            load_error = exc
+        problem = _hash_problem(hashes, scan.meta)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+    if load_error is not None:
+        raise load_error
+    return Checkpoint(path, model_state, trainer_state, scan.meta)
+
+
+def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:
+    metadata = metadata or {}
+    if metadata.get("format") != SAFETENSORS_FORMAT:
+        raise CheckpointError(f"{path}: not a {SAFETENSORS_FORMAT} file")
+    try:
+        aliases = json.loads(metadata.get("aliases") or "{}")
+        tensors = load_file(str(path), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
+    if not isinstance(aliases, dict):
+        raise CheckpointError(f"{path}: malformed aliases metadata")
+    for alias, owner in aliases.items():
+        if owner not in tensors:
+            raise CheckpointError(f"{path}: alias {alias!r} points to missing {owner!r}")
+        tensors[alias] = tensors[owner]
+    return tensors
+
+
+def _load_trainer_state(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad archive
+        if "weights only" in str(exc).lower() or "weights_only" in str(exc):
+            raise CheckpointError(
+                f"{path}: refused to load: it holds objects other than plain data and tensors"
+                " (checkpoints are loaded with weights_only=True, never unpickled)"
+            ) from exc
+        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a dict")
+    return state
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def find_latest(root: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path | None:
+    """The newest usable checkpoint in ``root``, or None.
+
+    Starts with the one latest.json points to (or, if latest.json is missing or unreadable,
+    the highest step_* dir) and falls back to older ones while verification fails, reporting
+    each skipped checkpoint through ``log`` (default: warnings.warn).
+    """
+    root = Path(root)
+    log = log or _warn
+    try:
+        pointer = read_latest(root)
+    except CheckpointError as exc:
+        log(f"{exc}; scanning step_* directories instead")
+        pointer = None
+    skipped: list[str] = []
+    for path in _candidates(root, pointer):
+        status, problem = verify_checkpoint(path)
+        if status == "ok":
+            for message in skipped:
+                log(f"{message}; using {path.name}")
+            return path
+        skipped.append(f"checkpoint {path.name} is {status} ({problem})")
+    for message in skipped:
+        log(f"{message}; no usable checkpoint left in {root}")
+    return None
+
+
+def _candidates(root: Path, pointer: str | None) -> list[Path]:
+    """Newest first: latest.json's target, then older step dirs."""
+    newest_first = list(reversed(list_step_dirs(root)))
+    if pointer is None:
+        return newest_first
+    step = parse_step(pointer)
+    return [root / pointer] + [d for d in newest_first if parse_step(d.name) < step]
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)

@@ -1,0 +1,464 @@
+"""Read-only views of checkpoints on disk, plus pruning: the layer behind `speedtronic ckpt`.
+
+This module owns the names of the on-disk layout (``latest.json``, ``step_XXXXXXXXXX`` dirs,
+``.tmp-*`` dirs, the three files inside a checkpoint), the cheap structural check of a
+checkpoint (meta.json parses, files exist with the recorded sizes, the safetensors header
+parses and covers its file), ``inspect`` summaries and ``prune`` plans. It is stdlib-only on
+purpose: it must never import torch or safetensors, so that inspecting a run is instant and
+works where torch is not installed. Hashing and tensor loading live in
+``speedtronic.checkpoint``, which builds on the checks here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedtronic.errors import CheckpointError, ConfigError
+
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.pt"
+META_FILE = "meta.json"
+LATEST_FILE = "latest.json"
+CHECKPOINT_FILES = (MODEL_FILE, STATE_FILE)
+FORMAT_VERSION = 1
+STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+
+_STEP_RE = re.compile(r"^step_(\d{10,})$")
+# .tmp-step_0000000100-<pid>, optionally with a suffix for dirs being replaced or deleted.
+_TMP_RE = re.compile(r"^\.tmp-step_(\d{10,})-(\d+)(?:-[a-z]+)?$")
+# A header larger than this is certainly not ours; refuse to read it into memory.
+_MAX_HEADER_BYTES = 100 << 20
+
+# safetensors dtype codes -> torch dtype names, for display only.
+_DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
+
+# config_facts: label -> dotted paths tried in order, then a search for the last component.
+_CONFIG_FACTS = {
+    "model": ("model.name", "model.preset", "model"),
+    "run_name": ("run.name", "run_name", "name"),
+    "max_steps": ("run.max_steps", "train.max_steps", "training.max_steps", "max_steps"),
+    "precision": ("precision.mode", "precision", "train.precision"),
+    "micro_batch_size": ("data.micro_batch_size", "train.micro_batch_size", "micro_batch_size"),
+    "target_batch_size": ("data.target_batch_size", "train.target_batch_size", "target_batch_size"),
+    "lr": ("optimizer.lr", "optim.lr", "lr", "learning_rate"),
+}
+# Leaf names too generic to find by search (a "name" could belong to any section).
+_NO_SEARCH = {"name", "model", "precision"}
+
+
+def step_dir_name(step: int) -> str:
+    """``step_0000000100``: 10-digit zero padding keeps names sorting like steps."""
+    return f"{STEP_PREFIX}{int(step):010d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a ``step_*`` or ``.tmp-step_*`` dir name; None for anything else."""
+    match = _STEP_RE.match(name) or _TMP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_tmp_pid(name: str) -> int | None:
+    """The pid that owns a ``.tmp-step_*-<pid>`` dir; None if the name is not one."""
+    match = _TMP_RE.match(name)
+    return int(match.group(2)) if match else None
+
+
+def list_step_dirs(root: str | os.PathLike) -> list[Path]:
+    """All ``step_*`` dirs in ``root`` sorted by step, complete or not (no verification)."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:  # missing, or not a directory: no checkpoints there
+        return []
+    dirs = [Path(e.path) for e in entries if _STEP_RE.match(e.name) and e.is_dir()]
+    return sorted(dirs, key=lambda p: parse_step(p.name))
+
+
+def list_tmp_dirs(root: str | os.PathLike) -> list[Path]:
+    """``.tmp-*`` dirs in ``root``: writes in progress or left behind by a crash."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    return sorted(Path(e.path) for e in entries if e.name.startswith(TMP_PREFIX) and e.is_dir())
+
+
+def read_latest(root: str | os.PathLike) -> str | None:
+    """The dir name latest.json points to; None if there is no latest.json.
+
+    Raises CheckpointError if latest.json exists but cannot be trusted (unreadable, not our
+    format, or pointing outside ``root``).
+    """
+    path = Path(root) / LATEST_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {error_reason(exc)}") from exc
+    name = data.get("path") if isinstance(data, dict) else None
+    # Only a bare step dir name is accepted: latest.json must not point anywhere else.
+    if not isinstance(name, str) or not _STEP_RE.match(name):
+        raise CheckpointError(f"{path} does not name a step_* directory")
+    return name
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict:
+    """Parse a safetensors header without touching tensor data.
+
+    Layout: 8-byte little-endian header length, JSON header, then the tensor bytes. Raises
+    FileNotFoundError if missing and ValueError if the header is malformed or does not
+    describe exactly the bytes in the file (which is how truncation shows up).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{size} bytes is too short for a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > min(size - 8, _MAX_HEADER_BYTES):
+            raise ValueError(f"header length {length} does not fit in a {size}-byte file")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as exc:
+            raise ValueError("header is not valid JSON") from exc
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    end = 0
+    for key, entry in header.items():
+        if key != "__metadata__":
+            end = max(end, _checked_entry(key, entry))
+    if 8 + length + end != size:
+        raise ValueError(f"header describes {8 + length + end} bytes but the file has {size}")
+    return header
+
+
+def _checked_entry(key: str, entry: object) -> int:
+    """Validate one tensor entry of a header; returns where its data ends."""
+    ok = isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+    shape = entry.get("shape") if ok else None
+    offsets = entry.get("data_offsets") if ok else None
+    ok = ok and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+    ok = ok and isinstance(offsets, list) and len(offsets) == 2
+    ok = ok and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]
+    if not ok:
+        raise ValueError(f"header entry {key!r} is malformed")
+    return offsets[1]
+
+
+@dataclass
+class Problem:
+    """One thing wrong with a checkpoint; ``status`` is "incomplete" or "damaged"."""
+
+    status: str
+    message: str
+
+
+@dataclass
+class CheckpointScan:
+    """Result of the cheap structural check of one checkpoint dir (no hashing)."""
+
+    path: Path
+    meta: dict | None = None
+    header: dict | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """One of ok, incomplete, damaged; incomplete wins, as a crashed write explains both."""
+        kinds = {p.status for p in self.problems}
+        return "incomplete" if "incomplete" in kinds else "damaged" if kinds else "ok"
+
+    @property
+    def problem(self) -> str | None:
+        for p in self.problems:
+            if p.status == self.status:
+                return p.message
+        return None
+
+
+def scan_checkpoint(path: str | os.PathLike) -> CheckpointScan:
+    """Structural check of a checkpoint dir: cheap enough to run on every dir of a run.
+
+    Catches missing files, truncation (size differs from meta, header does not cover the
+    file) and unparseable metadata. It does not hash: ``checkpoint.verify_checkpoint`` adds
+    the sha256 comparison that catches same-size corruption.
+    """
+    scan = CheckpointScan(Path(path))
+    if not scan.path.is_dir():
+        scan.problems.append(Problem("incomplete", "directory missing"))
+        return scan
+    if scan.path.name.startswith(TMP_PREFIX):
+        scan.problems.append(Problem("incomplete", "unfinished write (temporary directory)"))
+    scan.meta = _read_meta(scan.path, scan.problems)
+    try:
+        scan.header = read_safetensors_header(scan.path / MODEL_FILE)
+    except FileNotFoundError:
+        scan.problems.append(Problem("incomplete", f"{MODEL_FILE} missing"))
+    except (OSError, ValueError) as exc:
+        scan.problems.append(Problem("damaged", f"{MODEL_FILE}: {error_reason(exc)}"))
+    if scan.meta is not None:
+        scan.problems.extend(_check_file_sizes(scan.path, scan.meta))
+    return scan
+
+
+def _read_meta(path: Path, problems: list[Problem]) -> dict | None:
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(Problem("incomplete", f"{META_FILE} missing"))
+        return None
+    except (OSError, ValueError) as exc:
+        problems.append(Problem("damaged", f"{META_FILE}: {error_reason(exc)}"))
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        problems.append(Problem("damaged", f"{META_FILE}: no file list"))
+        return None
+    if meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version")
+        problems.append(Problem("damaged", f"{META_FILE}: unsupported format_version {version}"))
+    return meta
+
+
+def _check_file_sizes(path: Path, meta: dict) -> list[Problem]:
+    problems = []
+    for name in CHECKPOINT_FILES:
+        record = meta["files"].get(name)
+        if not isinstance(record, dict) or not isinstance(record.get("bytes"), int):
+            problems.append(Problem("damaged", f"{META_FILE}: no record of {name}"))
+            continue
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            problems.append(Problem("incomplete", f"{name} missing"))
+            continue
+        if size != record["bytes"]:
+            message = f"{name}: {size} bytes on disk, {record['bytes']} recorded"
+            problems.append(Problem("damaged", message))
+    return problems
+
+
+def resolve_checkpoints(path: str | os.PathLike) -> tuple[Path, list[Path]]:
+    """Find the checkpoints ``path`` refers to: ``(root, dirs sorted by step)``.
+
+    ``path`` may be a run's output dir (with ``checkpoints/`` inside), a checkpoints root,
+    or one checkpoint dir (then the list holds just it). Leftover ``.tmp-*`` dirs of a root
+    are listed too, so that inspect can show them as incomplete.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if _looks_like_checkpoint(path):
+        return path.parent, [path]
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    dirs = list_step_dirs(root) + list_tmp_dirs(root)
+    if not dirs:
+        raise CheckpointError(
+            f"no checkpoints found in {path}",
+            hint="pass a run's output directory, its checkpoints/ directory or a step_* dir",
+        )
+    return root, sorted(dirs, key=lambda p: (parse_step(p.name) or 0, p.name.startswith(".")))
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    if parse_step(path.name) is not None:
+        return True
+    return any((path / name).exists() for name in (META_FILE, MODEL_FILE))
+
+
+def inspect_checkpoint(path: str | os.PathLike) -> dict:
+    """JSON-serialisable summary of one checkpoint dir from meta.json and the header only."""
+    scan = scan_checkpoint(path)
+    meta, header = scan.meta or {}, scan.header or {}
+    by_module, dtypes = _summarise_tensors(header)
+    param_count = meta.get("param_count")
+    if param_count is None and header:
+        param_count = sum(m["params"] for m in by_module.values())
+    step = meta.get("step", parse_step(scan.path.name))
+    return {
+        "name": scan.path.name,
+        "path": str(scan.path),
+        "step": step,
+        "run_id": meta.get("run_id"),
+        "tokens": meta.get("tokens"),
+        "samples": meta.get("samples"),
+        "loss": meta.get("loss"),
+        "created_at": meta.get("created_at"),
+        "status": scan.status,
+        "problem": scan.problem,
+        "size_bytes": _dir_size(scan.path),
+        "param_count": param_count,
+        "params_by_module": by_module,
+        "dtypes": dtypes,
+        "tied": _aliases(header),
+        "is_latest": _latest_or_none(scan.path.parent) == scan.path.name,
+        "config_facts": config_facts(meta.get("config")),
+    }
+
+
+def inspect_path(path: str | os.PathLike) -> dict:
+    """``{"root", "latest", "checkpoints": [inspect_checkpoint(...), ...]}`` for any path."""
+    root, dirs = resolve_checkpoints(path)
+    return {
+        "root": str(root),
+        "latest": _latest_or_none(root),
+        "checkpoints": [inspect_checkpoint(d) for d in dirs],
+    }
+
+
+def _summarise_tensors(header: dict) -> tuple[dict, dict]:
+    by_module: dict[str, dict[str, int]] = {}
+    dtypes: dict[str, int] = {}
+    for key, entry in header.items():
+        if key == "__metadata__" or not isinstance(entry, dict):
+            continue
+        numel = 1
+        for dim in entry.get("shape", []):
+            numel *= int(dim)
+        begin, end = entry["data_offsets"]
+        module = by_module.setdefault(key.split(".", 1)[0], {"params": 0, "bytes": 0})
+        module["params"] += numel
+        module["bytes"] += int(end) - int(begin)
+        dtype = _DTYPE_NAMES.get(entry.get("dtype"), str(entry.get("dtype")).lower())
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+    return by_module, dtypes
+
+
+def _aliases(header: dict) -> dict:
+    """Tied weights stored once: {alias key: stored key} from the safetensors metadata."""
+    raw = (header.get("__metadata__") or {}).get("aliases")
+    try:
+        aliases = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return aliases if isinstance(aliases, dict) else {}
+
+
+def config_facts(config: object) -> dict:
+    """A few headline settings from a stored (redacted) config, whatever its exact shape."""
+    if not isinstance(config, dict):
+        return {}
+    facts = {}
+    for label, paths in _CONFIG_FACTS.items():
+        value = _first_scalar(config, paths)
+        if value is not None:
+            facts[label] = value
+    return facts
+
+
+def _first_scalar(config: dict, paths: tuple[str, ...]):
+    for dotted in paths:
+        node = config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, (str, int, float, bool)):
+            return node
+    leaf = paths[-1].rsplit(".", 1)[-1]
+    return None if leaf in _NO_SEARCH else _search_leaf(config, leaf)
+
+
+def _search_leaf(node: dict, leaf: str):
+    """Breadth-first search for a scalar under key ``leaf`` (shallowest occurrence wins)."""
+    queue = [node]
+    while queue:
+        current = queue.pop(0)
+        value = current.get(leaf)
+        if isinstance(value, (str, int, float, bool)):
+            return value
+        queue.extend(v for v in current.values() if isinstance(v, dict))
+    return None
+
+
+def _latest_or_none(root: Path) -> str | None:
+    try:
+        return read_latest(root)
+    except CheckpointError:
+        return None
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass  # deleted while we walked: it no longer takes space
+    return total
+
+
+def plan_prune(path: str | os.PathLike, keep: int) -> list[dict]:
+    """Checkpoints that pruning to the newest ``keep`` (by step, any run_id) would delete.
+
+    Works on the whole checkpoints root that ``path`` resolves to. The checkpoint latest.json
+    points to is never planned for deletion, even when it is not among the newest. ``.tmp-*``
+    dirs are left alone: one may be a write in progress.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"keep must be an integer >= 1, got {keep!r}")
+    root, _ = resolve_checkpoints(path)
+    latest = _latest_or_none(root)
+    newest_first = list(reversed(list_step_dirs(root)))
+    return [
+        {"name": d.name, "path": str(d), "size_bytes": _dir_size(d), "step": parse_step(d.name)}
+        for d in newest_first[keep:]
+        if d.name != latest
+    ]
+
+
+def apply_prune(plan: list[dict]) -> None:
+    """Delete the dirs of a ``plan_prune`` plan; an OSError -> CheckpointError naming the dir."""
+    for item in plan:
+        path = Path(item["path"])
+        # Re-check at delete time: the run may have moved latest.json since the plan was made.
+        if _latest_or_none(path.parent) == path.name:
+            raise CheckpointError(f"refusing to delete {path}: latest.json points to it")
+        try:
+            remove_checkpoint_dir(path)
+        except OSError as exc:
+            raise CheckpointError(f"could not delete {path}: {error_reason(exc)}") from exc
+
+
+def remove_checkpoint_dir(path: Path) -> None:
+    """Delete a checkpoint dir by first renaming it to a ``.tmp-*`` name.
+
+    The rename is atomic, so a crash halfway through the delete leaves a dir that every
+    reader already ignores and the next save cleans up, never a half-deleted ``step_*``.
+    """
+    if not path.exists():
+        return
+    doomed = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-del")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def error_reason(exc: BaseException) -> str:
+    """The OS reason alone ("No space left on device"), without errno and path noise."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,134 @@
+"""``speedtronic ckpt inspect`` and ``speedtronic ckpt prune``: see and tidy checkpoints.
+
+Both read only JSON and safetensors headers (``speedtronic.ckpt_info``), never torch, so they
+answer instantly even for large checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from speedtronic.cli.app import handle_errors
+from speedtronic.errors import ConfigError
+
+ckpt_app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True)
+PathArg = typer.Argument(
+    ..., help="A run's output directory, its checkpoints directory, or one checkpoint."
+)
+FormatOpt = typer.Option("text", "--format", help="Output format: text (tables) or json.")
+
+
+def _check_format(output_format: str) -> None:
+    if output_format not in ("text", "json"):
+        raise ConfigError(f"--format: must be text or json (got {output_format!r})")
+
+
+def inspect(path: Path = PathArg, output_format: str = FormatOpt) -> None:
+    """Show step, tokens, loss, size, parameters and status of every checkpoint found."""
+    from speedtronic.ckpt_info import inspect_path
+
+    _check_format(output_format)
+    report = inspect_path(path)
+    if output_format == "json":
+        print(json.dumps(report, indent=2))
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
+    console.print(_overview(report))
+    chosen = _latest_entry(report)
+    if chosen:
+        console.print(_modules(chosen))
+        facts = ", ".join(f"{k}={v}" for k, v in chosen["config_facts"].items())
+        dtypes = ", ".join(f"{k} x{v}" for k, v in chosen["dtypes"].items())
+        console.print(f"{chosen['name']}: dtypes {dtypes}", highlight=False)
+        console.print(f"config: {facts or 'not recorded'}", highlight=False)
+
+
+def prune(
+    path: Path = PathArg,
+    keep: int = typer.Option(..., "--keep", help="How many of the newest checkpoints to keep."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be deleted."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
+) -> None:
+    """Delete all but the newest --keep checkpoints (never the one latest.json points to)."""
+    from speedtronic.ckpt_info import apply_prune, plan_prune
+
+    plan = plan_prune(path, keep)
+    if not plan:
+        print("nothing to prune")
+        return
+    verb = "would delete" if dry_run else "will delete"
+    for item in plan:
+        print(f"{verb} {item['path']} ({_size(item['size_bytes'])})")
+    print(f"total: {len(plan)} checkpoint(s), {_size(sum(i['size_bytes'] for i in plan))}")
+    if dry_run:
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("ckpt prune: not a terminal, so cannot ask; pass --yes to delete")
+        if not typer.confirm("Delete these checkpoints?", default=False):
+            raise typer.Exit(1)
+    apply_prune(plan)
+    print(f"deleted {len(plan)} checkpoint(s)")
+
+
+def _overview(report: dict) -> Table:
+    table = Table(title=f"checkpoints in {report['root']}", title_justify="left")
+    columns = ("name", "latest", "status", "step", "tokens", "samples", "loss", "created")
+    for column in (*columns, "size", "params"):
+        table.add_column(column, justify="right" if column not in columns[:3] else "left")
+    for c in report["checkpoints"]:
+        status = c["status"] if c["status"] == "ok" else f"[red]{c['status']}[/]: {c['problem']}"
+        table.add_row(
+            c["name"],
+            "*" if c["is_latest"] else "",
+            status,
+            _num(c["step"]),
+            _num(c["tokens"]),
+            _num(c["samples"]),
+            "-" if c["loss"] is None else f"{c['loss']:.4f}",
+            (c["created_at"] or "-")[:19],
+            _size(c["size_bytes"]),
+            _num(c["param_count"]),
+        )
+    return table
+
+
+def _modules(entry: dict) -> Table:
+    table = Table(
+        title=f"{entry['name']}: parameters by module", title_justify="left", min_width=48
+    )
+    for column in ("module", "params", "bytes"):
+        table.add_column(column, justify="left" if column == "module" else "right")
+    for name, info in entry["params_by_module"].items():
+        table.add_row(name, _num(info["params"]), _size(info["bytes"]))
+    return table
+
+
+def _latest_entry(report: dict) -> dict | None:
+    entries = [c for c in report["checkpoints"] if c["status"] == "ok"]
+    latest = [c for c in entries if c["is_latest"]]
+    return (latest or entries[-1:] or [None])[0]
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+def register(app: typer.Typer) -> None:
+    ckpt_app.command()(handle_errors(inspect))
+    ckpt_app.command()(handle_errors(prune))
+    app.add_typer(ckpt_app, name="ckpt")

@@ -1,0 +1,109 @@
+"""`speedtronic ckpt inspect` / `ckpt prune` on real checkpoints written by a training run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from speedtronic.cli.app import app
+from speedtronic.runtime import train_from_config
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def run_dir(tiny, tmp_path):
+    """A run with checkpoints at steps 2, 4, 6 (latest), one damaged copy and one torn write."""
+    tiny["checkpoint"] = {"interval": 2, "keep_last": 5}
+    train_from_config(tiny, console=False)
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copytree(ckpts / "step_0000000002", ckpts / "step_0000000001")
+    model = ckpts / "step_0000000001" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-16])
+    shutil.copytree(ckpts / "step_0000000004", ckpts / ".tmp-step_0000000008-999999")
+    (ckpts / ".tmp-step_0000000008-999999" / "meta.json").unlink()
+    return tmp_path / "run"
+
+
+def test_inspect_json_reports_every_checkpoint_with_status(run_dir):
+    result = runner.invoke(app, ["ckpt", "inspect", str(run_dir), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_name = {c["name"]: c for c in report["checkpoints"]}
+    assert report["latest"] == "step_0000000006"
+    assert by_name["step_0000000006"]["is_latest"] and by_name["step_0000000006"]["step"] == 6
+    assert by_name["step_0000000001"]["status"] == "damaged"
+    assert by_name[".tmp-step_0000000008-999999"]["status"] == "incomplete"
+    ok = by_name["step_0000000004"]
+    assert ok["status"] == "ok" and ok["tokens"] == 4 * 8 * 16 and ok["samples"] == 32
+    assert set(ok["dtypes"]) == {"float32"}
+    assert set(ok["params_by_module"]) == {"tok_emb", "blocks", "norm"}
+    assert sum(m["params"] for m in ok["params_by_module"].values()) == ok["param_count"]
+    assert ok["config_facts"]["model"] == "reference_transformer"
+
+
+def test_inspect_text_for_one_checkpoint_and_for_the_checkpoints_dir(run_dir):
+    for path in (run_dir / "checkpoints", run_dir / "checkpoints" / "step_0000000004"):
+        result = runner.invoke(app, ["ckpt", "inspect", str(path)])
+        assert result.exit_code == 0, result.stderr
+        assert "step_0000000004" in result.stdout and "parameters by module" in result.stdout
+
+
+def test_inspect_nothing_there_is_exit_2_or_1_with_one_line(tmp_path):
+    result = runner.invoke(app, ["ckpt", "inspect", str(tmp_path)])
+    assert result.exit_code != 0 and "no checkpoints found" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_inspect_does_not_import_torch(run_dir):
+    code = (
+        "import sys; from typer.testing import CliRunner; from speedtronic.cli.app import app;"
+        f"r = CliRunner().invoke(app, ['ckpt', 'inspect', {str(run_dir)!r}, '--format', 'json']);"
+        "assert r.exit_code == 0, r.stderr; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def names(run_dir):
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+
+
+def test_prune_dry_run_changes_nothing(run_dir):
+    before = names(run_dir)
+    result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "1", "--dry-run"])
+    assert result.exit_code == 0
+    assert "would delete" in result.stdout and "step_0000000002" in result.stdout
+    assert names(run_dir) == before
+
+
+def test_prune_yes_deletes_older_and_keeps_latest(run_dir):
+    result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "2", "--yes"])
+    assert result.exit_code == 0, result.stderr
+    assert names(run_dir) == ["step_0000000004", "step_0000000006"]
+
+
+def test_prune_never_deletes_what_latest_points_to(run_dir):
+    ckpts = run_dir / "checkpoints"
+    (ckpts / "latest.json").write_text(json.dumps({"step": 2, "path": "step_0000000002"}))
+    result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "1", "--yes"])
+    assert result.exit_code == 0
+    assert names(run_dir) == ["step_0000000002", "step_0000000006"]
+
+
+def test_prune_asks_and_refuses_without_a_terminal_or_yes(run_dir):
+    before = names(run_dir)
+    result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "1"])
+    assert result.exit_code == 2 and "pass --yes" in result.stderr
+    assert names(run_dir) == before
+
+
+@pytest.mark.parametrize("args", [["--keep", "0"], ["--keep", "x"], []])
+def test_prune_bad_arguments_exit_2(run_dir, args):
+    result = runner.invoke(app, ["ckpt", "prune", str(run_dir), *args, "--yes"])
+    assert result.exit_code == 2

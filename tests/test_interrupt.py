@@ -1,0 +1,131 @@
+"""Real processes, real signals: graceful stops, exit codes, and SIGKILL at random moments."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from speedtronic.checkpoint import find_latest, load_checkpoint
+from speedtronic.runtime import train_from_config
+
+
+def write_config(tiny, out: Path, **changes) -> Path:
+    tiny["run"]["output_dir"] = str(out)
+    for section, values in changes.items():
+        tiny.setdefault(section, {}).update(values)
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(tiny))
+    return path
+
+
+def start(config: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "speedtronic", "train", "-c", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the training process"
+        time.sleep(0.02)
+
+
+def logged_steps(path: Path) -> int:
+    if not path.exists():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if '"train_step"' in line]
+    return len(lines)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_finishes_the_step_saves_and_says_how_to_resume(tiny, tmp_path, signum, code):
+    out = tmp_path / "run"
+    config = write_config(
+        tiny, out, run={"max_steps": 100000}, logging={"every_steps": 1, "json_file": "m.jsonl"}
+    )
+    proc = start(config)
+    wait_for(lambda: logged_steps(out / "m.jsonl") >= 3)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "resume with: speedtronic train -c" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    checkpoint = load_checkpoint(out / "checkpoints" / latest["path"])
+    assert checkpoint.meta["step"] == latest["step"] >= 3
+    assert f"interrupted at step {latest['step']}" in stderr
+
+
+def test_second_ctrl_c_aborts_at_once_and_keeps_the_last_good_checkpoint(tiny, tmp_path):
+    out = tmp_path / "run"
+    config = write_config(tiny, out, run={"max_steps": 100000}, checkpoint={"interval": 1})
+    proc = start(config)
+    wait_for(lambda: (out / "checkpoints" / "latest.json").exists())
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    path = find_latest(out / "checkpoints", log=pytest.fail)
+    assert path is not None and load_checkpoint(path).meta["step"] >= 1
+
+
+def kill_then_resume(config: Path, delay: float, checkpoint: dict):
+    """Start training, SIGKILL it ``delay`` s after its first step, resume it in-process."""
+    out = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
+    proc = start(config)
+    wait_for(lambda: logged_steps(out / "m.jsonl") >= 1 or proc.poll() is not None)
+    time.sleep(delay)
+    proc.kill()
+    proc.wait()
+    events = []
+    resumed = train_from_config(
+        {**yaml.safe_load(config.read_text()), "checkpoint": {**checkpoint, "resume": True}},
+        console=False,
+        hooks=[lambda e, p: events.append((e, p.get("message")))],
+    )
+    return (
+        resumed,
+        [m for e, m in events if e == "warning"],
+        [m for e, m in events if e == "notice"],
+    )
+
+
+def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp_path):
+    """10 trials: kill -9 anywhere (often mid-save), resume, and match an uninterrupted run."""
+    changes = dict(
+        run={"max_steps": 12},
+        checkpoint={"interval": 1, "keep_last": 2},
+        logging={"every_steps": 1, "json_file": "m.jsonl"},
+    )
+    reference = train_from_config(
+        yaml.safe_load(write_config(tiny, tmp_path / "reference", **changes).read_text()),
+        console=False,
+    )
+    expected = load_checkpoint(reference.checkpoint).model_state
+    rng = random.Random(20261130)
+    resumed_from = []
+    for trial in range(10):
+        config = write_config(tiny, tmp_path / f"trial{trial}", **changes)
+        delay = rng.uniform(0.0, reference.elapsed_s)  # saves take most of each step
+        resumed, warnings, notices = kill_then_resume(config, delay, changes["checkpoint"])
+        assert not warnings, f"trial {trial}: {warnings}"
+        assert resumed.steps == 12
+        resumed_from += [n for n in notices if "resumed from" in n or "no checkpoint" in n]
+        weights = load_checkpoint(resumed.checkpoint).model_state
+        for key, value in expected.items():
+            assert torch.equal(weights[key], value), f"trial {trial}: {key} differs"
+    mid_run = [n for n in resumed_from if "resumed from" in n and "at step 12" not in n]
+    assert len(mid_run) >= 5, resumed_from  # most kills landed during training
