@@ -107,3 +107,35 @@ def test_prune_asks_and_refuses_without_a_terminal_or_yes(run_dir):
 def test_prune_bad_arguments_exit_2(run_dir, args):
     result = runner.invoke(app, ["ckpt", "prune", str(run_dir), *args, "--yes"])
     assert result.exit_code == 2
+
+
+def test_failed_checkpoint_write_is_a_clear_error_and_keeps_the_previous(
+    tiny, tmp_path, monkeypatch
+):
+    import errno
+    import os
+
+    import yaml
+
+    from speedtronic.checkpoint import find_latest
+
+    tiny["checkpoint"] = {"interval": 2}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    real_fsync, calls = os.fsync, []
+
+    def fsync_until_disk_full(fd):
+        calls.append(fd)
+        if len(calls) > 12:  # the first checkpoint (step 2) lands, a later one hits ENOSPC
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_until_disk_full)
+    result = runner.invoke(app, ["train", "-c", str(config)])
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert result.exit_code == 1
+    assert "could not write checkpoint to" in result.stderr
+    assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert find_latest(ckpts).name == "step_0000000002"
+    assert not list(ckpts.glob(".tmp-*"))
