@@ -60,7 +60,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"
+    source: Literal["auto", "synthetic", "text", "tokens"] = "auto"  # auto: from the paths set
+    text_path: str | None = None  # a UTF-8 text file, streamed
+    token_path: str | None = None  # a flat uint16/uint32 token file, memory-mapped
+    token_dtype: Literal["auto", "uint16", "uint32"] = "auto"  # auto: uint16 if vocab <= 65536
+    tokenizer: str = "byte"  # or the path of a Hugging Face tokenizers JSON file
     micro_batch_size: int = 8
     target_batch_size: int | None = None  # None -> micro_batch_size (no accumulation)
     seq_len: int | None = None  # None -> model.seq_len, else 128
@@ -68,23 +72,62 @@ class DataConfig:
     prefetch_factor: int = 2
     pin_memory: bool | Literal["auto"] = "auto"
     shuffle: bool = True
+    shuffle_buffer: int = 1024  # blocks, for streamed text with a non-byte tokenizer
+    eval_path: str | None = None  # held-out file of the same kind as the training source
+    eval_fraction: float = 0.0  # or hold out this share of the training file's end
+    eval_every: int = 0  # optimizer steps between evaluations; 0 -> never
+    eval_batches: int = 8
+
+    @property
+    def resolved_source(self) -> str:
+        if self.source != "auto":
+            return self.source
+        return "text" if self.text_path else "tokens" if self.token_path else "synthetic"
 
     def check(self) -> list[str]:
         problems = []
-        if self.source != "synthetic":
-            problems.append(f"data.source: must be 'synthetic' (got {self.source!r})")
-        for key in ("micro_batch_size", "target_batch_size", "seq_len", "prefetch_factor"):
+        for key in (
+            "micro_batch_size",
+            "target_batch_size",
+            "seq_len",
+            "prefetch_factor",
+            "eval_batches",
+        ):
             value = getattr(self, key)
             if value is not None and value < 1:
                 problems.append(f"data.{key}: must be >= 1 (got {value})")
-        if self.num_workers < 0:
-            problems.append(f"data.num_workers: must be >= 0 (got {self.num_workers})")
+        for key in ("num_workers", "eval_every", "shuffle_buffer"):
+            if getattr(self, key) < 0:
+                problems.append(f"data.{key}: must be >= 0 (got {getattr(self, key)})")
         target = self.target_batch_size
         if target and self.micro_batch_size >= 1 and target % self.micro_batch_size:
             problems.append(
                 f"data.target_batch_size: must be a multiple of data.micro_batch_size="
                 f"{self.micro_batch_size} so gradient accumulation divides evenly (got {target})"
             )
+        return problems + self._check_sources()
+
+    def _check_sources(self) -> list[str]:
+        problems = []
+        source = self.resolved_source
+        if self.text_path and self.token_path:
+            problems.append("data: set text_path or token_path, not both")
+        if source == "text" and not self.text_path:
+            problems.append("data.text_path: required when data.source is 'text'")
+        if source == "tokens" and not self.token_path:
+            problems.append("data.token_path: required when data.source is 'tokens'")
+        if not 0 <= self.eval_fraction < 1:
+            problems.append(f"data.eval_fraction: must be in [0, 1) (got {self.eval_fraction})")
+        has_eval = self.eval_path or self.eval_fraction > 0
+        if self.eval_every and not has_eval:
+            problems.append("data.eval_every: needs data.eval_path or data.eval_fraction > 0")
+        if has_eval and source == "synthetic":
+            problems.append(
+                "data.eval_path / eval_fraction: need a text or token file source "
+                "(data.text_path or data.token_path)"
+            )
+        if self.eval_path and self.eval_fraction:
+            problems.append("data: set eval_path or eval_fraction, not both")
         return problems
 
 

@@ -15,7 +15,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.errors import ConfigError
+from speedtronic.errors import DataError, SpeedtronicError
+from speedtronic.sources import ByteTextBlocks, TokenFileBlocks, TokenizedTextStream
+from speedtronic.tokenizer import check_vocab, is_byte_level, load_tokenizer
 
 
 class SyntheticTokens(Dataset):
@@ -83,12 +85,56 @@ class ResumableSampler(Sampler[int]):
         return self.length - self.start
 
 
-def build_dataset(config: SpeedtronicConfig) -> Dataset:
-    """The dataset named by ``data.source``."""
-    if config.data.source == "synthetic":
-        vocab = int(config.model.params.get("vocab_size", 256))
-        return SyntheticTokens(vocab, config.seq_len, seed=config.run.seed)
-    raise ConfigError(f"data.source: unknown source {config.data.source!r}")
+def build_datasets(
+    config: SpeedtronicConfig, tokenizer: Callable[[str], list[int]] | None = None
+) -> tuple[Dataset, Dataset | None]:
+    """The training dataset named by ``data`` and its held-out evaluation set (or None)."""
+    data, source = config.data, config.data.resolved_source
+    vocab = model_vocab(config)
+    if source == "synthetic":
+        return SyntheticTokens(vocab or 256, config.seq_len, seed=config.run.seed), None
+    if source == "tokens":
+        dtype = data.token_dtype
+        if dtype == "auto":
+            dtype = "uint32" if vocab and vocab > 65536 else "uint16"
+        train = TokenFileBlocks(data.token_path, config.seq_len, dtype, vocab)
+        held = data.eval_path and TokenFileBlocks(
+            data.eval_path, config.seq_len, dtype, vocab, key="data.eval_path"
+        )
+    else:
+        tokenizer = tokenizer or load_tokenizer(data.tokenizer)
+        check_vocab(tokenizer, vocab)
+        train = _text_source(config, data.text_path, tokenizer, "data.text_path")
+        held = data.eval_path and _text_source(config, data.eval_path, tokenizer, "data.eval_path")
+    if data.eval_fraction > 0:
+        train, held = _hold_out(train, data.eval_fraction)
+    return train, held or None
+
+
+def _text_source(config: SpeedtronicConfig, path: str, tokenizer: Any, key: str) -> Dataset:
+    if is_byte_level(tokenizer):
+        return ByteTextBlocks(path, config.seq_len, key=key)
+    buffer = config.data.shuffle_buffer if config.data.shuffle else 0
+    return TokenizedTextStream(
+        path, config.seq_len, tokenizer, seed=config.run.seed, shuffle_buffer=buffer, key=key
+    )
+
+
+def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
+    if isinstance(train, TokenizedTextStream):
+        return train.split(fraction)
+    held = max(1, round(len(train) * fraction))
+    if held >= len(train):
+        raise DataError(f"data.eval_fraction: {fraction} leaves no training blocks")
+    return train.split(held)
+
+
+def model_vocab(config: SpeedtronicConfig) -> int | None:
+    """The configured model vocabulary; the reference model's default when not set."""
+    vocab = config.model.params.get("vocab_size")
+    if vocab is None and config.model.name == "reference_transformer":
+        vocab = 256
+    return vocab if isinstance(vocab, int) else None
 
 
 def build_dataloader(
@@ -100,12 +146,11 @@ def build_dataloader(
     """A DataLoader of micro-batches for ``config``; ``dataset`` replaces ``data.source``.
 
     Map-style datasets get a seeded ``ResumableSampler``; iterable datasets are read in
-    their own order (no sampler shuffling). ``tokenizer`` (any ``str -> list[int]``) is used
-    by text sources; the synthetic source does not need one.
+    their own order (no sampler shuffling). ``tokenizer`` (any ``str -> list[int]``) replaces
+    ``data.tokenizer`` for text sources.
     """
-    del tokenizer  # text sources (data issue) tokenize; synthetic data is already tokens
     data = config.data
-    dataset = dataset if dataset is not None else build_dataset(config)
+    dataset = dataset if dataset is not None else build_datasets(config, tokenizer)[0]
     pin = data.pin_memory if isinstance(data.pin_memory, bool) else _is_cuda(device)
     workers = data.num_workers
     kwargs: dict[str, Any] = dict(
@@ -122,12 +167,25 @@ def build_dataloader(
     kwargs["generator"] = torch.Generator().manual_seed(config.run.seed)
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < data.micro_batch_size:
-            raise ConfigError(
-                f"data: the dataset has {len(dataset)} samples, fewer than "
+            raise DataError(
+                f"data: the dataset has {len(dataset)} samples (blocks), fewer than "
                 f"data.micro_batch_size={data.micro_batch_size}"
             )
         kwargs["sampler"] = ResumableSampler(len(dataset), data.shuffle, config.run.seed)
     return DataLoader(dataset, **kwargs)
+
+
+def build_eval_loader(
+    config: SpeedtronicConfig, dataset: Dataset, device: torch.device | None = None
+) -> DataLoader:
+    """Held-out batches in a fixed order (no shuffling): every evaluation sees the same data."""
+    pin = config.data.pin_memory
+    return DataLoader(
+        dataset,
+        batch_size=config.data.micro_batch_size,
+        drop_last=False,
+        pin_memory=pin if isinstance(pin, bool) else _is_cuda(device),
+    )
 
 
 def _is_cuda(device: torch.device | None) -> bool:
@@ -162,15 +220,20 @@ class DataStream:
                 batch = next(self._iterator)
                 self.batch += 1
                 return batch
+            except SpeedtronicError as exc:  # re-raised from a worker: keep the one-line cause
+                raise _last_line(exc) from None
             except StopIteration:
                 self._iterator = None
                 self.epoch, self.batch = self.epoch + 1, 0
-        raise ConfigError("data: the data source yields no complete micro-batch")
+        raise DataError("data: the data source yields no complete micro-batch")
 
     def _start_epoch(self) -> Iterator[Any]:
         sampler = getattr(self.loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
             sampler.set_position(self.epoch, self.batch * self.loader.batch_size)
+        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
         if self._seed is not None:  # worker seeds depend on the epoch only, also after resume
             self.loader.generator.manual_seed(self._seed + self.epoch)
         iterator = iter(self.loader)
@@ -199,5 +262,16 @@ class DataStream:
             dataset.load_state_dict(state["dataset"])
         elif not isinstance(getattr(self.loader, "sampler", None), ResumableSampler):
             self._skip = self.batch  # no random access: replay to the saved position
-            self.log(f"data: this source cannot restore its position; skipping {self.batch} "
-                     "batches to resume")
+            self.log(
+                f"data: this source cannot restore its position; skipping {self.batch} "
+                "batches to resume"
+            )
+
+
+def _last_line(exc: SpeedtronicError) -> SpeedtronicError:
+    """DataLoader workers re-raise with their traceback in the message; users need the cause."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return exc
+    cause = lines[-1].split(": ", 1)[-1] if lines[-1].startswith(type(exc).__name__) else lines[-1]
+    return type(exc)(cause)

@@ -1,9 +1,9 @@
 """Metrics: the ``MetricLogger`` event fan-out, its sinks, and the device peak-FLOPs table.
 
 The engine reports everything as ``(event, payload)`` pairs: ``run_start``, ``train_step``,
-``warning``, ``notice``, ``run_end``. Sinks write them (stdout lines, a text file, JSONL) and
-hooks receive them (callables ``hook(event, payload)`` or objects with ``on_event``). A hook
-that raises is reported once and disabled, never fatal to the run.
+``eval``, ``checkpoint``, ``warning``, ``notice``, ``run_end``. Sinks write them (stdout
+lines, a text file, JSONL) and hooks receive them (callables ``hook(event, payload)`` or
+objects with ``on_event``). A hook that raises is reported once and disabled, never fatal.
 """
 
 from __future__ import annotations
@@ -149,6 +149,11 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         if payload.get("memory_gb") is not None:
             parts.append(f"mem {payload['memory_gb']:.2f}GB")
         return " | ".join(parts)
+    if event == "eval":
+        return (
+            f"eval step {payload['step']} | eval_loss {payload['eval_loss']:.4f} | "
+            f"ppl {payload['eval_ppl']:.2f} | {payload['eval_tokens']:,} tokens"
+        )
     if event in ("warning", "notice"):
         return f"{event}: {payload['message']}"
     if event == "run_start":

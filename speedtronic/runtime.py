@@ -15,8 +15,9 @@ from torch import nn
 
 from speedtronic.checkpointing import CheckpointPlugin, resume_run
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.data import DataStream, build_dataloader
+from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
 from speedtronic.errors import ConfigError
+from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
 from speedtronic.optim import build_optimizer, build_scheduler
 from speedtronic.precision import Precision, resolve_device, resolve_precision
@@ -88,8 +89,15 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
-    loader = build_dataloader(config, dataset=dataset, tokenizer=tokenizer, device=device)
+    train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
+    loader = build_dataloader(config, dataset=train_set, device=device)
     data = DataStream(loader, log=logger.notice)
+    if eval_set is not None and config.data.eval_every:
+        eval_loader = build_eval_loader(config, eval_set, device)
+        plugins = [
+            EvalPlugin(eval_loader, config.data.eval_every, config.data.eval_batches),
+            *(plugins or []),
+        ]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
         accumulation_steps=config.accumulation_steps,

@@ -51,6 +51,12 @@ class LiveTable:
             self.rows.append(payload)
             if self.live:
                 self.live.update(self._render())
+        elif event == "eval":
+            for row in self.rows:  # shown on the row of the step it belongs to
+                if row["step"] == payload["step"]:
+                    row["eval_loss"] = payload["eval_loss"]
+            if self.live:
+                self.live.update(self._render())
         elif event in ("warning", "notice"):
             style = "yellow" if event == "warning" else "cyan"
             self.console.print(f"[{style}]{event}:[/] {payload['message']}", highlight=False)
@@ -70,7 +76,8 @@ class LiveTable:
             f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})"
         )
         table = Table(title=title, title_justify="left", expand=False)
-        for column in ("step", "loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA"):
+        columns = ("step", "loss", "eval loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA")
+        for column in columns:
             table.add_column(column, justify="right")
         for row in self.rows:
             table.add_row(*_cells(row))
@@ -83,6 +90,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
     return [
         f"{row['step']}/{row['max_steps']}",
         f"{row['loss']:.4f}",
+        f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
         f"{row['lr']:.2e}",
         f"{row['tokens_per_s']:,.0f}",
         "-" if row.get("mfu") is None else f"{row['mfu']:.1%}",

@@ -1,0 +1,70 @@
+"""Held-out evaluation as a Trainer plug-in: eval loss and perplexity every ``eval_every`` steps.
+
+Each evaluation reads the same first ``eval_batches`` batches of the held-out set, under
+``torch.no_grad`` and ``model.eval()``, then puts the model back in train mode and restores
+every RNG stream, so a run with evaluation trains bit-identically to one without.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+from speedtronic.trainer import (
+    IGNORE_INDEX,
+    call_model,
+    extract_loss,
+    labels_of,
+    move_to,
+    rng_state,
+    set_rng_state,
+)
+
+
+class EvalPlugin:
+    name = "eval"
+
+    def __init__(self, loader: Any, every: int, batches: int):
+        self.loader, self.every, self.batches = loader, every, batches
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        if trainer.step % self.every == 0 or trainer.step == trainer.options.max_steps:
+            self.evaluate(trainer)
+
+    def evaluate(self, trainer: Any) -> dict[str, float]:
+        rng = rng_state()
+        trainer.model.eval()
+        try:
+            with torch.no_grad():
+                loss, tokens = self._mean_loss(trainer)
+        finally:
+            trainer.model.train()
+            set_rng_state(rng)
+        payload = {
+            "step": trainer.step,
+            "eval_loss": loss,
+            "eval_ppl": math.exp(min(loss, 50.0)),
+            "eval_tokens": tokens,
+        }
+        trainer.logger.log("eval", payload)
+        return payload
+
+    def _mean_loss(self, trainer: Any) -> tuple[float, int]:
+        """Token-weighted mean loss over the eval batches (one host read at the end)."""
+        device = trainer.precision.device
+        total = torch.zeros((), device=device)  # float32: MPS has no float64
+        count = torch.zeros((), device=device)
+        for batch in itertools.islice(self.loader, self.batches):
+            batch = move_to(batch, device, non_blocking=device.type == "cuda")
+            with trainer.precision.autocast():
+                loss = extract_loss(call_model(trainer.model, batch)).float()
+            labels = labels_of(batch)
+            integer = isinstance(labels, torch.Tensor) and not labels.is_floating_point()
+            weight = (labels != IGNORE_INDEX).sum() if integer else torch.ones((), device=device)
+            total += loss * weight
+            count += weight
+        tokens = int(count)
+        return float(total / max(tokens, 1)), tokens

@@ -1,0 +1,74 @@
+"""Tokenizers for text sources: the byte-level default and Hugging Face ``tokenizers`` files.
+
+A tokenizer here is any callable ``str -> list[int]`` with an optional ``vocab_size``
+attribute. ``load_tokenizer`` resolves the ``data.tokenizer`` setting; ``check_vocab`` makes
+sure the model can embed every id the tokenizer produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from speedtronic.errors import ConfigError, DataError
+
+Tokenizer = Callable[[str], list[int]]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (vocab 256): no merges, so any split of the text is safe."""
+
+    vocab_size = 256
+    name = "byte"
+
+    def __call__(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` JSON file (``tokenizer.json``), without special tokens."""
+
+    def __init__(self, path: str | Path):
+        try:
+            from tokenizers import Tokenizer as HFTokenizerImpl
+        except ImportError:
+            raise ConfigError(
+                "data.tokenizer: a tokenizer file needs the 'tokenizers' package",
+                hint="pip install 'speedtronic[tokenizers]'",
+            ) from None
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"data.tokenizer: file not found: {path} (or use 'byte')")
+        try:
+            self._impl = HFTokenizerImpl.from_file(str(path))
+        except Exception as exc:  # the Rust side raises a generic Exception for bad JSON
+            raise DataError(
+                f"data.tokenizer: {path} is not a tokenizers JSON file: {exc}"
+            ) from None
+        self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
+        self.name = str(path)
+
+    def __call__(self, text: str) -> list[int]:
+        return self._impl.encode(text, add_special_tokens=False).ids
+
+
+def load_tokenizer(setting: str) -> Any:
+    return ByteTokenizer() if setting == "byte" else HFTokenizer(setting)
+
+
+def is_byte_level(tokenizer: Any) -> bool:
+    return isinstance(tokenizer, ByteTokenizer)
+
+
+def check_vocab(tokenizer: Any, model_vocab: int | None) -> None:
+    """The model must embed every id: a smaller model vocabulary is an error.
+
+    A larger one is fine (padding the vocabulary to a multiple of 64 is a common speed-up).
+    """
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab is not None and model_vocab is not None and model_vocab < vocab:
+        raise DataError(
+            f"model.vocab_size: {model_vocab} is smaller than the tokenizer's vocabulary "
+            f"({vocab}, {getattr(tokenizer, 'name', 'custom')}); set model.vocab_size: {vocab}"
+        )
