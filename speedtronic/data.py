@@ -273,5 +273,5 @@ def _last_line(exc: SpeedtronicError) -> SpeedtronicError:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     if len(lines) <= 1:
         return exc
-    cause = lines[-1].split(": ", 1)[-1] if lines[-1].startswith(type(exc).__name__) else lines[-1]
-    return type(exc)(cause)
+    prefix, sep, cause = lines[-1].partition(": ")  # "speedtronic.errors.DataError: ..."
+    return type(exc)(cause if sep and prefix.endswith(type(exc).__name__) else lines[-1])
