@@ -320,13 +320,15 @@ def tokenize_file(
     ``progress(bytes_done, bytes_total)`` is called after each segment.
     """
     text_path, out_path = Path(text_path), Path(out_path)
-    _check_file(text_path, "input")
+    _check_file(text_path, "text file")
     np_dtype, limit = np.dtype(_TOKEN_DTYPES[dtype]), np.iinfo(_TOKEN_DTYPES[dtype]).max
     bounds, count = segment_bounds(text_path), 0
     tmp = out_path.with_name(out_path.name + ".tmp")
     with text_path.open("rb") as src, tmp.open("wb") as dst:
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            ids = np.asarray(tokenizer(_decode(src.read(end - start), start, text_path, "input")))
+            ids = np.asarray(
+                tokenizer(_decode(src.read(end - start), start, text_path, "text file"))
+            )
             if ids.size and ids.max() > limit:
                 raise DataError(f"token id {int(ids.max())} does not fit {dtype}; use uint32")
             dst.write(ids.astype(np_dtype).tobytes())

@@ -289,3 +289,13 @@ def test_data_stream_resumes_token_file_mid_epoch(text_file, tmp_path):
     tail = [next(resumed)["input_ids"] for _ in range(4)]
     for a, b in zip(head + tail, expected, strict=True):
         assert torch.equal(a, b)
+
+
+def test_data_tokenize_command_writes_a_token_file(text_file, tmp_path):
+    out = tmp_path / "tokens.bin"
+    result = CliRunner().invoke(app, ["data", "tokenize", str(text_file), str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "uint16 tokens" in result.stdout
+    assert np.fromfile(out, dtype=np.uint16).tolist() == list(text_file.read_bytes())
+    missing = CliRunner().invoke(app, ["data", "tokenize", str(tmp_path / "no.txt"), str(out)])
+    assert missing.exit_code == 2 and "file not found" in missing.stderr

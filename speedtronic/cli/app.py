@@ -85,10 +85,11 @@ def root(
 
 
 def _register_commands() -> None:
-    from speedtronic.cli import ckpt, train
+    from speedtronic.cli import ckpt, data, train
 
     train.register(app)
     ckpt.register(app)
+    data.register(app)
 
 
 _register_commands()
