@@ -201,15 +201,16 @@ class LoggingConfig:
     file: str | None = None
     json_file: str | None = None
     every_steps: int = 10
-    hooks: list[str] = field(default_factory=list)  # import paths "package.module:callable"
+    hooks: list[str] = field(default_factory=list)  # tensorboard, wandb, "package.module:attr"
 
     def check(self) -> list[str]:
         if self.every_steps < 1:
             return [f"logging.every_steps: must be >= 1 (got {self.every_steps})"]
         return [
-            f"logging.hooks: {h!r} must be an import path 'package.module:attribute'"
+            f"logging.hooks: {h!r} must be tensorboard, wandb or an import path "
+            "'package.module:attribute'"
             for h in self.hooks
-            if not re.match(r"^[\w.]+:[\w.]+$", h)
+            if h not in ("tensorboard", "wandb") and not re.match(r"^[\w.]+:[\w.]+$", h)
         ]
 
 

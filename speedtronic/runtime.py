@@ -159,8 +159,12 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
 
 
 def load_hooks(paths: list[str]) -> list[Any]:
-    """Hooks named by import path; a class is instantiated with no arguments."""
-    hooks = [import_object(path, "logging.hooks") for path in paths]
+    """Hooks named ``tensorboard``, ``wandb`` or by import path; classes are instantiated."""
+    builtin = {
+        "tensorboard": "speedtronic.integrations:TensorBoardHook",
+        "wandb": "speedtronic.integrations:WandbHook",
+    }
+    hooks = [import_object(builtin.get(path, path), "logging.hooks") for path in paths]
     return [hook() if isinstance(hook, type) else hook for hook in hooks]
 
 
