@@ -324,18 +324,22 @@ def tokenize_file(
     np_dtype, limit = np.dtype(_TOKEN_DTYPES[dtype]), np.iinfo(_TOKEN_DTYPES[dtype]).max
     bounds, count = segment_bounds(text_path), 0
     tmp = out_path.with_name(out_path.name + ".tmp")
-    with text_path.open("rb") as src, tmp.open("wb") as dst:
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            ids = np.asarray(
-                tokenizer(_decode(src.read(end - start), start, text_path, "text file"))
-            )
-            if ids.size and ids.max() > limit:
-                raise DataError(f"token id {int(ids.max())} does not fit {dtype}; use uint32")
-            dst.write(ids.astype(np_dtype).tobytes())
-            count += int(ids.size)
-            if progress:
-                progress(end, bounds[-1])
-        dst.flush()
-        os.fsync(dst.fileno())
+    try:
+        with text_path.open("rb") as src, tmp.open("wb") as dst:
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+                ids = np.asarray(
+                    tokenizer(_decode(src.read(end - start), start, text_path, "text file"))
+                )
+                if ids.size and ids.max() > limit:
+                    raise DataError(f"token id {int(ids.max())} does not fit {dtype}; use uint32")
+                dst.write(ids.astype(np_dtype).tobytes())
+                count += int(ids.size)
+                if progress:
+                    progress(end, bounds[-1])
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out_path)
     return count
