@@ -100,6 +100,7 @@ class Trainer:
         self._nonfinite_run = 0
         self._stop_signal: int | None = None
         self._forward = self._maybe_compile(model) if options.compile else model
+        self._compiled_ok = False
         self._peak = self._peak_flops()
 
     # ---- the loop --------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Trainer:
         try:
             loss, grad_norm = self._forward_backward(micro)
         except Exception as exc:
-            if self._forward is self.model:
+            if self._forward is self.model or self._compiled_ok:
                 raise
             self.logger.warn(
                 f"torch.compile failed on the first step ({type(exc).__name__}: "
@@ -140,6 +141,7 @@ class Trainer:
             self._forward = self.model
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm = self._forward_backward(micro)
+        self._compiled_ok = True  # later failures are real errors, not compile trouble
         self._apply_update(loss, grad_norm)
         self._loss = loss
         self.step += 1
