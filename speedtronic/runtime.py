@@ -89,15 +89,8 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
-    train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
-    loader = build_dataloader(config, dataset=train_set, device=device)
-    data = DataStream(loader, log=logger.notice)
-    if eval_set is not None and config.data.eval_every:
-        eval_loader = build_eval_loader(config, eval_set, device)
-        plugins = [
-            EvalPlugin(eval_loader, config.data.eval_every, config.data.eval_batches),
-            *(plugins or []),
-        ]
+    data, evaluation = _build_data(config, dataset, tokenizer, device, logger)
+    plugins = [*evaluation, *(plugins or [])]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
         accumulation_steps=config.accumulation_steps,
@@ -111,6 +104,23 @@ def build_runtime(
     runtime.checkpoints = CheckpointPlugin(runtime)
     trainer.plugins.append(runtime.checkpoints)
     return runtime
+
+
+def _build_data(
+    config: SpeedtronicConfig,
+    dataset: Any,
+    tokenizer: Any,
+    device: torch.device,
+    logger: MetricLogger,
+) -> tuple[DataStream, list[EvalPlugin]]:
+    """The training stream, and the evaluation plug-in when a held-out set is configured."""
+    train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
+    loader = build_dataloader(config, dataset=train_set, device=device)
+    data = DataStream(loader, log=logger.notice)
+    if eval_set is None or not config.data.eval_every:
+        return data, []
+    eval_loader = build_eval_loader(config, eval_set, device)
+    return data, [EvalPlugin(eval_loader, config.data.eval_every, config.data.eval_batches)]
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
