@@ -82,12 +82,12 @@ def test_second_ctrl_c_aborts_at_once_and_keeps_the_last_good_checkpoint(tiny, t
     assert path is not None and load_checkpoint(path).meta["step"] >= 1
 
 
-def kill_then_resume(config: Path, delay: float, checkpoint: dict):
-    """Start training, SIGKILL it ``delay`` s after its first step, resume it in-process."""
+def kill_then_resume(config: Path, after_steps: int, delay: float, checkpoint: dict):
+    """Start training, SIGKILL it ``delay`` s after step ``after_steps`` is logged, resume."""
     out = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
     proc = start(config)
-    wait_for(lambda: logged_steps(out / "m.jsonl") >= 1 or proc.poll() is not None)
-    time.sleep(delay)
+    wait_for(lambda: logged_steps(out / "m.jsonl") >= after_steps or proc.poll() is not None)
+    time.sleep(delay)  # lands anywhere in the next step or its checkpoint save
     proc.kill()
     proc.wait()
     events = []
@@ -119,13 +119,14 @@ def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp
     resumed_from = []
     for trial in range(10):
         config = write_config(tiny, tmp_path / f"trial{trial}", **changes)
-        delay = rng.uniform(0.0, reference.elapsed_s)  # saves take most of each step
-        resumed, warnings, notices = kill_then_resume(config, delay, changes["checkpoint"])
+        after, delay = rng.randint(1, 10), rng.uniform(0.0, 0.2)
+        resumed, warnings, notices = kill_then_resume(config, after, delay, changes["checkpoint"])
         assert not warnings, f"trial {trial}: {warnings}"
         assert resumed.steps == 12
         resumed_from += [n for n in notices if "resumed from" in n or "no checkpoint" in n]
         weights = load_checkpoint(resumed.checkpoint).model_state
         for key, value in expected.items():
             assert torch.equal(weights[key], value), f"trial {trial}: {key} differs"
-    mid_run = [n for n in resumed_from if "resumed from" in n and "at step 12" not in n]
-    assert len(mid_run) >= 5, resumed_from  # most kills landed during training
+    during = [n for n in resumed_from if "at step 12" not in n]  # not after training ended
+    from_checkpoint = [n for n in during if "resumed from" in n]
+    assert len(during) >= 8 and len(from_checkpoint) >= 5, resumed_from
