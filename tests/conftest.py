@@ -30,3 +30,17 @@ def tiny(tmp_path) -> dict[str, Any]:
     config = copy.deepcopy(TINY)
     config["run"]["output_dir"] = str(tmp_path / "run")
     return config
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``gpu`` tier cleanly where CUDA is missing; torch is imported only if needed."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu tier: needs a CUDA device")
+    for item in gpu_items:
+        item.add_marker(skip)

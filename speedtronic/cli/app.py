@@ -85,11 +85,12 @@ def root(
 
 
 def _register_commands() -> None:
-    from speedtronic.cli import ckpt, data, train
+    from speedtronic.cli import bench, ckpt, data, train
 
     train.register(app)
     ckpt.register(app)
     data.register(app)
+    bench.register(app)
 
 
 _register_commands()
