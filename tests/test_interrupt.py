@@ -106,7 +106,7 @@ def kill_then_resume(config: Path, after_steps: int, delay: float, checkpoint: d
 def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp_path):
     """10 trials: kill -9 anywhere (often mid-save), resume, and match an uninterrupted run."""
     changes = dict(
-        run={"max_steps": 12},
+        run={"max_steps": 24},
         checkpoint={"interval": 1, "keep_last": 2},
         logging={"every_steps": 1, "json_file": "m.jsonl"},
     )
@@ -119,14 +119,14 @@ def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp
     resumed_from = []
     for trial in range(10):
         config = write_config(tiny, tmp_path / f"trial{trial}", **changes)
-        after, delay = rng.randint(1, 10), rng.uniform(0.0, 0.2)
+        after, delay = rng.randint(1, 18), rng.uniform(0.0, 0.03)
         resumed, warnings, notices = kill_then_resume(config, after, delay, changes["checkpoint"])
         assert not warnings, f"trial {trial}: {warnings}"
-        assert resumed.steps == 12
+        assert resumed.steps == 24
         resumed_from += [n for n in notices if "resumed from" in n or "no checkpoint" in n]
         weights = load_checkpoint(resumed.checkpoint).model_state
         for key, value in expected.items():
             assert torch.equal(weights[key], value), f"trial {trial}: {key} differs"
-    during = [n for n in resumed_from if "at step 12" not in n]  # not after training ended
+    during = [n for n in resumed_from if "at step 24" not in n]  # not after training ended
     from_checkpoint = [n for n in during if "resumed from" in n]
-    assert len(during) >= 8 and len(from_checkpoint) >= 5, resumed_from
+    assert len(during) >= 7 and len(from_checkpoint) >= 5, resumed_from
