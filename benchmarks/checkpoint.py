@@ -30,6 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from speedtronic import ckpt_info  # noqa: E402
+from speedtronic.checkpoint import _fsync_file as fsync_file  # noqa: E402
 from speedtronic.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 SAVE_TARGET = 1.15
@@ -94,14 +95,6 @@ def unique_tensors(state: dict) -> dict:
             seen.add(ptr)
             out[key] = t.contiguous()
     return out
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def raw_save(dirpath: Path, model_state: dict, opt_state: dict) -> None:
