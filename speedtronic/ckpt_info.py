@@ -56,18 +56,16 @@ _DTYPE_NAMES = {
     "C64": "complex64",
 }
 
-# config_facts: label -> dotted paths tried in order, then a search for the last component.
+# config_facts: label -> where the stored (redacted) SpeedtronicConfig keeps it.
 _CONFIG_FACTS = {
-    "model": ("model.name", "model.preset", "model"),
-    "run_name": ("run.name", "run_name", "name"),
-    "max_steps": ("run.max_steps", "train.max_steps", "training.max_steps", "max_steps"),
-    "precision": ("precision.mode", "precision", "train.precision"),
-    "micro_batch_size": ("data.micro_batch_size", "train.micro_batch_size", "micro_batch_size"),
-    "target_batch_size": ("data.target_batch_size", "train.target_batch_size", "target_batch_size"),
-    "lr": ("optimizer.lr", "optim.lr", "lr", "learning_rate"),
+    "model": "model.name",
+    "run_name": "run.name",
+    "max_steps": "run.max_steps",
+    "precision": "precision.mode",
+    "micro_batch_size": "data.micro_batch_size",
+    "target_batch_size": "data.target_batch_size",
+    "lr": "optimizer.lr",
 }
-# Leaf names too generic to find by search (a "name" could belong to any section).
-_NO_SEARCH = {"name", "model", "precision"}
 
 
 def step_dir_name(step: int) -> str:
@@ -360,38 +358,15 @@ def _aliases(header: dict) -> dict:
 
 
 def config_facts(config: object) -> dict:
-    """A few headline settings from a stored (redacted) config, whatever its exact shape."""
-    if not isinstance(config, dict):
-        return {}
+    """A few headline settings from a stored (redacted) config."""
     facts = {}
-    for label, paths in _CONFIG_FACTS.items():
-        value = _first_scalar(config, paths)
-        if value is not None:
-            facts[label] = value
-    return facts
-
-
-def _first_scalar(config: dict, paths: tuple[str, ...]):
-    for dotted in paths:
+    for label, dotted in _CONFIG_FACTS.items():
         node = config
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, (str, int, float, bool)):
-            return node
-    leaf = paths[-1].rsplit(".", 1)[-1]
-    return None if leaf in _NO_SEARCH else _search_leaf(config, leaf)
-
-
-def _search_leaf(node: dict, leaf: str):
-    """Breadth-first search for a scalar under key ``leaf`` (shallowest occurrence wins)."""
-    queue = [node]
-    while queue:
-        current = queue.pop(0)
-        value = current.get(leaf)
-        if isinstance(value, (str, int, float, bool)):
-            return value
-        queue.extend(v for v in current.values() if isinstance(v, dict))
-    return None
+            facts[label] = node
+    return facts
 
 
 def _latest_or_none(root: Path) -> str | None:
