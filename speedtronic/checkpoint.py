@@ -63,6 +63,7 @@ __all__ = [
     "Checkpoint",
     "find_latest",
     "list_checkpoints",
+    "load_latest",
     "load_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
@@ -667,8 +668,30 @@ def find_latest(root: str | os.PathLike, log: Callable[[str], None] | None = Non
     the highest step_* dir) and falls back to older ones while verification fails, reporting
     each skipped checkpoint through ``log`` (default: warnings.warn).
     """
-    root = Path(root)
-    log = log or _warn
+
+    def verify(path: Path) -> tuple[Path | None, str]:
+        status, problem = verify_checkpoint(path)
+        return (path, "") if status == "ok" else (None, f"{status} ({problem})")
+
+    return _newest_usable(Path(root), log or _warn, verify)
+
+
+def load_latest(
+    root: str | os.PathLike, log: Callable[[str], None] | None = None
+) -> Checkpoint | None:
+    """Load the newest usable checkpoint, like ``find_latest`` but reading each file once."""
+
+    def load(path: Path) -> tuple[Checkpoint | None, str]:
+        try:
+            return load_checkpoint(path), ""
+        except CheckpointError as exc:
+            return None, f"unusable ({exc})"
+
+    return _newest_usable(Path(root), log or _warn, load)
+
+
+def _newest_usable(root: Path, log: Callable[[str], None], attempt: Callable) -> Any:
+    """The first candidate, newest first, for which ``attempt`` succeeds; skips are logged."""
     try:
         pointer = read_latest(root)
     except CheckpointError as exc:
@@ -676,12 +699,12 @@ def find_latest(root: str | os.PathLike, log: Callable[[str], None] | None = Non
         pointer = None
     skipped: list[str] = []
     for path in _candidates(root, pointer):
-        status, problem = verify_checkpoint(path)
-        if status == "ok":
+        result, problem = attempt(path)
+        if result is not None:
             for message in skipped:
                 log(f"{message}; using {path.name}")
-            return path
-        skipped.append(f"checkpoint {path.name} is {status} ({problem})")
+            return result
+        skipped.append(f"checkpoint {path.name} is {problem}")
     for message in skipped:
         log(f"{message}; no usable checkpoint left in {root}")
     return None

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from speedtronic.checkpoint import load_latest, save_checkpoint
 from speedtronic.errors import CheckpointError
 
 
@@ -25,6 +25,7 @@ class CheckpointPlugin:
         self.config = runtime.config.checkpoint
         self.root = runtime.config.checkpoint_dir
         self.run_id = uuid.uuid4().hex[:12]
+        self.param_count = sum(p.numel() for p in runtime.model.parameters())
         self.saved_step: int | None = None
         self.last_path: Path | None = None
 
@@ -44,7 +45,7 @@ class CheckpointPlugin:
             "tokens": trainer.tokens,
             "samples": trainer.samples,
             "loss": trainer.current_loss(),
-            "param_count": sum(p.numel() for p in runtime.model.parameters()),
+            "param_count": self.param_count,
             "config": runtime.config.to_dict(redact=True),
         }
         self.last_path = save_checkpoint(
@@ -63,11 +64,11 @@ class CheckpointPlugin:
 def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
     """Load the newest good checkpoint into ``runtime``; return its step, or None if none."""
     logger = runtime.logger
-    path = find_latest(plugin.root, log=logger.warn)
-    if path is None:
+    checkpoint = load_latest(plugin.root, log=logger.warn)
+    if checkpoint is None:
         logger.notice(f"no checkpoint in {plugin.root}; starting a fresh run")
         return None
-    checkpoint = load_checkpoint(path)
+    path = checkpoint.path
     try:
         runtime.model.load_state_dict(checkpoint.model_state, strict=True)
     except RuntimeError as exc:

@@ -112,6 +112,7 @@ def derived_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
 
     from speedtronic.precision import resolve_device
     from speedtronic.registry import build_model
+    from speedtronic.runtime import count_parameters
 
     problems: list[str] = []
     facts: dict[str, Any] = {
@@ -127,7 +128,7 @@ def derived_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
     try:
         with torch.device("meta"):  # count parameters without allocating them
             model = build_model(cfg.model.name, cfg.model.params, cfg.model.imports)
-        facts["parameters"] = sum(p.numel() for p in model.parameters())
+        facts["parameters"] = count_parameters(model)
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
