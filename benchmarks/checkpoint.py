@@ -1,7 +1,7 @@
 """Benchmark of the checkpoint store against a raw safetensors + torch.save baseline.
 
 This script owns the performance targets of ``speedtronic.checkpoint`` and
-``speedtronic.ckpt_info``: saving must cost at most 1.15x a raw save of the same tensors
+``speedtronic.checkpoint.inspection``: saving must cost at most 1.15x a raw save of the same tensors
 (``safetensors.torch.save_file`` of the model + ``torch.save`` of the optimizer state_dict,
 both fsynced, on the same filesystem), and ``inspect_path`` of a run with five ~10M-parameter
 checkpoints must take under 0.5 s; loading is timed against ``load_file`` + ``torch.load`` for
@@ -29,9 +29,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from speedtronic import ckpt_info  # noqa: E402
-from speedtronic.checkpoint import _fsync_file as fsync_file  # noqa: E402
-from speedtronic.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from speedtronic.checkpoint import (  # noqa: E402
+    inspection,  # noqa: E402
+    load_checkpoint,
+    save_checkpoint,
+)
+from speedtronic.checkpoint.files import fsync_file  # noqa: E402
 
 SAVE_TARGET = 1.15
 INSPECT_TARGET_S = 0.5
@@ -179,7 +182,7 @@ def bench_inspect(work: Path, repeats: int, n_checkpoints: int = 5) -> float:
     times = []
     for _ in range(max(repeats, 3)):
         start = time.perf_counter()
-        report = ckpt_info.inspect_path(work)
+        report = inspection.inspect_path(work)
         times.append(time.perf_counter() - start)
     assert [c["status"] for c in report["checkpoints"]] == ["ok"] * n_checkpoints
     shutil.rmtree(work, ignore_errors=True)

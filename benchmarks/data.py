@@ -8,7 +8,7 @@ Usage::
 
 Part 1, throughput. The corpus is the Python standard library's ``.py`` sources concatenated
 (~30 MB, valid UTF-8 only); the token file is that corpus written by
-``speedtronic.sources.tokenize_file`` with the byte tokenizer as ``uint16``. Each source is
+``speedtronic.data.sources.tokenize_file`` with the byte tokenizer as ``uint16``. Each source is
 read through ``build_dataloader(config)`` wrapped in ``DataStream`` (the trainer's path), with
 the ~10M-parameter config of ``benchmarks/overhead.py`` (``TEN_M``: seq_len 256, micro-batch 4,
 shuffle on) and ``num_workers`` 0 and 2: ``--warmup-batches`` untimed, then batches for
@@ -59,9 +59,9 @@ from overhead import TEN_M  # noqa: E402
 
 from speedtronic.config import SpeedtronicConfig  # noqa: E402
 from speedtronic.data import DataStream, build_dataloader  # noqa: E402
+from speedtronic.data.sources import tokenize_file  # noqa: E402
+from speedtronic.data.tokenizer import ByteTokenizer  # noqa: E402
 from speedtronic.runtime import build_runtime, count_parameters  # noqa: E402
-from speedtronic.sources import tokenize_file  # noqa: E402
-from speedtronic.tokenizer import ByteTokenizer  # noqa: E402
 
 HEADROOM_TARGETS = {"tokens": 20.0, "text": 5.0}
 RSS_TARGET_MB = 200.0

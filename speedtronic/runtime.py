@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedtronic.checkpointing import CheckpointPlugin, resume_run
+from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
 from speedtronic.errors import ConfigError

@@ -1,4 +1,4 @@
-"""Tests for the checkpoint store: speedtronic.checkpoint (save/load/find) and ckpt_info.
+"""Tests for the checkpoint store: speedtronic.checkpoint (save/load/find) and its inspection view.
 
 Covers the round trip (tied weights, RNG and optimizer state), latest.json, retention across
 run_ids, crash safety (failed writes, damaged or incomplete checkpoints, leftover tmp dirs),
@@ -23,7 +23,6 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from speedtronic import checkpoint as ckpt
 from speedtronic.checkpoint import (
     find_latest,
     list_checkpoints,
@@ -31,7 +30,13 @@ from speedtronic.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from speedtronic.ckpt_info import apply_prune, inspect_path, plan_prune, resolve_checkpoints
+from speedtronic.checkpoint import save as ckpt_save
+from speedtronic.checkpoint.inspection import (
+    apply_prune,
+    inspect_path,
+    plan_prune,
+    resolve_checkpoints,
+)
 from speedtronic.errors import CheckpointError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,7 +347,7 @@ def test_failed_file_write_raises_checkpoint_error(tmp_path, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "_write_safetensors", no_space)
+    monkeypatch.setattr(ckpt_save, "_write_safetensors", no_space)
     with pytest.raises(CheckpointError, match="No space left on device"):
         save(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "step_0000000001"]
@@ -444,7 +449,7 @@ def test_inspect_does_not_import_torch(tmp_path):
     save(tmp_path / "checkpoints", 1)
     code = (
         "import json, sys\n"
-        "from speedtronic.ckpt_info import inspect_path\n"
+        "from speedtronic.checkpoint.inspection import inspect_path\n"
         "report = inspect_path(sys.argv[1])\n"
         "assert report['checkpoints'][0]['status'] == 'ok', report\n"
         "heavy = sorted(m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules)\n"

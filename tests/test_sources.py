@@ -15,9 +15,7 @@ from typer.testing import CliRunner
 from speedtronic.cli.app import app
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader
-from speedtronic.errors import DataError
-from speedtronic.runtime import train_from_config
-from speedtronic.sources import (
+from speedtronic.data.sources import (
     ByteTextBlocks,
     TokenFileBlocks,
     TokenizedTextStream,
@@ -25,7 +23,9 @@ from speedtronic.sources import (
     shuffled,
     tokenize_file,
 )
-from speedtronic.tokenizer import ByteTokenizer, HFTokenizer, check_vocab
+from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer, check_vocab
+from speedtronic.errors import DataError
+from speedtronic.runtime import train_from_config
 
 TEXT = "".join(
     f"line {i}: naïve café — 東京 {'x' * (i % 7)} ünïcødé ✓\n  indented {i * i}\n"

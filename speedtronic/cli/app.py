@@ -1,21 +1,17 @@
-"""Root Typer app, the error -> exit code mapping, and ``main()``.
+"""Root Typer app: global options, the command groups, and ``main()``.
 
-Exit codes: 0 ok, 1 runtime failure, 2 bad usage or bad config, 130/143 interrupted.
-Errors are one line on stderr (``speedtronic: error: ...``); tracebacks only with
-``SPEEDTRONIC_DEBUG=1``.
+Imports point one way: this module imports each command module's ``register``; command
+modules import only ``errors`` and ``options`` beside them, never this one.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import typer
 
-from speedtronic.errors import SpeedtronicError
+from speedtronic.cli import bench, ckpt, data, train
+from speedtronic.cli.errors import CliUsageError, report_usage_error
 
 app = typer.Typer(
     name="speedtronic",
@@ -24,47 +20,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("SPEEDTRONIC_DEBUG", "") not in ("", "0")
-
-
-def error_line(message: str) -> None:
-    print(f"speedtronic: error: {message}", file=sys.stderr, flush=True)
-
-
-def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Map typed errors to one stderr line and an exit code (tracebacks only in debug)."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
-            raise
-        except SpeedtronicError as exc:
-            if debug_enabled():
-                raise
-            for problem in getattr(exc, "problems", None) or [str(exc)]:
-                error_line(problem)
-            if exc.hint:
-                print(f"hint: {exc.hint}", file=sys.stderr)
-            raise typer.Exit(exc.exit_code) from None
-        except BrokenPipeError:  # `speedtronic ... | head`: the reader left, nothing to report
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise typer.Exit(0) from None
-        except KeyboardInterrupt:
-            print("speedtronic: aborted", file=sys.stderr)
-            raise typer.Exit(130) from None
-        except Exception as exc:
-            if debug_enabled():
-                raise
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            error_line(f"{type(exc).__name__}: {first} (set SPEEDTRONIC_DEBUG=1 for the traceback)")
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 def _version(value: bool) -> None:
@@ -84,17 +39,17 @@ def root(
     """Fast, reliable PyTorch training: one YAML config, one command."""
 
 
-def _register_commands() -> None:
-    from speedtronic.cli import bench, ckpt, data, train
-
-    train.register(app)
-    ckpt.register(app)
-    data.register(app)
-    bench.register(app)
-
-
-_register_commands()
+for _group in (train, ckpt, data, bench):
+    _group.register(app)
 
 
 def main() -> None:
-    app()
+    """Run the CLI; usage errors become one line and exit 2 like every other bad input."""
+    try:
+        code = app(standalone_mode=False)
+    except CliUsageError as exc:
+        code = report_usage_error(exc)
+    except typer.Abort:  # Ctrl-C or end of input at a prompt
+        print("speedtronic: aborted", file=sys.stderr)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from speedtronic.cli.app import handle_errors
-from speedtronic.cli.train import ConfigOpt, SetOpt, load_config
+from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.options import ConfigOpt, SetOpt, load_config
 from speedtronic.errors import ConfigError
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "info": ""}

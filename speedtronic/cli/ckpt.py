@@ -1,7 +1,7 @@
 """``speedtronic ckpt inspect`` and ``speedtronic ckpt prune``: see and tidy checkpoints.
 
-Both read only JSON and safetensors headers (``speedtronic.ckpt_info``), never torch, so they
-answer instantly even for large checkpoints.
+Both read only JSON and safetensors headers (``speedtronic.checkpoint.inspection``), never
+torch, so they answer instantly even for large checkpoints.
 """
 
 from __future__ import annotations
@@ -14,28 +14,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from speedtronic.cli.app import handle_errors
+from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.options import OutputFormat, format_option
 from speedtronic.errors import ConfigError
 
 ckpt_app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True)
 PathArg = typer.Argument(
     ..., help="A run's output directory, its checkpoints directory, or one checkpoint."
 )
-FormatOpt = typer.Option("text", "--format", help="Output format: text (tables) or json.")
 
 
-def _check_format(output_format: str) -> None:
-    if output_format not in ("text", "json"):
-        raise ConfigError(f"--format: must be text or json (got {output_format!r})")
-
-
-def inspect(path: Path = PathArg, output_format: str = FormatOpt) -> None:
+def inspect(path: Path = PathArg, output_format: OutputFormat = format_option("tables")) -> None:
     """Show step, tokens, loss, size, parameters and status of every checkpoint found."""
-    from speedtronic.ckpt_info import inspect_path
+    from speedtronic.checkpoint.inspection import inspect_path
 
-    _check_format(output_format)
     report = inspect_path(path)
-    if output_format == "json":
+    if output_format is OutputFormat.json:
         print(json.dumps(report, indent=2))
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
@@ -56,7 +50,7 @@ def prune(
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
 ) -> None:
     """Delete all but the newest --keep checkpoints (never the one latest.json points to)."""
-    from speedtronic.ckpt_info import apply_prune, plan_prune
+    from speedtronic.checkpoint.inspection import apply_prune, plan_prune
 
     plan = plan_prune(path, keep)
     if not plan:

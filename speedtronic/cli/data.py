@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-from speedtronic.cli.app import handle_errors
+from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.options import load_config
 from speedtronic.errors import ConfigError
 
 data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
@@ -34,11 +35,9 @@ def tokenize(
     if dtype not in ("auto", "uint16", "uint32"):
         raise ConfigError(f"--dtype: must be auto, uint16 or uint32 (got {dtype!r})")
     if tokenizer is None and config is not None:
-        from speedtronic.cli.train import load_config
-
         tokenizer = load_config(config, []).data.tokenizer
-    from speedtronic.sources import tokenize_file
-    from speedtronic.tokenizer import load_tokenizer
+    from speedtronic.data.sources import tokenize_file
+    from speedtronic.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer or "byte")
     if dtype == "auto":

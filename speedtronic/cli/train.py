@@ -11,36 +11,10 @@ from typing import Any
 
 import typer
 
-from speedtronic.cli.app import handle_errors
+from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.options import ConfigOpt, OutputFormat, SetOpt, format_option, load_config
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
-
-ConfigOpt = typer.Option(
-    None,
-    "--config",
-    "-c",
-    help="Path to a YAML or JSON config file. Default: the embedded smoke run.",
-)
-SetOpt = typer.Option(
-    None,
-    "--set",
-    help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
-    "Repeatable; values are parsed as YAML.",
-)
-
-
-def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
-    if path is None:
-        return SpeedtronicConfig.from_yaml(_default_text(), overrides)
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file")
-    return SpeedtronicConfig.from_file(path, overrides)
-
-
-def _default_text() -> str:
-    from speedtronic.config import default_config_text
-
-    return default_config_text()
 
 
 def train(
@@ -88,16 +62,12 @@ def train(
 def validate(
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = SetOpt,
-    output_format: str = typer.Option(
-        "text", "--format", help="Output format: text (YAML and facts) or json."
-    ),
+    output_format: OutputFormat = format_option("the YAML and derived facts"),
 ) -> None:
     """Check a config: print the resolved (redacted) config and derived facts, or every problem."""
-    if output_format not in ("text", "json"):
-        raise ConfigError(f"--format: must be text or json (got {output_format!r})")
     cfg = load_config(config, list(overrides or []))
     facts = derived_facts(cfg)
-    if output_format == "json":
+    if output_format is OutputFormat.json:
         print(json.dumps({"config": cfg.to_dict(), "facts": facts}, indent=2))
         return
     print(cfg.to_yaml().rstrip())

@@ -1,16 +1,13 @@
-"""Checkpoint storage: writing, verifying, finding and loading training checkpoints.
+"""Writing checkpoints: crash-safe saves, hashing while writing, and retention.
 
-This module owns the bytes of a checkpoint on disk. A checkpoint is a directory
-``<root>/step_XXXXXXXXXX/`` holding ``model.safetensors`` (the model state_dict, tied
-tensors stored once), ``trainer_state.pt`` (an opaque dict of plain data and tensors, loaded
-only with ``torch.load(weights_only=True)``, never unpickled) and ``meta.json`` (written last:
-step, counters, versions, the redacted config, and the size and sha256 of both files).
-Saves are crash-safe: everything is written and fsynced in a ``.tmp-*`` sibling, renamed into
-place, and only then is ``<root>/latest.json`` atomically replaced. The stdlib-only layout
-helpers and structural checks live in ``speedtronic.ckpt_info``; this layer adds torch,
-safetensors and hashing. Extension point: ``trainer_state`` belongs to its producers, one key
-each, e.g. "optimizer", "scheduler", "scaler", "rng", "data" from the trainer and
-"coordinator" (or another key of its own) from a plug-in; this module never looks inside.
+A checkpoint is a directory ``<root>/step_XXXXXXXXXX/`` holding ``model.safetensors`` (the
+model state_dict, tied tensors stored once), ``trainer_state.pt`` (an opaque dict of plain data
+and tensors, later loaded only with ``torch.load(weights_only=True)``) and ``meta.json``
+(written last: step, counters, versions, the redacted config, and the size and sha256 of both
+files). Everything is written and fsynced in a ``.tmp-*`` sibling, renamed into place, and only
+then is ``<root>/latest.json`` atomically replaced. Extension point: ``trainer_state`` belongs
+to its producers, one key each (e.g. "optimizer", "rng", "data" from the trainer, "coordinator"
+from a plug-in); this module never looks inside.
 """
 
 from __future__ import annotations
@@ -29,48 +26,38 @@ import sys
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from speedtronic.ckpt_info import (
-    CHECKPOINT_FILES,
+from speedtronic.checkpoint.files import (
+    fsync_dir,
+    fsync_file,
+    install_dir,
+    write_json,
+    write_latest,
+)
+from speedtronic.checkpoint.layout import (
     FORMAT_VERSION,
-    LATEST_FILE,
     META_FILE,
     MODEL_FILE,
+    READ_CHUNK_BYTES,
+    SAFETENSORS_FORMAT,
     STATE_FILE,
     TMP_PREFIX,
     error_reason,
     list_step_dirs,
     list_tmp_dirs,
-    parse_step,
     parse_tmp_pid,
-    read_latest,
     remove_checkpoint_dir,
-    scan_checkpoint,
     step_dir_name,
 )
 from speedtronic.errors import CheckpointError
 
-__all__ = [
-    "Checkpoint",
-    "find_latest",
-    "list_checkpoints",
-    "load_latest",
-    "load_checkpoint",
-    "save_checkpoint",
-    "verify_checkpoint",
-]
-
-SAFETENSORS_FORMAT = "speedtronic-ckpt-1"
-_READ_CHUNK_BYTES = 8 << 20
 # torch dtype -> safetensors dtype code, for the dtypes safetensors can load back into torch.
 _ST_DTYPES = {
     torch.float64: "F64",
@@ -89,19 +76,6 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
         _ST_DTYPES[getattr(torch, _name)] = _code
 # What torch.load(weights_only=True) rebuilds on every supported torch version.
 _PLAIN_LEAVES = (str, bytes, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
-
-
-@dataclass
-class Checkpoint:
-    """A loaded checkpoint: ``model_state`` fits ``model.load_state_dict(strict=True)``."""
-
-    path: Path
-    model_state: dict[str, torch.Tensor]
-    trainer_state: dict[str, Any]
-    meta: dict[str, Any]
-
-
-# --------------------------------------------------------------------------- saving
 
 
 def save_checkpoint(
@@ -132,8 +106,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier failed attempt
         tmp.mkdir()
         _write_dir(tmp, tensors, aliases, trainer_state, _full_meta(step, meta))
-        final = _install(tmp, root / name)
-        _write_latest(root, step, name)
+        final = install_dir(tmp, root / name)
+        write_latest(root, step, name)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
@@ -232,17 +206,17 @@ def _write_dir(
         # Trainer state first: its hash (read back behind torch.save) is the longest chain,
         # while the model's hash works from memory and can run any time.
         state_bytes, state_sha = _write_torch(state_path, trainer_state, pool)
-        synced = [pool.submit(_fsync_file, state_path)]
+        synced = [pool.submit(fsync_file, state_path)]
         model_bytes, model_sha = _write_safetensors(model_path, tensors, st_meta, pool)
-        synced.append(pool.submit(_fsync_file, model_path))
+        synced.append(pool.submit(fsync_file, model_path))
         meta["files"] = {
             MODEL_FILE: {"bytes": model_bytes, "sha256": model_sha.result()},
             STATE_FILE: {"bytes": state_bytes, "sha256": state_sha.result()},
         }
-        _write_json(tmp / META_FILE, meta)
+        write_json(tmp / META_FILE, meta)
         for future in synced:
             future.result()
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
 
 
 def _write_safetensors(
@@ -373,7 +347,7 @@ class _TailHasher:
 
     def _run(self, path: Path) -> str:
         sha, done = hashlib.sha256(), 0
-        buffer = memoryview(bytearray(_READ_CHUNK_BYTES))
+        buffer = memoryview(bytearray(READ_CHUNK_BYTES))
         with open(path, "rb", buffering=0) as f:
             while True:
                 with self._cond:
@@ -435,73 +409,6 @@ def _speedtronic_version() -> str:
         return "unknown"
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(obj, indent=2, default=str) + "\n")
-        _flush_and_sync(f)
-
-
-def _flush_and_sync(f) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _fsync_file(path: Path) -> None:
-    """fsync by path: any descriptor of the inode flushes its dirty pages."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make renames and new entries in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some filesystems cannot fsync a directory; their renames are as durable as they get.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _install(tmp: Path, final: Path) -> Path:
-    """Rename the finished tmp dir to its final name, replacing a stale dir of the same step.
-
-    A stale dir (from a crash or an earlier run) is moved aside rather than deleted first,
-    so that some copy of this step exists at every moment; it is deleted once ours is in place.
-    """
-    aside = None
-    if final.exists():
-        aside = final.with_name(f"{TMP_PREFIX}{final.name}-{os.getpid()}-old")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(final, aside)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if aside is not None:
-            os.rename(aside, final)
-        raise
-    _fsync_dir(final.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-    return final
-
-
-def _write_latest(root: Path, step: int, name: str) -> None:
-    tmp = root / f"{LATEST_FILE}.tmp-{os.getpid()}"
-    try:
-        _write_json(tmp, {"step": int(step), "path": name})
-        os.replace(tmp, root / LATEST_FILE)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(root)
-
-
 def _clean_up(root: Path, just_written: str, run_id: Any, keep_last: int | None) -> None:
     """Remove stale tmp dirs and apply retention, after the new checkpoint is committed.
 
@@ -550,174 +457,3 @@ def _pid_alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """``step_*`` dirs in ``root`` sorted by step (not verified; see ``find_latest``)."""
-    return list_step_dirs(root)
-
-
-def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
-    """``(status, problem)``: the structural check plus sha256 of both files.
-
-    status is "ok", "incomplete" or "damaged"; problem names the file and what is wrong.
-    """
-    scan = scan_checkpoint(path)
-    if scan.status != "ok":
-        return scan.status, scan.problem
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        problem = _hash_problem(_start_hashes(Path(path), pool), scan.meta)
-    return ("damaged", problem) if problem else ("ok", None)
-
-
-def _start_hashes(path: Path, pool: ThreadPoolExecutor) -> dict[str, Future]:
-    return {name: pool.submit(_sha256_file, path / name) for name in CHECKPOINT_FILES}
-
-
-def _hash_problem(hashes: dict[str, Future], meta: dict) -> str | None:
-    for name, future in hashes.items():
-        try:
-            digest = future.result()
-        except OSError as exc:
-            return f"{name}: {error_reason(exc)}"
-        if digest != meta["files"][name].get("sha256"):
-            return f"{name}: sha256 mismatch"
-    return None
-
-
-def _sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    buffer = bytearray(_READ_CHUNK_BYTES)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            sha.update(view[:n])
-    return sha.hexdigest()
-
-
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Verify (meta.json, files, sizes, sha256) and load a checkpoint dir onto the CPU.
-
-    Files are hashed while they load: both loaders are pickle-free, so reading a corrupt
-    file is safe, and its data is discarded if a hash does not match. Any problem raises
-    CheckpointError naming the file.
-    """
-    path = Path(path)
-    scan = scan_checkpoint(path)
-    if scan.status != "ok":
-        raise CheckpointError(f"checkpoint {path} is {scan.status}: {scan.problem}")
-    load_error = None
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        hashes = _start_hashes(path, pool)
-        try:
-            model_state = _load_model(path / MODEL_FILE, scan.header.get("__metadata__"))
-            trainer_state = _load_trainer_state(path / STATE_FILE)
-        except CheckpointError as exc:
-            load_error = exc
-        problem = _hash_problem(hashes, scan.meta)
-    if problem:
-        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
-    if load_error is not None:
-        raise load_error
-    return Checkpoint(path, model_state, trainer_state, scan.meta)
-
-
-def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:
-    metadata = metadata or {}
-    if metadata.get("format") != SAFETENSORS_FORMAT:
-        raise CheckpointError(f"{path}: not a {SAFETENSORS_FORMAT} file")
-    try:
-        aliases = json.loads(metadata.get("aliases") or "{}")
-        tensors = load_file(str(path), device="cpu")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
-    if not isinstance(aliases, dict):
-        raise CheckpointError(f"{path}: malformed aliases metadata")
-    for alias, owner in aliases.items():
-        if owner not in tensors:
-            raise CheckpointError(f"{path}: alias {alias!r} points to missing {owner!r}")
-        tensors[alias] = tensors[owner]
-    return tensors
-
-
-def _load_trainer_state(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            state = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad archive
-        if "weights only" in str(exc).lower() or "weights_only" in str(exc):
-            raise CheckpointError(
-                f"{path}: refused to load: it holds objects other than plain data and tensors"
-                " (checkpoints are loaded with weights_only=True, never unpickled)"
-            ) from exc
-        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a dict")
-    return state
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def find_latest(root: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path | None:
-    """The newest usable checkpoint in ``root``, or None.
-
-    Starts with the one latest.json points to (or, if latest.json is missing or unreadable,
-    the highest step_* dir) and falls back to older ones while verification fails, reporting
-    each skipped checkpoint through ``log`` (default: warnings.warn).
-    """
-
-    def verify(path: Path) -> tuple[Path | None, str]:
-        status, problem = verify_checkpoint(path)
-        return (path, "") if status == "ok" else (None, f"{status} ({problem})")
-
-    return _newest_usable(Path(root), log or _warn, verify)
-
-
-def load_latest(
-    root: str | os.PathLike, log: Callable[[str], None] | None = None
-) -> Checkpoint | None:
-    """Load the newest usable checkpoint, like ``find_latest`` but reading each file once."""
-
-    def load(path: Path) -> tuple[Checkpoint | None, str]:
-        try:
-            return load_checkpoint(path), ""
-        except CheckpointError as exc:
-            return None, f"unusable ({exc})"
-
-    return _newest_usable(Path(root), log or _warn, load)
-
-
-def _newest_usable(root: Path, log: Callable[[str], None], attempt: Callable) -> Any:
-    """The first candidate, newest first, for which ``attempt`` succeeds; skips are logged."""
-    try:
-        pointer = read_latest(root)
-    except CheckpointError as exc:
-        log(f"{exc}; scanning step_* directories instead")
-        pointer = None
-    skipped: list[str] = []
-    for path in _candidates(root, pointer):
-        result, problem = attempt(path)
-        if result is not None:
-            for message in skipped:
-                log(f"{message}; using {path.name}")
-            return result
-        skipped.append(f"checkpoint {path.name} is {problem}")
-    for message in skipped:
-        log(f"{message}; no usable checkpoint left in {root}")
-    return None
-
-
-def _candidates(root: Path, pointer: str | None) -> list[Path]:
-    """Newest first: latest.json's target, then older step dirs."""
-    newest_first = list(reversed(list_step_dirs(root)))
-    if pointer is None:
-        return newest_first
-    step = parse_step(pointer)
-    return [root / pointer] + [d for d in newest_first if parse_step(d.name) < step]
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, stacklevel=3)

@@ -4,7 +4,7 @@
 steps and once when training ends (completed, stopped or interrupted), with ``keep_last``
 retention. ``resume_run`` restores the newest good checkpoint into a built runtime and drops
 metrics logged after it, so the JSONL continues without gaps or duplicates. The bytes on disk
-belong to ``speedtronic.checkpoint``.
+belong to ``save`` and ``load`` beside this module.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint import load_latest, save_checkpoint
+from speedtronic.checkpoint.load import load_latest
+from speedtronic.checkpoint.save import save_checkpoint
 from speedtronic.errors import CheckpointError
 
 

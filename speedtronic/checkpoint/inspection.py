@@ -1,0 +1,216 @@
+"""``ckpt inspect`` summaries and ``ckpt prune`` plans, from JSON and headers only. Stdlib only.
+
+Finds the checkpoints a path refers to (a run dir, a checkpoints root or one checkpoint),
+summarises each from meta.json and the safetensors header (step, tokens, loss, size,
+parameters per module, dtypes, config facts) and plans and applies pruning. Like
+``layout``, it never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from speedtronic.checkpoint.layout import (
+    META_FILE,
+    MODEL_FILE,
+    error_reason,
+    list_step_dirs,
+    list_tmp_dirs,
+    parse_step,
+    read_latest,
+    remove_checkpoint_dir,
+    scan_checkpoint,
+)
+from speedtronic.errors import CheckpointError, ConfigError
+
+# safetensors dtype codes -> torch dtype names, for display only.
+_DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
+# config_facts: label -> where the stored (redacted) SpeedtronicConfig keeps it.
+_CONFIG_FACTS = {
+    "model": "model.name",
+    "run_name": "run.name",
+    "max_steps": "run.max_steps",
+    "precision": "precision.mode",
+    "micro_batch_size": "data.micro_batch_size",
+    "target_batch_size": "data.target_batch_size",
+    "lr": "optimizer.lr",
+}
+
+
+def resolve_checkpoints(path: str | os.PathLike) -> tuple[Path, list[Path]]:
+    """Find the checkpoints ``path`` refers to: ``(root, dirs sorted by step)``.
+
+    ``path`` may be a run's output dir (with ``checkpoints/`` inside), a checkpoints root,
+    or one checkpoint dir (then the list holds just it). Leftover ``.tmp-*`` dirs of a root
+    are listed too, so that inspect can show them as incomplete.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if _looks_like_checkpoint(path):
+        return path.parent, [path]
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    dirs = list_step_dirs(root) + list_tmp_dirs(root)
+    if not dirs:
+        raise CheckpointError(
+            f"no checkpoints found in {path}",
+            hint="pass a run's output directory, its checkpoints/ directory or a step_* dir",
+        )
+    return root, sorted(dirs, key=lambda p: (parse_step(p.name) or 0, p.name.startswith(".")))
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    if parse_step(path.name) is not None:
+        return True
+    return any((path / name).exists() for name in (META_FILE, MODEL_FILE))
+
+
+def inspect_checkpoint(path: str | os.PathLike) -> dict:
+    """JSON-serialisable summary of one checkpoint dir from meta.json and the header only."""
+    scan = scan_checkpoint(path)
+    meta, header = scan.meta or {}, scan.header or {}
+    by_module, dtypes = _summarise_tensors(header)
+    param_count = meta.get("param_count")
+    if param_count is None and header:
+        param_count = sum(m["params"] for m in by_module.values())
+    step = meta.get("step", parse_step(scan.path.name))
+    return {
+        "name": scan.path.name,
+        "path": str(scan.path),
+        "step": step,
+        "run_id": meta.get("run_id"),
+        "tokens": meta.get("tokens"),
+        "samples": meta.get("samples"),
+        "loss": meta.get("loss"),
+        "created_at": meta.get("created_at"),
+        "status": scan.status,
+        "problem": scan.problem,
+        "size_bytes": _dir_size(scan.path),
+        "param_count": param_count,
+        "params_by_module": by_module,
+        "dtypes": dtypes,
+        "tied": _aliases(header),
+        "is_latest": _latest_or_none(scan.path.parent) == scan.path.name,
+        "config_facts": config_facts(meta.get("config")),
+    }
+
+
+def inspect_path(path: str | os.PathLike) -> dict:
+    """``{"root", "latest", "checkpoints": [inspect_checkpoint(...), ...]}`` for any path."""
+    root, dirs = resolve_checkpoints(path)
+    return {
+        "root": str(root),
+        "latest": _latest_or_none(root),
+        "checkpoints": [inspect_checkpoint(d) for d in dirs],
+    }
+
+
+def _summarise_tensors(header: dict) -> tuple[dict, dict]:
+    by_module: dict[str, dict[str, int]] = {}
+    dtypes: dict[str, int] = {}
+    for key, entry in header.items():
+        if key == "__metadata__" or not isinstance(entry, dict):
+            continue
+        numel = 1
+        for dim in entry.get("shape", []):
+            numel *= int(dim)
+        begin, end = entry["data_offsets"]
+        module = by_module.setdefault(key.split(".", 1)[0], {"params": 0, "bytes": 0})
+        module["params"] += numel
+        module["bytes"] += int(end) - int(begin)
+        dtype = _DTYPE_NAMES.get(entry.get("dtype"), str(entry.get("dtype")).lower())
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+    return by_module, dtypes
+
+
+def _aliases(header: dict) -> dict:
+    """Tied weights stored once: {alias key: stored key} from the safetensors metadata."""
+    raw = (header.get("__metadata__") or {}).get("aliases")
+    try:
+        aliases = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return aliases if isinstance(aliases, dict) else {}
+
+
+def config_facts(config: object) -> dict:
+    """A few headline settings from a stored (redacted) config."""
+    facts = {}
+    for label, dotted in _CONFIG_FACTS.items():
+        node = config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, (str, int, float, bool)):
+            facts[label] = node
+    return facts
+
+
+def _latest_or_none(root: Path) -> str | None:
+    try:
+        return read_latest(root)
+    except CheckpointError:
+        return None
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass  # deleted while we walked: it no longer takes space
+    return total
+
+
+def plan_prune(path: str | os.PathLike, keep: int) -> list[dict]:
+    """Checkpoints that pruning to the newest ``keep`` (by step, any run_id) would delete.
+
+    Works on the whole checkpoints root that ``path`` resolves to. The checkpoint latest.json
+    points to is never planned for deletion, even when it is not among the newest. ``.tmp-*``
+    dirs are left alone: one may be a write in progress.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ConfigError(f"keep must be an integer >= 1, got {keep!r}")
+    root, _ = resolve_checkpoints(path)
+    latest = _latest_or_none(root)
+    newest_first = list(reversed(list_step_dirs(root)))
+    return [
+        {"name": d.name, "path": str(d), "size_bytes": _dir_size(d), "step": parse_step(d.name)}
+        for d in newest_first[keep:]
+        if d.name != latest
+    ]
+
+
+def apply_prune(plan: list[dict]) -> None:
+    """Delete the dirs of a ``plan_prune`` plan; an OSError -> CheckpointError naming the dir."""
+    for item in plan:
+        path = Path(item["path"])
+        # Re-check at delete time: the run may have moved latest.json since the plan was made.
+        if _latest_or_none(path.parent) == path.name:
+            raise CheckpointError(f"refusing to delete {path}: latest.json points to it")
+        try:
+            remove_checkpoint_dir(path)
+        except OSError as exc:
+            raise CheckpointError(f"could not delete {path}: {error_reason(exc)}") from exc

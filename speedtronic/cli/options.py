@@ -1,0 +1,56 @@
+"""Options and arguments shared by several commands, and loading the config they name.
+
+One definition each, so every command spells, documents and validates them the same way.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.errors import ConfigError
+
+
+class OutputFormat(str, Enum):
+    """``--format``: human-readable text or one JSON document on stdout."""
+
+    text = "text"
+    json = "json"
+
+
+def format_option(text_help: str) -> Any:
+    """``--format text|json``; ``text_help`` says what the text form looks like."""
+    return typer.Option(
+        OutputFormat.text,
+        "--format",
+        help=f"Output format: text ({text_help}) or json (one document on stdout).",
+    )
+
+
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help="Path to a YAML or JSON config file. Default: the embedded smoke run.",
+)
+SetOpt = typer.Option(
+    None,
+    "--set",
+    help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
+    "Repeatable; values are parsed as YAML.",
+)
+
+
+def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
+    """The config at ``path`` (the embedded smoke run if None) with ``--set`` overrides."""
+    if path is None:
+        from speedtronic.config import default_config_text
+
+        return SpeedtronicConfig.from_yaml(default_config_text(), overrides)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file")
+    return SpeedtronicConfig.from_file(path, overrides)

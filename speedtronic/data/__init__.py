@@ -1,0 +1,39 @@
+"""Data: sources (synthetic, byte text, token files, tokenized text streams), tokenizers, loading.
+
+``loader`` builds datasets and the ``DataLoader`` from the config and wraps it in the
+resumable ``DataStream``; ``sources`` reads real files without loading them; ``synthetic``
+makes learnable tokens without files; ``tokenizer`` loads byte or Hugging Face tokenizers.
+The public names below load lazily, so the torch-free ``tokenizer`` stays importable alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataStream": "loader",
+    "ResumableSampler": "loader",
+    "build_dataloader": "loader",
+    "build_datasets": "loader",
+    "build_eval_loader": "loader",
+    "model_vocab": "loader",
+    "SyntheticTokens": "synthetic",
+    "ByteTextBlocks": "sources",
+    "TokenFileBlocks": "sources",
+    "TokenizedTextStream": "sources",
+    "tokenize_file": "sources",
+    "ByteTokenizer": "tokenizer",
+    "HFTokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
