@@ -46,7 +46,7 @@ for _group in (train, ckpt, data, bench):
 def main() -> None:
     """Run the CLI; usage errors become one line and exit 2 like every other bad input."""
     try:
-        code = app(standalone_mode=False)
+        code = app(prog_name="speedtronic", standalone_mode=False)
     except CliUsageError as exc:
         code = report_usage_error(exc)
     except typer.Abort:  # Ctrl-C or end of input at a prompt

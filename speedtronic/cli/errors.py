@@ -79,8 +79,8 @@ def report_usage_error(exc: Exception) -> int:
         exc.show()
         return 0
     ctx = getattr(exc, "ctx", None)
-    where = f"{ctx.command_path}: " if ctx is not None else ""
+    path = ctx.command_path if ctx is not None else "speedtronic"
+    command = path.partition(" ")[2]  # "speedtronic ckpt inspect" -> "ckpt inspect"
     message = " ".join(exc.format_message().split())  # Click may wrap long messages
-    help_hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-    error_line(f"{where}{message}{help_hint}")
+    error_line(f"{command + ': ' if command else ''}{message} (see '{path} --help')")
     return getattr(exc, "exit_code", 2)

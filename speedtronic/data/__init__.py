@@ -8,8 +8,7 @@ The public names below load lazily, so the torch-free ``tokenizer`` stays import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from speedtronic.lazy import lazy_exports
 
 _EXPORTS = {
     "DataStream": "loader",
@@ -29,11 +28,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

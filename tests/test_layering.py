@@ -1,0 +1,165 @@
+"""The package layout stays true as the code grows: who may import what, sizes, no cycles.
+
+Reads every module's imports with ``ast`` (all of them, also those inside functions), so it
+needs no torch and runs in milliseconds. The rules are the ones in README's "Code map".
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "speedtronic"
+MAX_LINES = 500
+# Modules that must import neither torch nor safetensors, directly or through the package.
+TORCH_FREE = (
+    "speedtronic",
+    "speedtronic.errors",
+    "speedtronic.lazy",
+    "speedtronic.metrics",
+    "speedtronic.registry",
+    "speedtronic.config",
+    "speedtronic.checkpoint.layout",
+    "speedtronic.checkpoint.inspection",
+    "speedtronic.checkpoint.files",
+    "speedtronic.data.tokenizer",
+    "speedtronic.cli.app",
+    "speedtronic.cli.errors",
+    "speedtronic.cli.options",
+)
+HEAVY = ("torch", "safetensors", "huggingface_hub", "numpy")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, top_level_only: bool = False) -> set[str]:
+    """Absolute names imported by a module (``from a import b`` gives ``a`` and ``a.b``)."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_only_cli_imports_typer_and_rich():
+    offenders = {
+        name: sorted(i for i in imports_of(name) if top(i) in ("typer", "rich", "click"))
+        for name in MODULES
+        if not name.startswith("speedtronic.cli")
+    }
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_only_the_hub_transport_imports_huggingface_hub():
+    users = {n for n in MODULES if any(top(i) == "huggingface_hub" for i in imports_of(n))}
+    assert users <= {"speedtronic.distributed.hub"}
+
+
+def resolve(imported: str) -> str:
+    """The module an imported name lives in (``speedtronic.x.name`` -> ``speedtronic.x``)."""
+    if imported in MODULES or top(imported) != "speedtronic":
+        return imported
+    return imported.rsplit(".", 1)[0]
+
+
+def load_closure(name: str) -> set[str]:
+    """Every module that importing ``name`` loads, following module-level imports.
+
+    Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``, so those count too.
+    """
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in MODULES:
+            seen.add(current)
+            continue
+        seen.add(current)
+        parents = {".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)}
+        todo.extend(parents | {resolve(i) for i in imports_of(current, top_level_only=True)})
+    return seen
+
+
+@pytest.mark.parametrize("name", TORCH_FREE)
+def test_torch_free_modules_stay_torch_free(name):
+    assert name in MODULES, f"{name} was moved: update TORCH_FREE and the README code map"
+    heavy = sorted(i for i in load_closure(name) if top(i) in HEAVY)
+    assert not heavy, f"importing {name} loads {heavy}"
+
+
+def package_of(name: str) -> str:
+    """The concern a module belongs to: ``speedtronic.cli.train`` -> ``speedtronic.cli``."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or name in _PACKAGES else name
+
+
+_PACKAGES = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+
+
+def test_no_import_cycles_between_concerns():
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        for imported in imports_of(name, top_level_only=True):
+            target = resolve(imported)
+            if target in MODULES and package_of(target) != package_of(name):
+                graph.setdefault(package_of(name), set()).add(package_of(target))
+    assert not find_cycle(graph), f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_cli_command_modules_do_not_import_the_root_app():
+    for name in MODULES:
+        if name.startswith("speedtronic.cli.") and name != "speedtronic.cli.app":
+            assert "speedtronic.cli.app" not in imports_of(name), name
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle in a directed graph as a node list, or [] (iterative DFS with colours)."""
+    state: dict[str, int] = {}
+    for start in graph:
+        stack = [(start, iter(sorted(graph.get(start, ()))))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child) :] + [child]
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+                path.append(child)
+    return []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}}) == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small_and_say_what_they_own(name):
+    text = MODULES[name].read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_LINES, f"{name}: split it by concern"
+    if text.strip():
+        assert ast.get_docstring(ast.parse(text)), f"{name}: open with a docstring"
