@@ -184,7 +184,7 @@ def bench_inspect(work: Path, repeats: int, n_checkpoints: int = 5) -> float:
         start = time.perf_counter()
         report = inspection.inspect_path(work)
         times.append(time.perf_counter() - start)
-    assert [c["status"] for c in report["checkpoints"]] == ["ok"] * n_checkpoints
+    assert [c["status"] for c in report["checkpoints"]] == ["unverified"] * n_checkpoints
     shutil.rmtree(work, ignore_errors=True)
     return statistics.median(times)
 

@@ -367,7 +367,7 @@ def test_leftover_tmp_dir_is_ignored_by_find_latest_and_shown_incomplete(tmp_pat
     rows = {c["name"]: c for c in report["checkpoints"]}
     assert rows[leftover.name]["status"] == "incomplete"
     assert "temporary" in rows[leftover.name]["problem"]
-    assert rows["step_0000000001"]["status"] == "ok"
+    assert rows["step_0000000001"]["status"] == "unverified"  # sound structure, not hashed
 
 
 def test_inspect_path_reports_meta_tensors_and_config(tmp_path):
@@ -385,7 +385,7 @@ def test_inspect_path_reports_meta_tensors_and_config(tmp_path):
     )
     assert second["path"] == str(path) and second["step"] == 2
     assert (second["tokens"], second["samples"], second["loss"]) == (1024, 8, 2.5)
-    assert second["status"] == "ok" and second["problem"] is None
+    assert second["status"] == "unverified" and second["problem"] is None
     assert second["created_at"] == json.loads((path / "meta.json").read_text())["created_at"]
     assert second["size_bytes"] == sum(f.stat().st_size for f in path.iterdir())
     assert second["param_count"] == 288
@@ -439,9 +439,9 @@ def test_resolve_accepts_run_dir_root_or_one_checkpoint(tmp_path):
     assert resolve_checkpoints(tmp_path / "run") == (root, [path])
     assert resolve_checkpoints(root) == (root, [path])
     assert resolve_checkpoints(path) == (root, [path])
-    with pytest.raises(CheckpointError, match="no checkpoints found"):
+    with pytest.raises(ConfigError, match="no checkpoints found"):
         resolve_checkpoints(tmp_path)  # holds only the run dir
-    with pytest.raises(CheckpointError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):
         resolve_checkpoints(tmp_path / "missing")
 
 
@@ -451,7 +451,7 @@ def test_inspect_does_not_import_torch(tmp_path):
         "import json, sys\n"
         "from speedtronic.checkpoint.inspection import inspect_path\n"
         "report = inspect_path(sys.argv[1])\n"
-        "assert report['checkpoints'][0]['status'] == 'ok', report\n"
+        "assert report['checkpoints'][0]['status'] == 'unverified', report\n"
         "heavy = sorted(m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules)\n"
         "print(json.dumps(heavy))\n"
     )

@@ -40,7 +40,7 @@ def test_inspect_json_reports_every_checkpoint_with_status(run_dir):
     assert by_name["step_0000000001"]["status"] == "damaged"
     assert by_name[".tmp-step_0000000008-999999"]["status"] == "incomplete"
     ok = by_name["step_0000000004"]
-    assert ok["status"] == "ok" and ok["tokens"] == 4 * 8 * 16 and ok["samples"] == 32
+    assert ok["status"] == "unverified" and ok["tokens"] == 4 * 8 * 16 and ok["samples"] == 32
     assert set(ok["dtypes"]) == {"float32"}
     assert set(ok["params_by_module"]) == {"tok_emb", "blocks", "norm"}
     assert sum(m["params"] for m in ok["params_by_module"].values()) == ok["param_count"]
@@ -54,9 +54,9 @@ def test_inspect_text_for_one_checkpoint_and_for_the_checkpoints_dir(run_dir):
         assert "step_0000000004" in result.stdout and "parameters by module" in result.stdout
 
 
-def test_inspect_nothing_there_is_exit_2_or_1_with_one_line(tmp_path):
+def test_inspect_nothing_there_is_exit_2_with_one_line(tmp_path):
     result = runner.invoke(app, ["ckpt", "inspect", str(tmp_path)])
-    assert result.exit_code != 0 and "no checkpoints found" in result.stderr
+    assert result.exit_code == 2 and "no checkpoints found" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -85,7 +85,9 @@ def test_prune_dry_run_changes_nothing(run_dir):
 def test_prune_yes_deletes_older_and_keeps_latest(run_dir):
     result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "2", "--yes"])
     assert result.exit_code == 0, result.stderr
-    assert names(run_dir) == ["step_0000000004", "step_0000000006"]
+    # step 1 is damaged: prune never deletes those, it says so and leaves them to a person.
+    assert names(run_dir) == ["step_0000000001", "step_0000000004", "step_0000000006"]
+    assert "leaving" in result.stdout and "step_0000000001: damaged" in result.stdout
 
 
 def test_prune_never_deletes_what_latest_points_to(run_dir):
@@ -93,7 +95,7 @@ def test_prune_never_deletes_what_latest_points_to(run_dir):
     (ckpts / "latest.json").write_text(json.dumps({"step": 2, "path": "step_0000000002"}))
     result = runner.invoke(app, ["ckpt", "prune", str(run_dir), "--keep", "1", "--yes"])
     assert result.exit_code == 0
-    assert names(run_dir) == ["step_0000000002", "step_0000000006"]
+    assert names(run_dir) == ["step_0000000001", "step_0000000002", "step_0000000006"]
 
 
 def test_prune_asks_and_refuses_without_a_terminal_or_yes(run_dir):

@@ -1,9 +1,10 @@
 """Checkpoints: the on-disk layout, saving, loading, inspection and the run's resume policy.
 
-``layout`` (names, listing, structural scan), ``inspection`` (``ckpt inspect``/``prune``) and
-``files`` (fsync, atomic renames) are stdlib-only; ``save`` and ``load`` add torch and
-safetensors; ``plugin`` is the Trainer plug-in that saves during a run and resumes it. The
-public names below load lazily, so ``speedtronic ckpt inspect`` never imports torch.
+``layout`` (names, listing, structural scan, sha256 verification), ``inspection`` (``ckpt
+inspect``/``prune``) and ``files`` (fsync, atomic renames) are stdlib-only; ``save`` and
+``load`` add torch and safetensors; ``plugin`` is the Trainer plug-in that saves during a run
+and resumes it. The public names below load lazily, so ``speedtronic ckpt inspect`` never
+imports torch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ _EXPORTS = {
     "list_checkpoints": "load",
     "load_checkpoint": "load",
     "load_latest": "load",
-    "verify_checkpoint": "load",
+    "NoUsableCheckpointError": "load",
+    "verify_checkpoint": "layout",
     "save_checkpoint": "save",
     "CheckpointPlugin": "plugin",
     "resume_run": "plugin",

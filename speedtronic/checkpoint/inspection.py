@@ -2,8 +2,9 @@
 
 Finds the checkpoints a path refers to (a run dir, a checkpoints root or one checkpoint),
 summarises each from meta.json and the safetensors header (step, tokens, loss, size,
-parameters per module, dtypes, config facts) and plans and applies pruning. Like
-``layout``, it never imports torch.
+parameters per module, dtypes, config facts), optionally hashes them, and plans and applies
+pruning. Like ``layout``, it never imports torch. A path that names no checkpoints is a
+usage error (ConfigError), never a guess: prune deletes what its path resolves to.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import os
 from pathlib import Path
 
 from speedtronic.checkpoint.layout import (
+    JSON_ERRORS,
+    LATEST_FILE,
     META_FILE,
     MODEL_FILE,
+    CheckpointScan,
     error_reason,
     list_step_dirs,
     list_tmp_dirs,
@@ -22,6 +26,7 @@ from speedtronic.checkpoint.layout import (
     read_latest,
     remove_checkpoint_dir,
     scan_checkpoint,
+    verify_hashes,
 )
 from speedtronic.errors import CheckpointError, ConfigError
 
@@ -56,26 +61,53 @@ _CONFIG_FACTS = {
 }
 
 
+_WHERE_HINT = "pass a run's output directory, its checkpoints/ directory or a step_* dir"
+
+
 def resolve_checkpoints(path: str | os.PathLike) -> tuple[Path, list[Path]]:
     """Find the checkpoints ``path`` refers to: ``(root, dirs sorted by step)``.
 
     ``path`` may be a run's output dir (with ``checkpoints/`` inside), a checkpoints root,
     or one checkpoint dir (then the list holds just it). Leftover ``.tmp-*`` dirs of a root
-    are listed too, so that inspect can show them as incomplete.
+    are listed too, so that inspect can show them as incomplete. A missing path, a file or a
+    directory without checkpoints raises ConfigError.
     """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist")
+    path = _existing_dir(path)
     if _looks_like_checkpoint(path):
         return path.parent, [path]
-    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    root = checkpoint_root(path)
     dirs = list_step_dirs(root) + list_tmp_dirs(root)
     if not dirs:
-        raise CheckpointError(
-            f"no checkpoints found in {path}",
-            hint="pass a run's output directory, its checkpoints/ directory or a step_* dir",
-        )
+        raise ConfigError(f"no checkpoints found in {path}", hint=_WHERE_HINT)
     return root, sorted(dirs, key=lambda p: (parse_step(p.name) or 0, p.name.startswith(".")))
+
+
+def checkpoint_root(path: str | os.PathLike) -> Path:
+    """The checkpoints root ``path`` names: a run dir's ``checkpoints/``, or ``path`` itself.
+
+    Anything else raises ConfigError: a missing path, a file, one checkpoint (pruning "its
+    root" would delete its siblings) or a directory with no trace of checkpoints in it.
+    """
+    path = _existing_dir(path)
+    if _looks_like_checkpoint(path):
+        raise ConfigError(
+            f"{path} is one checkpoint, not a checkpoints directory",
+            hint=f"pass the directory that holds it ({path.parent}) or the run's output dir",
+        )
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints"
+    if (path / LATEST_FILE).is_file() or list_step_dirs(path) or list_tmp_dirs(path):
+        return path
+    raise ConfigError(f"no checkpoints found in {path}", hint=_WHERE_HINT)
+
+
+def _existing_dir(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist", hint=_WHERE_HINT)
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a directory", hint=_WHERE_HINT)
+    return path
 
 
 def _looks_like_checkpoint(path: Path) -> bool:
@@ -86,9 +118,18 @@ def _looks_like_checkpoint(path: Path) -> bool:
     return any((path / name).exists() for name in (META_FILE, MODEL_FILE))
 
 
-def inspect_checkpoint(path: str | os.PathLike) -> dict:
-    """JSON-serialisable summary of one checkpoint dir from meta.json and the header only."""
+def inspect_checkpoint(path: str | os.PathLike, verify: bool = False) -> dict:
+    """JSON-serialisable summary of one checkpoint dir from meta.json and the header only.
+
+    status is "unverified" when the structure and sizes are fine but nothing was hashed,
+    "ok" only when ``verify`` hashed both files and they match meta.json, else "incomplete"
+    or "damaged" with the reason in problem.
+    """
     scan = scan_checkpoint(path)
+    status, problem = scan.status, scan.problem
+    if status == "ok":
+        problem = verify_hashes(scan) if verify else None
+        status = "damaged" if problem else "ok" if verify else "unverified"
     meta, header = scan.meta or {}, scan.header or {}
     by_module, dtypes = _summarise_tensors(header)
     param_count = meta.get("param_count")
@@ -104,8 +145,8 @@ def inspect_checkpoint(path: str | os.PathLike) -> dict:
         "samples": meta.get("samples"),
         "loss": meta.get("loss"),
         "created_at": meta.get("created_at"),
-        "status": scan.status,
-        "problem": scan.problem,
+        "status": status,
+        "problem": problem,
         "size_bytes": _dir_size(scan.path),
         "param_count": param_count,
         "params_by_module": by_module,
@@ -116,13 +157,14 @@ def inspect_checkpoint(path: str | os.PathLike) -> dict:
     }
 
 
-def inspect_path(path: str | os.PathLike) -> dict:
-    """``{"root", "latest", "checkpoints": [inspect_checkpoint(...), ...]}`` for any path."""
+def inspect_path(path: str | os.PathLike, verify: bool = False) -> dict:
+    """``{"root", "latest", "verified", "checkpoints": [inspect_checkpoint(...), ...]}``."""
     root, dirs = resolve_checkpoints(path)
     return {
         "root": str(root),
         "latest": _latest_or_none(root),
-        "checkpoints": [inspect_checkpoint(d) for d in dirs],
+        "verified": verify,
+        "checkpoints": [inspect_checkpoint(d, verify) for d in dirs],
     }
 
 
@@ -149,7 +191,7 @@ def _aliases(header: dict) -> dict:
     raw = (header.get("__metadata__") or {}).get("aliases")
     try:
         aliases = json.loads(raw) if raw else {}
-    except ValueError:
+    except JSON_ERRORS:
         return {}
     return aliases if isinstance(aliases, dict) else {}
 
@@ -185,22 +227,38 @@ def _dir_size(path: Path) -> int:
 
 
 def plan_prune(path: str | os.PathLike, keep: int) -> list[dict]:
-    """Checkpoints that pruning to the newest ``keep`` (by step, any run_id) would delete.
+    """Checkpoints that pruning to the newest ``keep`` complete ones (any run_id) would delete.
 
-    Works on the whole checkpoints root that ``path`` resolves to. The checkpoint latest.json
-    points to is never planned for deletion, even when it is not among the newest. ``.tmp-*``
-    dirs are left alone: one may be a write in progress.
+    ``path`` must name a checkpoints root or a run dir holding ``checkpoints/`` (see
+    ``checkpoint_root``). Only checkpoints that pass the structural check are counted or
+    deleted, as in retention: damaged and incomplete ones are left alone (``left_alone``
+    lists them), so ``keep=N`` leaves N usable checkpoints wherever there were N. The one
+    latest.json points to is never planned for deletion, even when it is not among the
+    newest. ``.tmp-*`` dirs are left alone too: one may be a write in progress.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ConfigError(f"keep must be an integer >= 1, got {keep!r}")
-    root, _ = resolve_checkpoints(path)
+    root = checkpoint_root(path)
     latest = _latest_or_none(root)
-    newest_first = list(reversed(list_step_dirs(root)))
+    complete = [s.path for s in _scans_newest_first(root) if s.status == "ok"]
     return [
         {"name": d.name, "path": str(d), "size_bytes": _dir_size(d), "step": parse_step(d.name)}
-        for d in newest_first[keep:]
+        for d in complete[keep:]
         if d.name != latest
     ]
+
+
+def left_alone(path: str | os.PathLike) -> list[dict]:
+    """The damaged and incomplete ``step_*`` dirs that prune never deletes, newest first."""
+    return [
+        {"name": s.path.name, "path": str(s.path), "status": s.status, "problem": s.problem}
+        for s in _scans_newest_first(checkpoint_root(path))
+        if s.status != "ok"
+    ]
+
+
+def _scans_newest_first(root: Path) -> list[CheckpointScan]:
+    return [scan_checkpoint(d) for d in reversed(list_step_dirs(root))]
 
 
 def apply_prune(plan: list[dict]) -> None:

@@ -2,19 +2,22 @@
 
 This module owns the names of the layout (``latest.json``, ``step_XXXXXXXXXX`` dirs,
 ``.tmp-*`` dirs, the three files inside a checkpoint), listing them, reading ``latest.json``
-and a safetensors header without torch, and ``scan_checkpoint``: meta.json parses, files exist
-with the recorded sizes, the safetensors header parses and covers its file. It must never
-import torch or safetensors, so that ``speedtronic ckpt`` is instant and works without torch.
-Hashing and tensor loading build on it in ``speedtronic.checkpoint.load``.
+and a safetensors header without torch, ``scan_checkpoint``: meta.json parses and has the
+right shape, files exist with the recorded sizes, the safetensors header parses and covers its
+file, and ``verify_checkpoint``, which adds the sha256 of both files. It must never import
+torch or safetensors, so that ``speedtronic ckpt`` is instant and works without torch. Tensor
+loading builds on it in ``speedtronic.checkpoint.load``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,8 +38,12 @@ READ_CHUNK_BYTES = 8 << 20
 _STEP_RE = re.compile(r"^step_(\d{10,})$")
 # .tmp-step_0000000100-<pid>, optionally with a suffix for dirs being replaced or deleted.
 _TMP_RE = re.compile(r"^\.tmp-step_(\d{10,})-(\d+)(?:-[a-z]+)?$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # A header larger than this is certainly not ours; refuse to read it into memory.
 _MAX_HEADER_BYTES = 100 << 20
+# Errors json.loads raises for text it cannot turn into objects: bad syntax, bad UTF-8, and
+# nesting deeper than the interpreter's recursion limit (a hostile or garbled file).
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 def step_dir_name(step: int) -> str:
@@ -86,12 +93,15 @@ def read_latest(root: str | os.PathLike) -> str | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, *JSON_ERRORS) as exc:
         raise CheckpointError(f"{path} is unreadable: {error_reason(exc)}") from exc
     name = data.get("path") if isinstance(data, dict) else None
     # Only a bare step dir name is accepted: latest.json must not point anywhere else.
     if not isinstance(name, str) or not _STEP_RE.match(name):
         raise CheckpointError(f"{path} does not name a step_* directory")
+    # write_latest records both; a step that disagrees with the name means a hand-made file.
+    if not _is_count(data.get("step")) or data["step"] != parse_step(name):
+        raise CheckpointError(f"{path}: step must be the integer step of {name}")
     return name
 
 
@@ -112,10 +122,14 @@ def read_safetensors_header(path: str | os.PathLike) -> dict:
             raise ValueError(f"header length {length} does not fit in a {size}-byte file")
         try:
             header = json.loads(f.read(length))
-        except ValueError as exc:
+        except JSON_ERRORS as exc:
             raise ValueError("header is not valid JSON") from exc
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    # The format says str -> str; readers (ours and safetensors) rely on it.
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("header __metadata__ is not a map of strings")
     end = 0
     for key, entry in header.items():
         if key != "__metadata__":
@@ -195,12 +209,17 @@ def scan_checkpoint(path: str | os.PathLike) -> CheckpointScan:
 
 
 def _read_meta(path: Path, problems: list[Problem]) -> dict | None:
+    """meta.json if it parses and has the shape readers rely on; otherwise a problem and None.
+
+    A wrong shape is returned as None, not as a dict, so that no reader (inspect's table,
+    retention, resume) ever formats or compares a field of the wrong type.
+    """
     try:
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
         problems.append(Problem("incomplete", f"{META_FILE} missing"))
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, *JSON_ERRORS) as exc:
         problems.append(Problem("damaged", f"{META_FILE}: {error_reason(exc)}"))
         return None
     if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
@@ -209,16 +228,88 @@ def _read_meta(path: Path, problems: list[Problem]) -> dict | None:
     if meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version")
         problems.append(Problem("damaged", f"{META_FILE}: unsupported format_version {version}"))
+        return None
+    shape_problem = meta_fields_problem(meta) or _files_problem(meta["files"])
+    if shape_problem:
+        problems.append(Problem("damaged", f"{META_FILE}: {shape_problem}"))
+        return None
     return meta
+
+
+def _is_count(value: object) -> bool:
+    # bool is an int subclass, but true/false in a count field means a garbled file.
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return type(value) in (int, float)
+
+
+def _or_null(test):
+    return lambda value: value is None or test(value)
+
+
+# meta.json fields that readers use -> (rule, test). "files" has its own check, _files_problem.
+_META_FIELDS = {
+    "step": ("an integer >= 0", _is_count),
+    "run_id": ("a string", lambda value: isinstance(value, str)),
+    "tokens": ("an integer >= 0 or null", _or_null(_is_count)),
+    "samples": ("an integer >= 0 or null", _or_null(_is_count)),
+    "param_count": ("an integer >= 0 or null", _or_null(_is_count)),
+    "loss": ("a number or null", _or_null(_is_number)),
+    "created_at": ("a string or null", _or_null(lambda value: isinstance(value, str))),
+    "config": ("an object or null", _or_null(lambda value: isinstance(value, dict))),
+}
+_REQUIRED_META = ("step", "run_id")
+
+
+def meta_fields_problem(meta: dict) -> str | None:
+    """The first field of meta.json with the wrong type, as "'key' must be rule (got x)".
+
+    Covers the fields readers use, not "files"; saving runs it too, so that no checkpoint is
+    written that readers would call damaged.
+    """
+    for key, (rule, ok) in _META_FIELDS.items():
+        if key not in meta and key in _REQUIRED_META:
+            return f"{key!r} missing"
+        if not ok(meta.get(key)):
+            return f"{key!r} must be {rule} (got {_short(meta[key])})"
+    return None
+
+
+def _files_problem(files: dict) -> str | None:
+    for name in CHECKPOINT_FILES:
+        problem = _file_record_problem(files.get(name))
+        if problem:
+            return f"files[{name!r}] {problem}"
+    return None
+
+
+def _file_record_problem(record: object) -> str | None:
+    if record is None:
+        return "missing"
+    if not isinstance(record, dict):
+        return f"must be an object (got {_short(record)})"
+    if not _is_count(record.get("bytes")):
+        return f"bytes must be an integer >= 0 (got {_short(record.get('bytes'))})"
+    sha = record.get("sha256")
+    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        return f"sha256 must be 64 lowercase hex digits (got {_short(sha)})"
+    return None
+
+
+def _short(value: object) -> str:
+    """A bad value for a message: scalars as JSON, containers and objects by type name."""
+    if not isinstance(value, (str, int, float, type(None))):
+        return type(value).__name__
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_file_sizes(path: Path, meta: dict) -> list[Problem]:
     problems = []
     for name in CHECKPOINT_FILES:
-        record = meta["files"].get(name)
-        if not isinstance(record, dict) or not isinstance(record.get("bytes"), int):
-            problems.append(Problem("damaged", f"{META_FILE}: no record of {name}"))
-            continue
+        record = meta["files"][name]  # shape already checked by _read_meta
         try:
             size = (path / name).stat().st_size
         except FileNotFoundError:
@@ -228,6 +319,52 @@ def _check_file_sizes(path: Path, meta: dict) -> list[Problem]:
             message = f"{name}: {size} bytes on disk, {record['bytes']} recorded"
             problems.append(Problem("damaged", message))
     return problems
+
+
+def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
+    """``(status, problem)``: the structural check plus the sha256 of both files.
+
+    status is "ok", "incomplete" or "damaged"; problem names the file and what is wrong.
+    Stdlib only, so ``ckpt inspect --verify`` can hash without importing torch.
+    """
+    scan = scan_checkpoint(path)
+    if scan.status != "ok":
+        return scan.status, scan.problem
+    problem = verify_hashes(scan)
+    return ("damaged", problem) if problem else ("ok", None)
+
+
+def verify_hashes(scan: CheckpointScan) -> str | None:
+    """sha256 of both files of a checkpoint that scanned ok: the first mismatch, or None."""
+    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
+        return hash_problem(start_hashes(scan.path, pool), scan.meta)
+
+
+def start_hashes(path: Path, pool: ThreadPoolExecutor) -> dict[str, Future]:
+    """sha256 of both data files on ``pool``, so a loader can read them meanwhile."""
+    return {name: pool.submit(sha256_file, path / name) for name in CHECKPOINT_FILES}
+
+
+def hash_problem(hashes: dict[str, Future], meta: dict) -> str | None:
+    """The first file whose hash is not the one meta.json records; None if both match."""
+    for name, future in hashes.items():
+        try:
+            digest = future.result()
+        except OSError as exc:
+            return f"{name}: {error_reason(exc)}"
+        if digest != meta["files"][name].get("sha256"):
+            return f"{name}: sha256 mismatch"
+    return None
+
+
+def sha256_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(READ_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            sha.update(view[:n])
+    return sha.hexdigest()
 
 
 def remove_checkpoint_dir(path: Path) -> None:
@@ -247,4 +384,6 @@ def error_reason(exc: BaseException) -> str:
     """The OS reason alone ("No space left on device"), without errno and path noise."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if isinstance(exc, RecursionError):  # only JSON parsing recurses here
+        return "JSON nested too deeply to parse"
     return str(exc) or type(exc).__name__

@@ -1,19 +1,20 @@
-"""Reading checkpoints: verify (sizes and sha256), load without unpickling, find the newest.
+"""Reading checkpoints: load without unpickling, and find the newest usable one.
 
 Model weights load through safetensors, the trainer state through
 ``torch.load(weights_only=True)``; files are hashed while they load and a mismatch discards
-the data. ``find_latest`` / ``load_latest`` start at ``latest.json`` and fall back to older
-checkpoints while verification fails, reporting each one skipped.
+the data (``verify_checkpoint``, the hash check alone, is stdlib and lives in ``layout``).
+``find_latest`` / ``load_latest`` start at ``latest.json`` and fall back to older checkpoints
+while verification fails, reporting each one skipped; ``load_latest`` refuses to mistake a
+directory of unusable checkpoints for an empty one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,15 @@ from safetensors.torch import load_file
 from speedtronic.checkpoint.layout import (
     CHECKPOINT_FILES,
     MODEL_FILE,
-    READ_CHUNK_BYTES,
     SAFETENSORS_FORMAT,
     STATE_FILE,
-    error_reason,
+    hash_problem,
     list_step_dirs,
     parse_step,
     read_latest,
     scan_checkpoint,
+    start_hashes,
+    verify_checkpoint,
 )
 from speedtronic.errors import CheckpointError
 
@@ -51,66 +53,61 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return list_step_dirs(root)
 
 
-def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
-    """``(status, problem)``: the structural check plus sha256 of both files.
+class NoUsableCheckpointError(CheckpointError):
+    """``root`` holds checkpoints but none of them is usable.
 
-    status is "ok", "incomplete" or "damaged"; problem names the file and what is wrong.
+    A resume must stop here rather than start over: starting fresh is the user's call, and a
+    fresh run's saves would replace the evidence. ``problems`` holds one line per checkpoint
+    (the CLI prints each); ``skipped`` the reasons alone.
     """
-    scan = scan_checkpoint(path)
-    if scan.status != "ok":
-        return scan.status, scan.problem
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        problem = _hash_problem(_start_hashes(Path(path), pool), scan.meta)
-    return ("damaged", problem) if problem else ("ok", None)
+
+    def __init__(self, root: Path, skipped: list[str], hint: str | None = None):
+        head = f"no usable checkpoint in {root}: all {len(skipped)} found are damaged or incomplete"
+        super().__init__(f"{head}: {'; '.join(skipped)}", hint)
+        self.root, self.skipped = root, skipped
+        self.problems = [head, *(f"  {line}" for line in skipped)]
 
 
-def _start_hashes(path: Path, pool: ThreadPoolExecutor) -> dict[str, Future]:
-    return {name: pool.submit(_sha256_file, path / name) for name in CHECKPOINT_FILES}
+class _Unusable(Exception):
+    """Why one checkpoint cannot be used; load_checkpoint turns it into a CheckpointError."""
 
-
-def _hash_problem(hashes: dict[str, Future], meta: dict) -> str | None:
-    for name, future in hashes.items():
-        try:
-            digest = future.result()
-        except OSError as exc:
-            return f"{name}: {error_reason(exc)}"
-        if digest != meta["files"][name].get("sha256"):
-            return f"{name}: sha256 mismatch"
-    return None
-
-
-def _sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    buffer = bytearray(READ_CHUNK_BYTES)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            sha.update(view[:n])
-    return sha.hexdigest()
+    def __init__(self, status: str, problem: str):
+        super().__init__(problem)
+        self.status, self.problem = status, problem
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Verify (meta.json, files, sizes, sha256) and load a checkpoint dir onto the CPU.
 
-    Files are hashed while they load: both loaders are pickle-free, so reading a corrupt
-    file is safe, and its data is discarded if a hash does not match. Any problem raises
-    CheckpointError naming the file.
+    Any problem raises CheckpointError naming the checkpoint, the file and what is wrong.
     """
     path = Path(path)
+    try:
+        return _read_checkpoint(path)
+    except _Unusable as exc:
+        raise CheckpointError(f"checkpoint {path} is {exc.status}: {exc.problem}") from None
+
+
+def _read_checkpoint(path: Path) -> Checkpoint:
+    """``load_checkpoint`` without the path in its errors: raises _Unusable.
+
+    Files are hashed while they load: both loaders are pickle-free, so reading a corrupt file
+    is safe, and its data is discarded if a hash does not match.
+    """
     scan = scan_checkpoint(path)
     if scan.status != "ok":
-        raise CheckpointError(f"checkpoint {path} is {scan.status}: {scan.problem}")
+        raise _Unusable(scan.status, scan.problem)
     load_error = None
     with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        hashes = _start_hashes(path, pool)
+        hashes = start_hashes(path, pool)
         try:
             model_state = _load_model(path / MODEL_FILE, scan.header.get("__metadata__"))
             trainer_state = _load_trainer_state(path / STATE_FILE)
-        except CheckpointError as exc:
+        except _Unusable as exc:
             load_error = exc
-        problem = _hash_problem(hashes, scan.meta)
-    if problem:
-        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+        problem = hash_problem(hashes, scan.meta)
+    if problem:  # a hash mismatch explains a load error, so it is reported first
+        raise _Unusable("damaged", problem)
     if load_error is not None:
         raise load_error
     return Checkpoint(path, model_state, trainer_state, scan.meta)
@@ -119,17 +116,18 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:
     metadata = metadata or {}
     if metadata.get("format") != SAFETENSORS_FORMAT:
-        raise CheckpointError(f"{path}: not a {SAFETENSORS_FORMAT} file")
+        raise _Unusable("damaged", f"{MODEL_FILE}: not a {SAFETENSORS_FORMAT} file")
     try:
         aliases = json.loads(metadata.get("aliases") or "{}")
         tensors = load_file(str(path), device="cpu")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
-    if not isinstance(aliases, dict):
-        raise CheckpointError(f"{path}: malformed aliases metadata")
+    except Exception as exc:  # safetensors raises its own error types; json a RecursionError
+        raise _Unusable("damaged", f"{MODEL_FILE}: cannot be read ({_first_line(exc)})") from exc
+    names_ok = isinstance(aliases, dict) and all(isinstance(v, str) for v in aliases.values())
+    if not names_ok:
+        raise _Unusable("damaged", f"{MODEL_FILE}: aliases metadata is not a map of names")
     for alias, owner in aliases.items():
         if owner not in tensors:
-            raise CheckpointError(f"{path}: alias {alias!r} points to missing {owner!r}")
+            raise _Unusable("damaged", f"{MODEL_FILE}: alias {alias!r} points to missing {owner!r}")
         tensors[alias] = tensors[owner]
     return tensors
 
@@ -140,13 +138,14 @@ def _load_trainer_state(path: Path) -> dict[str, Any]:
             state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad archive
         if "weights only" in str(exc).lower() or "weights_only" in str(exc):
-            raise CheckpointError(
-                f"{path}: refused to load: it holds objects other than plain data and tensors"
-                " (checkpoints are loaded with weights_only=True, never unpickled)"
+            raise _Unusable(
+                "damaged",
+                f"{STATE_FILE}: refused to load: it holds objects other than plain data and"
+                " tensors (checkpoints are loaded with weights_only=True, never unpickled)",
             ) from exc
-        raise CheckpointError(f"{path}: cannot be read ({_first_line(exc)})") from exc
+        raise _Unusable("damaged", f"{STATE_FILE}: cannot be read ({_first_line(exc)})") from exc
     if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a dict")
+        raise _Unusable("damaged", f"{STATE_FILE}: holds a {type(state).__name__}, not a dict")
     return state
 
 
@@ -162,30 +161,51 @@ def find_latest(root: str | os.PathLike, log: Callable[[str], None] | None = Non
     the highest step_* dir) and falls back to older ones while verification fails, reporting
     each skipped checkpoint through ``log`` (default: warnings.warn).
     """
+    log = log or _warn
 
     def verify(path: Path) -> tuple[Path | None, str]:
         status, problem = verify_checkpoint(path)
         return (path, "") if status == "ok" else (None, f"{status} ({problem})")
 
-    return _newest_usable(Path(root), log or _warn, verify)
+    found, skipped = _newest_usable(Path(root), log, verify)
+    for message in skipped if found is None else []:
+        log(f"{message}; no usable checkpoint left in {root}")
+    return found
 
 
 def load_latest(
-    root: str | os.PathLike, log: Callable[[str], None] | None = None
+    root: str | os.PathLike,
+    log: Callable[[str], None] | None = None,
+    validate: Callable[[Checkpoint], str | None] | None = None,
 ) -> Checkpoint | None:
-    """Load the newest usable checkpoint, like ``find_latest`` but reading each file once."""
+    """Load the newest usable checkpoint, like ``find_latest`` but reading each file once.
+
+    ``validate`` may return a problem with a loaded checkpoint (e.g. a trainer state of the
+    wrong shape), which then counts as damaged, like a hash mismatch. Returns None only when
+    ``root`` holds no checkpoint; raises NoUsableCheckpointError, listing each one and why,
+    when it holds some but none is usable.
+    """
 
     def load(path: Path) -> tuple[Checkpoint | None, str]:
         try:
-            return load_checkpoint(path), ""
-        except CheckpointError as exc:
-            return None, f"unusable ({exc})"
+            checkpoint = _read_checkpoint(path)
+        except _Unusable as exc:
+            return None, f"{exc.status} ({exc.problem})"
+        problem = validate(checkpoint) if validate is not None else None
+        return (None, f"damaged ({problem})") if problem else (checkpoint, "")
 
-    return _newest_usable(Path(root), log or _warn, load)
+    found, skipped = _newest_usable(Path(root), log or _warn, load)
+    if found is None and skipped:
+        raise NoUsableCheckpointError(Path(root), skipped)
+    return found
 
 
-def _newest_usable(root: Path, log: Callable[[str], None], attempt: Callable) -> Any:
-    """The first candidate, newest first, for which ``attempt`` succeeds; skips are logged."""
+def _newest_usable(root: Path, log: Callable[[str], None], attempt: Callable) -> tuple[Any, list]:
+    """``(result, skipped)``: the first candidate, newest first, for which ``attempt`` works.
+
+    Skips before a success are logged here; if nothing works, ``skipped`` says why for each
+    candidate and the caller decides whether that is a warning or an error.
+    """
     try:
         pointer = read_latest(root)
     except CheckpointError as exc:
@@ -197,11 +217,9 @@ def _newest_usable(root: Path, log: Callable[[str], None], attempt: Callable) ->
         if result is not None:
             for message in skipped:
                 log(f"{message}; using {path.name}")
-            return result
+            return result, skipped
         skipped.append(f"checkpoint {path.name} is {problem}")
-    for message in skipped:
-        log(f"{message}; no usable checkpoint left in {root}")
-    return None
+    return None, skipped
 
 
 def _candidates(root: Path, pointer: str | None) -> list[Path]:

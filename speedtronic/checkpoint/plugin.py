@@ -3,8 +3,9 @@
 ``CheckpointPlugin`` is a Trainer plug-in: it saves every ``checkpoint.interval`` optimizer
 steps and once when training ends (completed, stopped or interrupted), with ``keep_last``
 retention. ``resume_run`` restores the newest good checkpoint into a built runtime and drops
-metrics logged after it, so the JSONL continues without gaps or duplicates. The bytes on disk
-belong to ``save`` and ``load`` beside this module.
+metrics logged after it, so the JSONL continues without gaps or duplicates; when checkpoints
+exist but none is usable it stops the run instead of starting over. The bytes on disk belong
+to ``save`` and ``load`` beside this module.
 """
 
 from __future__ import annotations
@@ -13,9 +14,30 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint.load import load_latest
+from speedtronic.checkpoint.layout import STATE_FILE
+from speedtronic.checkpoint.load import Checkpoint, NoUsableCheckpointError, load_latest
 from speedtronic.checkpoint.save import save_checkpoint
-from speedtronic.errors import CheckpointError
+from speedtronic.errors import CheckpointError, SpeedtronicError
+
+# What Trainer.load_state_dict reads at the top level of the state Trainer.state_dict writes:
+# key -> (rule, test). Checked before anything is restored, so that a state of the wrong
+# shape counts as a damaged checkpoint (resume falls back) rather than failing half-way.
+_COUNT = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
+_TRAINER_STATE = {
+    "step": _COUNT,
+    "tokens": _COUNT,
+    "samples": _COUNT,
+    "skipped_steps": _COUNT,
+    "last_loss": ("a number or None", lambda v: v is None or type(v) in (int, float)),
+    "optimizer": ("a dict", lambda v: isinstance(v, dict)),
+    "scheduler": ("a dict or None", lambda v: v is None or isinstance(v, dict)),
+    "scaler": ("a dict or None", lambda v: v is None or isinstance(v, dict)),
+    "data": ("a dict or None", lambda v: v is None or isinstance(v, dict)),
+    "rng": ("a dict", lambda v: isinstance(v, dict)),
+    "plugins": ("a dict", lambda v: isinstance(v, dict)),
+}
+# The exceptions a state_dict of the wrong shape makes torch and the trainer raise.
+_RESTORE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError)
 
 
 class CheckpointPlugin:
@@ -63,9 +85,17 @@ class CheckpointPlugin:
 
 
 def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
-    """Load the newest good checkpoint into ``runtime``; return its step, or None if none."""
+    """Load the newest good checkpoint into ``runtime``; return its step, or None if none.
+
+    Only a directory without checkpoints starts a fresh run. If checkpoints exist but none is
+    usable, this raises (listing each and why) and nothing is deleted: starting over is the
+    user's decision, not a fallback.
+    """
     logger = runtime.logger
-    checkpoint = load_latest(plugin.root, log=logger.warn)
+    try:
+        checkpoint = load_latest(plugin.root, log=logger.warn, validate=trainer_state_problem)
+    except NoUsableCheckpointError as exc:
+        raise NoUsableCheckpointError(exc.root, exc.skipped, _fresh_start_hint(exc.root)) from None
     if checkpoint is None:
         logger.notice(f"no checkpoint in {plugin.root}; starting a fresh run")
         return None
@@ -77,9 +107,43 @@ def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
             f"checkpoint {path} does not fit this model: {str(exc).splitlines()[0]}",
             hint="resume with the config the checkpoint was written with",
         ) from None
-    runtime.trainer.load_state_dict(checkpoint.trainer_state)
-    plugin.run_id = checkpoint.meta.get("run_id", plugin.run_id)
+    _restore_trainer(runtime.trainer, checkpoint)
+    plugin.run_id = checkpoint.meta["run_id"]
     plugin.saved_step, plugin.last_path = runtime.trainer.step, path
     logger.drop_records_after(runtime.trainer.step)
     logger.notice(f"resumed from {path} at step {runtime.trainer.step}")
     return runtime.trainer.step
+
+
+def trainer_state_problem(checkpoint: Checkpoint) -> str | None:
+    """What is wrong with a checkpoint's trainer state for ``Trainer.load_state_dict``, if any."""
+    state = checkpoint.trainer_state
+    for key, (rule, ok) in _TRAINER_STATE.items():
+        if key not in state:
+            return f"{STATE_FILE}: {key!r} missing"
+        if not ok(state[key]):
+            return f"{STATE_FILE}: {key!r} must be {rule} (got {type(state[key]).__name__})"
+    return None
+
+
+def _restore_trainer(trainer: Any, checkpoint: Checkpoint) -> None:
+    """Restore the trainer, or stop the run: a half-restored trainer must never train on."""
+    try:
+        trainer.load_state_dict(checkpoint.trainer_state)
+    except SpeedtronicError:
+        raise  # already says what is wrong
+    except _RESTORE_ERRORS as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path}: {STATE_FILE} cannot be restored into this run"
+            f" ({type(exc).__name__}: {reason})",
+            hint="resume with the config and version the checkpoint was written with",
+        ) from exc
+
+
+def _fresh_start_hint(root: Path) -> str:
+    return (
+        f"nothing was deleted. To start fresh, move {root} away (or use another --output-dir);"
+        " running without --resume (checkpoint.resume=false) also starts fresh, but its"
+        " saves replace checkpoints of the same step"
+    )

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import json
 import math
+import operator
 import os
 import platform
 import shutil
@@ -52,8 +53,10 @@ from speedtronic.checkpoint.layout import (
     error_reason,
     list_step_dirs,
     list_tmp_dirs,
+    meta_fields_problem,
     parse_tmp_pid,
     remove_checkpoint_dir,
+    scan_checkpoint,
     step_dir_name,
 )
 from speedtronic.errors import CheckpointError
@@ -92,12 +95,19 @@ def save_checkpoint(
     param_count and the redacted config); format_version, step, created_at, versions and files
     are added here. ``trainer_state`` is opaque (see the module docstring) but must hold only
     plain data and tensors, because it is loaded with ``weights_only=True``; anything else is
-    refused now rather than discovered at resume. ``keep_last=N`` keeps the newest N complete
-    checkpoints of this run_id (never the one just written, never other runs'). On an OSError
+    refused now rather than discovered at resume, and so is a meta field of the wrong type.
+    ``keep_last=N`` keeps the newest N complete checkpoints of this run_id and deletes only
+    its older complete ones (never the one just written, never a damaged or incomplete one,
+    never other runs'). On an OSError
     the temporary dir is removed, earlier checkpoints and latest.json are untouched, and a
     CheckpointError names the root and the OS reason.
     """
     _check_arguments(step, trainer_state, meta, keep_last)
+    full_meta = _full_meta(step, meta)
+    # Refuse now what every reader would later call a damaged checkpoint.
+    problem = meta_fields_problem(full_meta)
+    if problem:
+        raise CheckpointError(f"checkpoint meta: {problem}")
     root, name = Path(root), step_dir_name(step)
     tensors, aliases = _dedupe_model_state(model_state)
     tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}"
@@ -105,7 +115,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier failed attempt
         tmp.mkdir()
-        _write_dir(tmp, tensors, aliases, trainer_state, _full_meta(step, meta))
+        _write_dir(tmp, tensors, aliases, trainer_state, full_meta)
         final = install_dir(tmp, root / name)
         write_latest(root, step, name)
     except BaseException as exc:
@@ -123,8 +133,8 @@ def _check_arguments(step: Any, trainer_state: Any, meta: Any, keep_last: Any) -
         raise CheckpointError(f"step must be an integer >= 0, got {step!r}")
     if sys.byteorder != "little":
         raise CheckpointError("checkpoints can only be written on little-endian machines")
-    if not isinstance(meta, dict) or "run_id" not in meta:
-        raise CheckpointError("checkpoint meta must be a dict with at least a run_id")
+    if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
+        raise CheckpointError("checkpoint meta must be a dict with at least a run_id string")
     if keep_last is not None and (isinstance(keep_last, bool) or int(keep_last) < 1):
         raise CheckpointError(f"keep_last must be >= 1 or None, got {keep_last!r}")
     if not isinstance(trainer_state, dict):
@@ -369,8 +379,8 @@ def _full_meta(step: int, meta: dict) -> dict:
     ours = {
         "format_version": FORMAT_VERSION,
         "step": int(step),
-        "tokens": meta.get("tokens"),
-        "samples": meta.get("samples"),
+        "tokens": _count_or_none(meta.get("tokens")),
+        "samples": _count_or_none(meta.get("samples")),
         "loss": _finite_or_none(meta.get("loss")),
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run_id": meta["run_id"],
@@ -379,18 +389,37 @@ def _full_meta(step: int, meta: dict) -> dict:
             "speedtronic": _speedtronic_version(),
             "python": platform.python_version(),
         },
-        "param_count": meta.get("param_count"),
+        "param_count": _count_or_none(meta.get("param_count")),
         "config": meta.get("config"),
     }
     extra = {k: v for k, v in meta.items() if k not in ours and k != "files"}
     return {**ours, **extra, "files": None}
 
 
-def _finite_or_none(value: Any) -> float | None:
-    """NaN/inf are not JSON; a diverged loss is recorded as null."""
-    if value is None:
-        return None
-    value = float(value)
+def _count_or_none(value: Any) -> Any:
+    """NumPy and 0-d tensor integers as plain ints (JSON would store them as strings).
+
+    Anything that is not an integer is returned as is, for meta_fields_problem to refuse.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _finite_or_none(value: Any) -> Any:
+    """NaN/inf are not JSON; a diverged loss is recorded as null.
+
+    A value that is not a number is returned as is, for meta_fields_problem to refuse.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return value
     return value if math.isfinite(value) else None
 
 
@@ -423,19 +452,22 @@ def _clean_up(root: Path, just_written: str, run_id: Any, keep_last: int | None)
 
 
 def _apply_retention(root: Path, just_written: str, run_id: Any, keep_last: int) -> None:
-    mine = [d for d in list_step_dirs(root) if _complete_run_id(d) == (True, run_id)]
+    """Delete this run's complete checkpoints beyond the newest ``keep_last``.
+
+    Only checkpoints that pass the structural check and carry this run_id are counted or
+    deleted. A damaged or incomplete one is left for a person to look at (resume already
+    skips it, and it may be the only trace of what went wrong), and counting it would let
+    it displace a good one; other runs' checkpoints are not this run's to delete.
+    """
+    mine = [d for d in list_step_dirs(root) if _is_complete_of(d, run_id)]
     for path in mine[:-keep_last]:
         if path.name != just_written:
             remove_checkpoint_dir(path)
 
 
-def _complete_run_id(path: Path) -> tuple[bool, Any]:
-    """(True, run_id) for a dir with a readable meta.json; (False, None) otherwise."""
-    try:
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-        return True, meta["run_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False, None
+def _is_complete_of(path: Path, run_id: Any) -> bool:
+    scan = scan_checkpoint(path)
+    return scan.status == "ok" and scan.meta["run_id"] == run_id
 
 
 def _remove_stale_tmp_dirs(root: Path) -> None:

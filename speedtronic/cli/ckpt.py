@@ -1,7 +1,8 @@
 """``speedtronic ckpt inspect`` and ``speedtronic ckpt prune``: see and tidy checkpoints.
 
 Both read only JSON and safetensors headers (``speedtronic.checkpoint.inspection``), never
-torch, so they answer instantly even for large checkpoints.
+torch, so they answer instantly even for large checkpoints; ``inspect --verify`` adds the
+sha256 of every file (stdlib hashing, still no torch).
 """
 
 from __future__ import annotations
@@ -24,16 +25,29 @@ PathArg = typer.Argument(
 )
 
 
-def inspect(path: Path = PathArg, output_format: OutputFormat = format_option("tables")) -> None:
+def inspect(
+    path: Path = PathArg,
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Also hash every file and compare with meta.json (reads all the bytes; slower).",
+    ),
+    output_format: OutputFormat = format_option("tables"),
+) -> None:
     """Show step, tokens, loss, size, parameters and status of every checkpoint found."""
     from speedtronic.checkpoint.inspection import inspect_path
 
-    report = inspect_path(path)
+    report = inspect_path(path, verify=verify)
     if output_format is OutputFormat.json:
         print(json.dumps(report, indent=2))
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
     console.print(_overview(report))
+    if any(c["status"] == "unverified" for c in report["checkpoints"]):
+        console.print(
+            "unverified: files and sizes match meta.json, hashes not checked (use --verify)",
+            highlight=False,
+        )
     chosen = _latest_entry(report)
     if chosen:
         console.print(_modules(chosen))
@@ -44,15 +58,24 @@ def inspect(path: Path = PathArg, output_format: OutputFormat = format_option("t
 
 
 def prune(
-    path: Path = PathArg,
-    keep: int = typer.Option(..., "--keep", help="How many of the newest checkpoints to keep."),
+    path: Path = typer.Argument(
+        ..., help="A run's output directory or its checkpoints directory (not one checkpoint)."
+    ),
+    keep: int = typer.Option(
+        ..., "--keep", help="How many of the newest complete checkpoints to keep."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be deleted."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking."),
 ) -> None:
-    """Delete all but the newest --keep checkpoints (never the one latest.json points to)."""
-    from speedtronic.checkpoint.inspection import apply_prune, plan_prune
+    """Delete all but the newest --keep complete checkpoints.
+
+    Never deletes the one latest.json points to, nor damaged or incomplete ones.
+    """
+    from speedtronic.checkpoint.inspection import apply_prune, left_alone, plan_prune
 
     plan = plan_prune(path, keep)
+    for item in left_alone(path):
+        print(f"leaving {item['path']}: {item['status']} ({item['problem']}); delete it by hand")
     if not plan:
         print("nothing to prune")
         return
@@ -71,13 +94,16 @@ def prune(
     print(f"deleted {len(plan)} checkpoint(s)")
 
 
+_STATUS_STYLE = {"ok": "[green]ok[/]", "unverified": "[yellow]unverified[/]"}
+
+
 def _overview(report: dict) -> Table:
     table = Table(title=f"checkpoints in {report['root']}", title_justify="left")
     columns = ("name", "latest", "status", "step", "tokens", "samples", "loss", "created")
     for column in (*columns, "size", "params"):
         table.add_column(column, justify="right" if column not in columns[:3] else "left")
     for c in report["checkpoints"]:
-        status = c["status"] if c["status"] == "ok" else f"[red]{c['status']}[/]: {c['problem']}"
+        status = _STATUS_STYLE.get(c["status"], f"[red]{c['status']}[/]: {c['problem']}")
         table.add_row(
             c["name"],
             "*" if c["is_latest"] else "",
@@ -105,7 +131,8 @@ def _modules(entry: dict) -> Table:
 
 
 def _latest_entry(report: dict) -> dict | None:
-    entries = [c for c in report["checkpoints"] if c["status"] == "ok"]
+    """The checkpoint to detail: latest.json's if usable, else the newest usable one."""
+    entries = [c for c in report["checkpoints"] if c["status"] in ("ok", "unverified")]
     latest = [c for c in entries if c["is_latest"]]
     return (latest or entries[-1:] or [None])[0]
 
