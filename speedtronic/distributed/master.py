@@ -1,0 +1,243 @@
+"""The master's loop: poll the repo for deltas, run rounds of ``outer.Master``, publish globals.
+
+``MasterLoop`` drives the pure policy object with I/O: every ``poll_interval`` it lists
+``nodes/``, fetches only deltas it has not seen (a listed version it already settled costs
+nothing, so an idle poll does not grow with history), validates them (``codec``, I4), offers
+them, and when a round is ready saves the master state to ``state_dir`` *before* publishing
+the new weights and ``step_count.json`` and deleting the consumed deltas (I3: a published step
+always has a saved state behind it, so a restart republishes the same weights). It runs in a
+background thread during training (``MasterPlugin``) or alone (``serve``, for a master with
+``train_locally: false``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.codec import (
+    BadDelta,
+    decode_delta,
+    decode_weights,
+    encode_weights,
+    expected_delta_bytes,
+)
+from speedtronic.distributed.outer import (
+    Master,
+    MasterConfig,
+    MasterState,
+    ReceivedDelta,
+    RoundResult,
+    delta_identity,
+)
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, parse_delta_path
+from speedtronic.distributed.transport import DeltaRef, Transport
+from speedtronic.errors import SpeedtronicError
+
+Tensors = dict[str, torch.Tensor]
+
+
+def master_config(config: Any) -> MasterConfig:
+    """The policy settings of a ``distributed`` config section."""
+    return MasterConfig(
+        outer_lr=config.outer_lr,
+        outer_momentum=config.outer_momentum,
+        min_deltas=config.min_deltas,
+        max_wait_s=config.max_wait_s,
+        max_staleness=config.max_staleness,
+        staleness_discount=config.staleness_discount,
+    )
+
+
+class MasterLoop:
+    """Polls, validates, aggregates and publishes; one thread calls ``poll_once`` at a time."""
+
+    def __init__(self, config: Any, weights: Tensors, transport: Transport, logger: Any, state_dir):
+        self.config, self.transport, self.logger = config, transport, logger
+        self.state_dir = Path(state_dir)
+        self.initial_weights = weights
+        self.master: Master | None = None
+        self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
+        self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
+        self.unusable: list[str] = []  # paths of bad files to delete with the next publish
+        self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
+        self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self, restored: MasterState | None = None) -> None:
+        """Resume the newest of: state_dir, the trainer checkpoint's copy, the repo; publish it."""
+        state = MasterState.load(self.state_dir, log=self.logger.warn)
+        if restored is not None and (state is None or restored.outer_step > state.outer_step):
+            state = restored
+        published = self._published_state(state.outer_step if state else -1)
+        state = published or state
+        self.master = Master(master_config(self.config), self.initial_weights, state)
+        counted = self.transport.read_step_count()
+        if counted is None or counted["outer_step"] < self.master.outer_step:
+            self._save_and_publish(self.master.outer_step, self.master.global_weights, [])
+        self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
+
+    def _published_state(self, local_step: int) -> MasterState | None:
+        """The repo's global, if it is ahead of everything local (a master on a new machine)."""
+        counted = self.transport.read_step_count()
+        if counted is None or counted["outer_step"] <= local_step:
+            return None
+        data = self.transport.read(GLOBAL_WEIGHTS, self._max_bytes())
+        outer_step, weights = decode_weights(data or b"", self.initial_weights)
+        self.logger.warn(
+            f"diloco master: the repo is at outer step {outer_step}, ahead of {self.state_dir}; "
+            "continuing from the published weights (outer momentum starts again from zero)"
+        )
+        return MasterState(outer_step, weights)
+
+    # ------------------------------------------------------------------ one poll
+
+    def poll_once(self, force: bool = False) -> RoundResult | None:
+        """Fetch new deltas, offer them, and run (and publish) a round if one is ready."""
+        for ref in self.transport.list_deltas():
+            if self.settled_versions.get(ref.path) != ref.version:
+                self._take(ref)
+        with self.lock:
+            result = self.master.round(time.monotonic(), force=force)
+        if result is None:
+            return None
+        self._count_round(result)
+        consumed = [self.paths.pop(i) for i in result.consumed if i in self.paths]
+        self._save_and_publish(result.outer_step, result.weights, consumed + self.unusable)
+        self.unusable = []
+        return result
+
+    def _take(self, ref: DeltaRef) -> None:
+        """Fetch, validate and offer one listed delta; anything wrong is logged and counted."""
+        self.settled_versions[ref.path] = ref.version
+        node_id, seq = parse_delta_path(ref.path)
+        try:
+            data = self.transport.read(ref.path, self._max_bytes())
+            if data is None:
+                return  # consumed or replaced since the listing
+            self.counters["bytes_down"] += len(data)
+            identity = delta_identity(node_id, seq, data)
+            self.paths[identity] = ref.path
+            if self.master.seen(identity):
+                return  # e.g. a state saved but the publish that deletes it never happened
+            header, tensors = decode_delta(data, ref.path, self.master.global_weights)
+            self.counters["found"] += 1
+            if self.master.offer(ReceivedDelta(identity, header, tensors), time.monotonic()) == (
+                "stale"
+            ):
+                self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
+        except BadDelta as exc:
+            self.counters["rejected"] += 1
+            self.unusable.append(ref.path)
+            self.logger.warn(f"diloco master: rejected {ref.path}: {exc}")
+
+    def _count_round(self, result: RoundResult) -> None:
+        self.counters["included"] += len(result.included)
+        self.counters["stale"] += len(result.stale)
+        self.logger.log(
+            "diloco_round",
+            {
+                "outer_step": result.outer_step,
+                **result.counts,
+                "tokens": result.tokens,
+                "momentum": result.momentum_applied,
+                **self.counters,
+            },
+        )
+
+    def _save_and_publish(self, outer_step: int, weights: Tensors, consumed: list[str]) -> None:
+        self.master.snapshot().save(self.state_dir)  # before publishing: I3
+        data = encode_weights(weights, outer_step)
+        step_count = {
+            "outer_step": outer_step,
+            "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "weights_sha256": hashlib.sha256(data).hexdigest(),
+            "format": 1,
+        }
+        start = time.perf_counter()
+        self.transport.publish(data, step_count, consumed)
+        self.logger.log(
+            "diloco_publish",
+            {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},
+        )
+
+    def _max_bytes(self) -> int:
+        return 2 * expected_delta_bytes(self.initial_weights, "fp32") + (1 << 20)
+
+    # ------------------------------------------------------------------ running
+
+    def run_in_background(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self._loop, args=(stop,), name="diloco-master")
+        thread.daemon = True
+        thread.start()
+        return thread
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.poll_safely()
+            stop.wait(self.config.poll_interval)
+
+    def poll_safely(self, force: bool = False) -> RoundResult | None:
+        """``poll_once``, with failures logged rather than raised (I5: training goes on)."""
+        try:
+            return self.poll_once(force)
+        except (SpeedtronicError, OSError) as exc:
+            self.logger.warn(f"diloco master: poll failed ({exc}); retrying next interval")
+            return None
+
+    def serve(self, outer_steps: int, stop: threading.Event) -> None:
+        """Coordinate only (no local training) until ``outer_steps`` rounds or ``stop``."""
+        while not stop.is_set() and self.master.outer_step < outer_steps:
+            self.poll_safely()
+            stop.wait(self.config.poll_interval)
+
+
+class MasterPlugin:
+    """Trainer plug-in running ``MasterLoop`` beside local training; a final round at the end."""
+
+    name = "diloco_master"
+
+    def __init__(self, loop: MasterLoop):
+        self.loop = loop
+        self.restored: MasterState | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.loop.start(self.restored)
+        self._thread = self.loop.run_in_background(self._stop)
+
+    def on_train_end(self, trainer: Any, result: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))
+        if self._thread.is_alive():
+            self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
+            return
+        self.loop.poll_safely(force=True)  # what arrived while training ended
+
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of the master state, for a node whose state_dir is lost; never the newest."""
+        if self.loop.master is None:
+            return {}
+        with self.loop.lock:
+            state = self.loop.master.snapshot()
+            weights = {k: t.clone() for k, t in state.global_weights.items()}
+        return {
+            "outer_step": state.outer_step,
+            "weights": weights,
+            "optimizer": state.optimizer_state,
+            "processed": sorted(state.processed),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.restored = MasterState(
+                state["outer_step"], state["weights"], state["optimizer"], set(state["processed"])
+            )

@@ -1,0 +1,187 @@
+"""How nodes reach the shared repo: the ``Transport`` interface and the shared-directory one.
+
+A transport moves bytes between a node and the run's repo (layout in ``protocol``): uploads of
+deltas, a listing of ``nodes/`` only, reads of listed files, a cheap read of the published
+outer step, and the master's publish of new global weights. ``LocalTransport`` implements it
+over a directory (NFS, a synced folder, or several processes on one machine); the Hugging Face
+Hub one lives in ``hub.py``. Everything read from the repo is untrusted: links and non-regular
+files are skipped, reads are capped, and what comes back is data for ``codec`` to validate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from speedtronic.checkpoint.files import fsync_dir
+from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
+    NODES_DIR,
+    STEP_COUNT,
+    parse_delta_path,
+)
+from speedtronic.errors import TransportError
+
+MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
+
+
+@dataclass(frozen=True)
+class DeltaRef:
+    """A listed delta: its repo path, size, and a version that changes when its bytes do."""
+
+    path: str
+    size: int
+    version: str
+
+
+class Transport(Protocol):
+    """What the coordinator needs from a shared repo. Methods may raise TransportError.
+
+    ``upload`` and ``publish`` raise only when nothing landed, so callers may retry or fold.
+    """
+
+    def upload(self, path: str, data: bytes) -> None: ...
+
+    def list_deltas(self) -> list[DeltaRef]: ...
+
+    def read(self, path: str, max_bytes: int) -> bytes | None: ...
+
+    def read_step_count(self) -> dict[str, Any] | None: ...
+
+    def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class LocalTransport:
+    """A shared directory. Every write is a temporary file, fsynced, then renamed into place.
+
+    ``publish`` writes the weights before ``step_count.json``, and both name the outer step
+    (the weights in their header), so a reader that sees a new step count but older weights
+    (a publish in flight, or a master killed between the two renames) waits for the next poll
+    rather than installing a mismatched pair.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def upload(self, path: str, data: bytes) -> None:
+        self._write(path, data)
+
+    def list_deltas(self) -> list[DeltaRef]:
+        nodes = self.root / NODES_DIR
+        try:
+            node_dirs = [e for e in os.scandir(nodes) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise TransportError(f"cannot list {nodes}: {exc.strerror}") from exc
+        refs = []
+        for node_dir in sorted(node_dirs, key=lambda e: e.name):
+            refs.extend(self._list_node(node_dir.path))
+        return refs
+
+    def _list_node(self, node_dir: str) -> list[DeltaRef]:
+        refs = []
+        try:
+            entries = list(os.scandir(node_dir))
+        except OSError:
+            return refs  # vanished or unreadable: the next poll sees it again
+        for entry in entries:
+            path = f"{NODES_DIR}/{Path(node_dir).name}/{entry.name}"
+            if parse_delta_path(path) is None or not entry.is_file(follow_symlinks=False):
+                continue  # temporary files, links and strangers are not deltas
+            info = entry.stat(follow_symlinks=False)
+            refs.append(DeltaRef(path, info.st_size, f"{info.st_mtime_ns}-{info.st_size}"))
+        return sorted(refs, key=lambda r: r.path)
+
+    def read(self, path: str, max_bytes: int) -> bytes | None:
+        """The file's bytes, None if it is gone; refuses links, non-regular and oversize files."""
+        full = self._resolve(path)
+        try:
+            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise TransportError(f"{path} is not a regular file")
+            if info.st_size > max_bytes:
+                raise TransportError(f"{path} is {info.st_size} bytes, over the {max_bytes} cap")
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:  # grew since the fstat
+            raise TransportError(f"{path} is over the {max_bytes} byte cap")
+        return data
+
+    def read_step_count(self) -> dict[str, Any] | None:
+        data = self.read(STEP_COUNT, MAX_STEP_COUNT_BYTES)
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict) or type(value.get("outer_step")) is not int:
+            raise TransportError(f"{STEP_COUNT} has no integer outer_step")
+        return value
+
+    def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
+        self._write(GLOBAL_WEIGHTS, weights)
+        self._write(STEP_COUNT, json.dumps(step_count, indent=2).encode() + b"\n")
+        for path in consumed:
+            try:
+                os.unlink(self._resolve(path))
+            except FileNotFoundError:
+                pass
+
+    def _resolve(self, path: str) -> Path:
+        """``root/path`` for a repo path that stays inside the root (no '..', no absolute)."""
+        parts = Path(path).parts
+        if not parts or Path(path).is_absolute() or any(p in ("..", ".", "") for p in parts):
+            raise TransportError(f"refusing repo path {path!r}")
+        return self.root.joinpath(*parts)
+
+    def _write(self, path: str, data: bytes) -> None:
+        final = self._resolve(path)
+        tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise TransportError(f"cannot write {path} in {self.root}: {exc.strerror}") from exc
+        # After the rename the file has landed: raising now would make the caller send it again.
+        with contextlib.suppress(OSError):
+            fsync_dir(final.parent)
+
+
+def open_transport(repo: str) -> Transport:
+    """A directory path or ``file://`` URL -> LocalTransport; anything else is a Hub repo id."""
+    if repo.startswith("file://"):
+        return LocalTransport(repo[len("file://") :])
+    if is_local_repo(repo):
+        return LocalTransport(Path(repo).expanduser())
+    raise TransportError(
+        f"{repo!r} looks like a Hugging Face Hub repo id; the Hub transport is not built yet",
+        hint="use a shared directory (a path or file:// URL) as distributed.repo_id",
+    )
+
+
+def is_local_repo(repo: str) -> bool:
+    """Paths start with '/', '.', '~' or 'file://', or name an existing directory."""
+    return repo.startswith(("/", ".", "~", "file://")) or Path(repo).is_dir()

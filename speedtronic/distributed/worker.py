@@ -1,0 +1,295 @@
+"""The node side of DumbDiLoCo: a Trainer plug-in that trains locally and syncs at boundaries.
+
+Every ``inner_steps`` optimizer steps (a boundary) the plug-in snapshots the weights, computes
+the pseudo-gradient against the weights of the last sync (``base - current``) and hands it to
+a background uploader; then, only there (I2), it installs the newest global weights a
+background poller has downloaded and validated, resetting the inner optimizer if configured.
+The training thread never touches the network (I5): a failed or hung upload keeps its delta in
+the outbox, where the next boundary's delta is added to it (cumulative, never lost); the poller
+just keeps the last good global. The plug-in's state (base weights, the outbox, counters) goes
+into the run's checkpoints, so ``--resume`` continues exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+from torch import nn
+
+from speedtronic.distributed.codec import (
+    decode_weights,
+    encode_delta,
+    expected_delta_bytes,
+    pseudo_gradient,
+)
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, DeltaHeader, delta_path
+from speedtronic.distributed.transport import Transport
+from speedtronic.errors import SpeedtronicError
+
+RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
+
+
+@dataclass
+class Pending:
+    """A delta waiting for upload; deltas that could not be sent yet are added into it."""
+
+    delta: dict[str, torch.Tensor]
+    base_outer_step: int
+    steps: int
+    tokens: int
+
+
+def parameters_of(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Trainable parameters by name; tied weights appear once (named_parameters dedupes)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def snapshot(params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    """An fp32 CPU copy of the weights (the only per-boundary cost on the training thread)."""
+    return {k: p.detach().to("cpu", torch.float32, copy=True) for k, p in params.items()}
+
+
+class WorkerPlugin:
+    """Trainer plug-in: boundaries, background upload with folding, global installs."""
+
+    name = "diloco"
+
+    def __init__(self, config: Any, model: nn.Module, transport: Transport, logger: Any):
+        self.config, self.transport, self.logger = config, transport, logger
+        self.params = parameters_of(model)
+        self.node_id: str = config.node_id
+        self.base: dict[str, torch.Tensor] | None = None
+        self.base_outer_step = -1  # the outer step of the global the base came from
+        self.boundary_step = self.boundary_tokens = 0
+        self.seq = 0
+        self.outbox: Pending | None = None
+        self.sending: Pending | None = None  # the delta the uploader holds right now
+        self.ready: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ trainer hooks
+
+    def on_train_start(self, trainer: Any) -> None:
+        if self.base is None:  # not restored from a checkpoint: start from the newest global
+            self._install_latest_global_now()
+            self.base = snapshot(self.params)
+            self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        for target in (self._upload_loop, self._poll_loop):
+            thread = threading.Thread(target=target, name=f"diloco-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        if self.outbox is not None:
+            self._wake.set()
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        if trainer.step - self.boundary_step >= self.config.inner_steps:
+            self.boundary(trainer)
+
+    def on_train_end(self, trainer: Any, result: Any) -> None:
+        if trainer.step > self.boundary_step:
+            self.boundary(trainer)
+        self._drain(timeout=self.config.upload_timeout_s)
+        self._stop.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the boundary
+
+    def boundary(self, trainer: Any) -> None:
+        """Capture this inner loop's delta, queue it, and install a newer global if there is one."""
+        start = time.perf_counter()
+        current = snapshot(self.params)
+        delta = pseudo_gradient(self.base, current)
+        steps = trainer.step - self.boundary_step
+        tokens = trainer.tokens - self.boundary_tokens
+        self._queue(Pending(delta, self.base_outer_step, steps, tokens))
+        self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        self.base = current
+        installed = self._install_ready(trainer)
+        stall = time.perf_counter() - start
+        self.logger.log(
+            "diloco_boundary",
+            {"step": trainer.step, "stall_s": stall, "installed": installed, **self.counters},
+        )
+
+    def _queue(self, pending: Pending) -> None:
+        with self._lock:
+            self.outbox = pending if self.outbox is None else fold(self.outbox, pending)
+        self._wake.set()
+
+    def _install_ready(self, trainer: Any) -> int | None:
+        with self._lock:
+            ready, self.ready = self.ready, None
+        if ready is None or ready[0] <= self.base_outer_step:
+            return None
+        outer_step, weights = ready
+        self._load_weights(weights)
+        self.base, self.base_outer_step = weights, outer_step
+        if self.config.reset_inner_optimizer:
+            trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
+        return outer_step
+
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.copy_(weights[name].to(param.device, param.dtype))
+
+    # ------------------------------------------------------------------ background threads
+
+    def _upload_loop(self) -> None:
+        wait = RETRY_S[0]
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            while self._take_and_send():
+                wait = RETRY_S[0]
+            if self.outbox is not None and not self._stop.is_set():
+                self._stop.wait(wait)  # a failure: back off, then try again with what piled up
+                wait = min(wait * 2, RETRY_S[1])
+                self._wake.set()
+
+    def _take_and_send(self) -> bool:
+        """Send the outbox; True on success. A failed delta goes back, folded with later ones.
+
+        Transports raise only when the file did not land, so folding cannot count it twice.
+        """
+        with self._lock:
+            if self.outbox is None:
+                return False
+            self.seq += 1
+            seq, pending, self.outbox = self.seq, self.outbox, None
+            self.sending = pending
+        header = self._header(seq, pending)
+        try:
+            data = encode_delta(pending.delta, header)
+            self.transport.upload(delta_path(self.node_id, seq), data)
+        except (SpeedtronicError, OSError) as exc:
+            self.counters["upload_failures"] += 1
+            self.logger.warn(f"diloco: upload of delta {seq} failed ({exc}); will retry")
+            with self._lock:
+                self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
+                self.seq, self.sending = seq - 1, None  # the name was not used: reuse it
+            return False
+        with self._lock:
+            self.sending = None
+        self.counters["uploads"] += 1
+        self.counters["bytes_up"] += len(data)
+        self.logger.log("diloco_upload", {"seq": seq, "bytes": len(data), "steps": header.steps})
+        return True
+
+    def _header(self, seq: int, pending: Pending) -> DeltaHeader:
+        return DeltaHeader(
+            node_id=self.node_id,
+            seq=seq,
+            base_outer_step=max(pending.base_outer_step, 0),
+            steps=pending.steps,
+            tokens=pending.tokens,
+            encoding=self.config.delta_dtype,
+            created_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._fetch_newer_global()
+            except (SpeedtronicError, OSError, ValueError) as exc:
+                self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
+            self._stop.wait(self.config.poll_interval)
+
+    def _fetch_newer_global(self) -> None:
+        counted = self.transport.read_step_count()
+        known = max(self.base_outer_step, self.ready[0] if self.ready else -1)
+        if counted is None or counted["outer_step"] <= known:
+            return
+        data = self.transport.read(GLOBAL_WEIGHTS, self._max_weight_bytes())
+        if data is None:
+            return
+        outer_step, weights = decode_weights(data, self.base)
+        self.counters["bytes_down"] += len(data)
+        if outer_step != counted["outer_step"]:
+            return  # a publish in flight: step_count and weights disagree until it ends
+        with self._lock:
+            self.ready = (outer_step, weights)
+
+    def _install_latest_global_now(self) -> None:
+        """At start only: begin from the newest global, if the run has one."""
+        reference = snapshot(self.params)
+        self.base = reference
+        try:
+            self._fetch_newer_global()
+        except (SpeedtronicError, OSError, ValueError) as exc:
+            self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
+        with self._lock:
+            ready, self.ready = self.ready, None
+        if ready is not None:
+            self._load_weights(ready[1])
+            self.base_outer_step = ready[0]
+            self.logger.notice(f"diloco: starting from global outer step {ready[0]}")
+
+    def _max_weight_bytes(self) -> int:
+        return expected_delta_bytes(self.base, "fp32") + (1 << 20)
+
+    def _drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for queued deltas to go out; what stays is kept in the state."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.outbox is None and self.sending is None:
+                    return
+            time.sleep(0.05)
+        self.logger.warn("diloco: deltas still unsent at the end; they are in the checkpoint")
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            # A delta being sent now may land after this state is saved; keeping it here too
+            # would count it twice after a resume, so only the outbox is part of the state.
+            unsent = self.outbox
+            return {
+                "base": dict(self.base or {}),
+                "base_outer_step": self.base_outer_step,
+                "boundary": [self.boundary_step, self.boundary_tokens],
+                "seq": self.seq,
+                "unsent": None if unsent is None else pending_state(unsent),
+                "counters": dict(self.counters),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base = dict(state["base"]) or None
+        self.base_outer_step = int(state["base_outer_step"])
+        self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
+        self.seq = int(state["seq"])
+        unsent = state.get("unsent")
+        self.outbox = None if unsent is None else Pending(**unsent)
+        self.counters.update(state.get("counters", {}))
+
+
+def fold(first: Pending, later: Pending) -> Pending:
+    """One delta for two consecutive inner loops: sums, with the older base (more stale)."""
+    delta = {k: first.delta[k] + later.delta[k] for k in first.delta}
+    return replace(
+        first,
+        delta=delta,
+        base_outer_step=min(first.base_outer_step, later.base_outer_step),
+        steps=first.steps + later.steps,
+        tokens=first.tokens + later.tokens,
+    )
+
+
+def pending_state(pending: Pending) -> dict[str, Any]:
+    return {
+        "delta": dict(pending.delta),
+        "base_outer_step": pending.base_outer_step,
+        "steps": pending.steps,
+        "tokens": pending.tokens,
+    }

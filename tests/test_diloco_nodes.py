@@ -1,0 +1,300 @@
+"""The worker plug-in and the master loop over the shared-directory transport (I1, I2, I3, I5).
+
+A tiny ``nn.Linear`` stands in for the model and a fake trainer for the Trainer: the plug-ins
+only read ``step``, ``tokens`` and ``optimizer`` from it. Training is simulated by moving the
+weights by known amounts, so every expected number is computed by hand.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from speedtronic.distributed.codec import decode_delta, decode_weights
+from speedtronic.distributed.master import MasterLoop, MasterPlugin
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.errors import TransportError
+
+
+class Log:
+    def __init__(self):
+        self.events, self.warnings = [], []
+
+    def log(self, event, payload):
+        self.events.append((event, payload))
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+    def notice(self, message):
+        pass
+
+
+def settings(**overrides):
+    base = dict(
+        node_id="node-a",
+        inner_steps=2,
+        poll_interval=0.01,
+        reset_inner_optimizer=True,
+        delta_dtype="fp32",
+        upload_timeout_s=5.0,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        min_deltas=1,
+        max_wait_s=0.0,
+        max_staleness=4,
+        staleness_discount=1.0,
+    )
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def model(value=1.0):
+    layer = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(value)
+    return layer
+
+
+class FakeTrainer:
+    def __init__(self, net):
+        self.net, self.step, self.tokens = net, 0, 0
+        self.optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    def train_step(self, plugin, move=-0.25, tokens=10):
+        with torch.no_grad():
+            self.net.weight.add_(move)
+        self.optimizer.state[self.net.weight]["momentum_buffer"] = torch.ones(1, 2)
+        self.step += 1
+        self.tokens += tokens
+        plugin.after_optimizer_step(self)
+
+
+def wait_for(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+REFERENCE = {"weight": torch.ones(1, 2)}
+
+
+def deltas_in(transport):
+    """(header, tensors) of every delta in the repo, decoded against the initial weights."""
+    refs = transport.list_deltas()
+    return [decode_delta(transport.read(r.path, 1 << 20), r.path, REFERENCE) for r in refs]
+
+
+def weights_of(transport):
+    return decode_weights(transport.read(GLOBAL_WEIGHTS, 1 << 20), {"weight": torch.zeros(1, 2)})
+
+
+def test_pseudo_gradient_upload_has_sign_and_value_of_base_minus_current(tmp_path):
+    transport, log = LocalTransport(tmp_path), Log()
+    net = model(1.0)
+    plugin, trainer = WorkerPlugin(settings(), net, transport, log), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    trainer.train_step(plugin)
+    trainer.train_step(plugin)  # boundary: weights 1.0 -> 0.5
+    plugin.on_train_end(trainer, None)
+    [(header, delta)] = deltas_in(transport)
+    assert torch.equal(delta["weight"], torch.full((1, 2), 0.5))
+    assert (header.steps, header.tokens, header.base_outer_step) == (2, 20, 0)
+
+
+class FlakyTransport(LocalTransport):
+    """Uploads fail while ``down`` is set; with ``hang`` they block until released."""
+
+    def __init__(self, root, down=True, hang=False):
+        super().__init__(root)
+        self.down, self.hang, self.release = down, hang, threading.Event()
+        self.calls = 0
+
+    def upload(self, path, data):
+        self.calls += 1
+        if self.hang:
+            self.release.wait()
+        if self.down:
+            raise TransportError("503 Service Unavailable")
+        super().upload(path, data)
+
+
+def test_I2_a_failed_upload_is_folded_into_the_next_delta(tmp_path):
+    transport, log = FlakyTransport(tmp_path, down=True), Log()
+    net = model(1.0)
+    plugin, trainer = WorkerPlugin(settings(), net, transport, log), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    for _ in range(2):
+        trainer.train_step(plugin)
+    assert wait_for(lambda: transport.calls >= 1)
+    transport.down = False
+    for _ in range(2):
+        trainer.train_step(plugin)
+    plugin.on_train_end(trainer, None)
+    decoded = deltas_in(transport)
+    total = sum(delta["weight"] for _, delta in decoded)
+    assert torch.equal(total, torch.full((1, 2), 1.0))  # 4 steps of -0.25: nothing lost
+    assert sum(h.steps for h, _ in decoded) == 4 and plugin.counters["upload_failures"] >= 1
+
+
+def test_I5_a_hanging_transport_never_stalls_training(tmp_path):
+    transport, log = FlakyTransport(tmp_path, down=False, hang=True), Log()
+    net = model(1.0)
+    plugin, trainer = (
+        WorkerPlugin(settings(upload_timeout_s=0.1), net, transport, log),
+        FakeTrainer(net),
+    )
+    plugin.on_train_start(trainer)
+    start = time.monotonic()
+    for _ in range(20):
+        trainer.train_step(plugin)
+    assert time.monotonic() - start < 2.0  # ten boundaries while the upload hangs
+    stalls = [p["stall_s"] for e, p in log.events if e == "diloco_boundary"]
+    assert len(stalls) == 10 and max(stalls) < 0.5
+    # Everything piled up in one folded delta, which goes out once the transport recovers.
+    transport.hang = False
+    transport.release.set()
+    plugin.on_train_end(trainer, None)
+    assert wait_for(lambda: plugin.outbox is None and plugin.sending is None)
+    decoded = deltas_in(transport)
+    assert sum(h.steps for h, _ in decoded) == 20
+    assert torch.equal(sum(d["weight"] for _, d in decoded), torch.full((1, 2), 5.0))
+
+
+def master_loop(tmp_path, transport, log, **overrides):
+    weights = {"weight": torch.ones(1, 2)}
+    return MasterLoop(settings(**overrides), weights, transport, log, tmp_path / "state")
+
+
+def test_master_publishes_initial_global_and_rounds_consume_deltas(tmp_path):
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = master_loop(tmp_path, transport, log)
+    loop.start()
+    assert weights_of(transport)[0] == 0
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    worker._drain(5.0)
+    result = loop.poll_once()
+    assert result.outer_step == 1 and transport.list_deltas() == []  # consumed deltas are gone
+    step, weights = weights_of(transport)
+    assert step == 1 and torch.equal(weights["weight"], torch.full((1, 2), 0.5))  # lr 1, mom 0
+    worker.on_train_end(trainer, None)
+
+
+def test_I2_a_global_arriving_mid_loop_is_installed_at_the_next_boundary(tmp_path):
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = master_loop(tmp_path, transport, log)
+    loop.start()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    # Another node's delta makes a new global (weights 1.0 - 0.3 = 0.7) mid-loop.
+    loop.master.global_weights["weight"].sub_(0.3)
+    loop.master._step = 1
+    loop._save_and_publish(1, loop.master.global_weights, [])
+    assert wait_for(lambda: worker.ready is not None)
+    trainer.train_step(worker)
+    assert torch.equal(net.weight, torch.full((1, 2), 0.75))  # not installed inside the loop
+    trainer.train_step(worker)  # boundary: own delta captured first, then the global installed
+    assert torch.equal(net.weight, torch.full((1, 2), 0.7))
+    assert worker.base_outer_step == 1 and not trainer.optimizer.state  # inner state reset
+    worker.on_train_end(trainer, None)
+    [(header, delta)] = deltas_in(transport)
+    assert torch.equal(delta["weight"], torch.full((1, 2), 0.5)) and header.base_outer_step == 0
+
+
+def test_I1_the_same_delta_seen_twice_is_applied_once(tmp_path):
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = master_loop(tmp_path, transport, log)
+    loop.start()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    worker.on_train_end(trainer, None)
+    [ref] = transport.list_deltas()
+    data = transport.read(ref.path, 1 << 20)
+    assert loop.poll_once().outer_step == 1
+    transport.upload(ref.path, data)  # the same file again (a retried upload that had landed)
+    assert loop.poll_once() is None and loop.master.outer_step == 1
+
+
+def test_I1_a_restarted_worker_reusing_file_names_is_counted(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    for move in (-0.25, -0.5):  # two lives of node-a, both starting at seq 1
+        net = model(1.0)
+        worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+        worker.on_train_start(trainer)
+        trainer.train_step(worker, move=move)
+        trainer.train_step(worker, move=move)
+        worker.on_train_end(trainer, None)
+        loop.poll_once()
+    assert loop.master.outer_step == 2
+    assert torch.equal(loop.master.global_weights["weight"], torch.full((1, 2), -0.5))
+
+
+def test_I3_a_master_resumed_from_an_older_copy_never_goes_back(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    plugin = MasterPlugin(loop)
+    old_copy = plugin.state_dict()
+    for step in (1, 2):
+        loop.master.global_weights["weight"].sub_(0.1)
+        loop.master._step = step
+        loop._save_and_publish(step, loop.master.global_weights, [])
+    published = weights_of(transport)
+    restarted = master_loop(tmp_path, transport, Log())
+    again = MasterPlugin(restarted)
+    again.load_state_dict(old_copy)  # the trainer resumed from a checkpoint of outer step 0
+    restarted.start(again.restored)
+    assert restarted.master.outer_step == 2
+    assert weights_of(transport)[0] == 2
+    assert torch.equal(weights_of(transport)[1]["weight"], published[1]["weight"])
+
+
+def test_I3_a_master_that_lost_its_state_dir_continues_from_the_repo(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    loop.master.global_weights["weight"].sub_(0.1)
+    loop.master._step = 3
+    loop._save_and_publish(3, loop.master.global_weights, [])
+    elsewhere = MasterLoop(
+        settings(), {"weight": torch.ones(1, 2)}, transport, Log(), tmp_path / "new"
+    )
+    elsewhere.start()
+    assert elsewhere.master.outer_step == 3
+
+
+@pytest.mark.parametrize("kind", ["garbage", "wrong_node", "nan"])
+def test_I4_bad_deltas_are_rejected_counted_and_removed(tmp_path, kind):
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = master_loop(tmp_path, transport, log)
+    loop.start()
+    from speedtronic.distributed.codec import encode_delta
+    from speedtronic.distributed.protocol import DeltaHeader
+
+    header = DeltaHeader("node-b" if kind == "wrong_node" else "node-a", 1, 0, 2, 20, "fp32", "t")
+    value = float("nan") if kind == "nan" else 0.5
+    data = encode_delta({"weight": torch.full((1, 2), value)}, header)
+    path = "nodes/node-a/delta_00000001.safetensors"
+    transport.upload(path, b"junk" if kind == "garbage" else data)
+    assert loop.poll_once() is None and loop.counters["rejected"] == 1
+    assert any(f"rejected {path}" in w for w in log.warnings)
+    assert loop.poll_once() is None and loop.counters["rejected"] == 1  # never fetched again
