@@ -14,8 +14,11 @@ class SpeedtronicError(Exception):
         self.hint = hint
 
 
-class ConfigError(SpeedtronicError):
-    """Invalid configuration or usage: a bad key, value, file or combination (exit 2)."""
+class ConfigError(SpeedtronicError, ValueError):
+    """Invalid configuration or usage: a bad key, value, file or combination (exit 2).
+
+    Also a ``ValueError``, so callers that validate with ``except ValueError`` catch it.
+    """
 
     exit_code = 2
 

@@ -1,0 +1,193 @@
+"""SpeedtronicConfig: the one object that drives a run, and the package's public names.
+
+Owns ``SpeedtronicConfig`` itself: the one loader for a dict / YAML / JSON (file or string),
+output (``to_dict`` / ``to_yaml`` with secret redaction) and the facts derived from the
+config (accumulation steps, tokens per step, output paths). The work is split by concern:
+``sections`` (the dataclasses, their ranges and checks), ``build`` (types, ranges, checks),
+``loader`` (files, safe YAML, overrides, the embedded default) and ``messages`` (wording).
+Pure Python + PyYAML: importing this package never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from speedtronic.config.build import build_sections, check_sections, check_types
+from speedtronic.config.loader import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_VALUES,
+    PlainLoader,
+    apply_overrides,
+    default_config_text,
+    load_yaml,
+    looks_like_path,
+    parse_yaml,
+    plain_copy,
+    read_config_file,
+)
+from speedtronic.config.messages import summary
+from speedtronic.config.sections import (
+    NODE_ID_RE,
+    RUN_ALIASES,
+    SCALARS,
+    SECTIONS,
+    CheckpointConfig,
+    DataConfig,
+    DistributedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    Range,
+    RunConfig,
+    SchedulerConfig,
+)
+from speedtronic.errors import ConfigError
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_VALUES",
+    "NODE_ID_RE",
+    "REDACTED",
+    "RUN_ALIASES",
+    "SCALARS",
+    "SECTIONS",
+    "CheckpointConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PlainLoader",
+    "PrecisionConfig",
+    "Range",
+    "RunConfig",
+    "SchedulerConfig",
+    "SpeedtronicConfig",
+    "apply_overrides",
+    "check_types",
+    "default_config_text",
+    "load_yaml",
+    "parse_yaml",
+    "plain_copy",
+]
+
+REDACTED = "<redacted>"
+
+
+@dataclass
+class SpeedtronicConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    compile: bool = False
+    gradient_checkpointing: bool = False
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    # ---- loading -------------------------------------------------------------------
+    @classmethod
+    def from_dict(
+        cls, raw: dict[str, Any], overrides: list[str] | None = None
+    ) -> SpeedtronicConfig:
+        """Validate a plain dict (as parsed from YAML/JSON); a ConfigError lists every problem."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config: must be a mapping of sections (got {type(raw).__name__})")
+        raw = apply_overrides(raw, overrides or [])
+        problems: list[str] = []
+        config = cls(**build_sections(raw, problems))
+        problems.extend(check_sections(config))
+        if problems:
+            raise ConfigError(summary(problems), problems=problems)
+        return config
+
+    @classmethod
+    def from_yaml(cls, text: str, overrides: list[str] | None = None) -> SpeedtronicConfig:
+        """Parse a YAML (or JSON, a subset of YAML) string."""
+        return cls.from_dict(parse_yaml(text, "config"), overrides)
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: list[str] | None = None) -> SpeedtronicConfig:
+        return cls.from_dict(parse_yaml(read_config_file(path), str(path)), overrides)
+
+    @classmethod
+    def load(cls, source: Any, overrides: list[str] | None = None) -> SpeedtronicConfig:
+        """One loader: a SpeedtronicConfig, a dict, a path, or a YAML/JSON string."""
+        if isinstance(source, SpeedtronicConfig):
+            return cls.from_dict(source.to_dict(redact=False), overrides)
+        if isinstance(source, dict):
+            return cls.from_dict(source, overrides)
+        if isinstance(source, Path) or (isinstance(source, str) and looks_like_path(source)):
+            return cls.from_file(source, overrides)
+        if isinstance(source, str):
+            return cls.from_yaml(source, overrides)
+        raise ConfigError(f"config: cannot load from {type(source).__name__}")
+
+    @classmethod
+    def default(cls) -> SpeedtronicConfig:
+        """The embedded default run (the packaged smoke config)."""
+        return cls.from_yaml(default_config_text())
+
+    # ---- output --------------------------------------------------------------------
+    def to_dict(self, redact: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "model":
+                out["model"] = {"name": value.name, "imports": list(value.imports), **value.params}
+            elif dataclasses.is_dataclass(value):
+                out[f.name] = {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+            else:
+                out[f.name] = value
+        if redact and out["distributed"].get("token"):
+            out["distributed"]["token"] = REDACTED
+        return out
+
+    def to_yaml(self) -> str:
+        """Redacted YAML, safe to print or store."""
+        return yaml.safe_dump(self.to_dict(redact=True), sort_keys=False)
+
+    # ---- derived facts -------------------------------------------------------------
+    @property
+    def accumulation_steps(self) -> int:
+        target = self.data.target_batch_size or self.data.micro_batch_size
+        return target // self.data.micro_batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.data.micro_batch_size * self.accumulation_steps
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data.seq_len or self.model.params.get("seq_len") or 128)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run.output_dir or Path("runs") / self.run.name)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.directory or self.output_dir / "checkpoints")
+
+    @property
+    def schedule_steps(self) -> int:
+        return self.scheduler.total_steps or self.run.max_steps
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

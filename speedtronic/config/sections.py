@@ -1,0 +1,306 @@
+"""The config sections: one dataclass per YAML section, its defaults, ranges and checks.
+
+A numeric field declares its allowed range next to its default (``ranged(3e-4, "(0, inf)")``);
+the builder applies every range the same way, after the type check, so a rule is written once
+and its message (``optimizer.lr: must be > 0 (got -0.1)``) never drifts from it. The ``check``
+methods hold the rules that a range cannot say: formats, and keys that depend on each other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from speedtronic.config.messages import brief
+
+NODE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "abc\n" does not match
+DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,3})?")
+HOOK_RE = re.compile(r"[\w.]+:[\w.]+")
+STEPS = "[1, 2**40]"  # counts of steps: far beyond any run, small enough for float arithmetic
+MAX_NAME_BYTES = 255  # the longest file name on common file systems
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval such as ``[0, 1)`` or ``(0, inf)``, shown as users read it: ``> 0``."""
+
+    text: str
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    why: str = ""
+
+    @classmethod
+    def parse(cls, text: str, why: str = "") -> Range:
+        match = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", text)
+        if not match:
+            raise ValueError(f"bad range {text!r}")  # internal: a typo in a field declaration
+        opening, low, high, closing = match.groups()
+        return cls(text, _number(low), _number(high), opening == "(", closing == ")", why)
+
+    def __contains__(self, value: float) -> bool:
+        # Written as "is inside" so that NaN, which compares false to everything, is outside
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def rule(self, nullable: bool = False) -> str:
+        low = self.text[1:-1].split(", ")[0]
+        if self.high == float("inf"):
+            text = f"{'>' if self.low_open else '>='} {low}"
+        else:
+            text = f"in {self.text}"
+        return text + (" or null" if nullable else "") + (f", {self.why}" if self.why else "")
+
+
+def _number(text: str) -> float:
+    if text.startswith("2**"):
+        return 2 ** int(text[3:])
+    return float(text) if any(c in text for c in ".en") else int(text)
+
+
+def ranged(default: Any, interval: str, why: str = "") -> Any:
+    """A dataclass field whose value (when not None) must lie in ``interval``."""
+    return field(default=default, metadata={"range": Range.parse(interval, why)})
+
+
+@dataclass
+class RunConfig:
+    name: str = "speedtronic"  # also the directory name under runs/
+    seed: int = ranged(
+        0, "[0, 2**32)", "which random, numpy and torch (and the seeds derived from it) accept"
+    )
+    device: str = "auto"
+    max_steps: int = ranged(100, STEPS)
+    output_dir: str | None = None  # None -> runs/<name>
+
+    def check(self) -> list[str]:
+        problems = []
+        if not DEVICE_RE.fullmatch(self.device):
+            problems.append(
+                f"run.device: must be auto, cpu, cuda, cuda:N or mps (got {brief(self.device)})"
+            )
+        if not self.name.strip():
+            problems.append("run.name: must not be empty")
+        elif not is_safe_name(self.name):
+            problems.append(
+                "run.name: must be usable as a directory name (runs/<name>): at most "
+                f"{MAX_NAME_BYTES} bytes in UTF-8, no '/', '\\' or non-printable characters, "
+                f"and not '.' or '..' (got {brief(self.name)})"
+            )
+        return problems
+
+
+def is_safe_name(name: str) -> bool:
+    """One path component on every OS we run on, so the first checkpoint save cannot fail."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from a Python caller
+        return False
+    bad = any(c in "/\\" or not c.isprintable() for c in name)
+    return size <= MAX_NAME_BYTES and not bad and name not in (".", "..")
+
+
+@dataclass
+class ModelConfig:
+    """``name`` is a registered model or an import path ``package.module:factory``.
+
+    Every other key in the YAML section is passed to the model factory as a keyword.
+    """
+
+    name: str = "reference_transformer"
+    imports: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    source: Literal["auto", "synthetic", "text", "tokens"] = "auto"  # auto: from the paths set
+    text_path: str | None = None  # a UTF-8 text file, streamed
+    token_path: str | None = None  # a flat uint16/uint32 token file, read with pread
+    token_dtype: Literal["auto", "uint16", "uint32"] = "auto"  # auto: uint16 if vocab <= 65536
+    tokenizer: str = "byte"  # or the path of a Hugging Face tokenizers JSON file
+    micro_batch_size: int = ranged(8, "[1, 2**20]")
+    target_batch_size: int | None = ranged(None, "[1, 2**30]")  # None -> micro_batch_size
+    seq_len: int | None = ranged(None, "[1, 2**20]")  # None -> model.seq_len, else 128
+    num_workers: int = ranged(0, "[0, 1024]")
+    prefetch_factor: int = ranged(2, "[1, 1024]")
+    pin_memory: bool | Literal["auto"] = "auto"
+    shuffle: bool = True
+    shuffle_buffer: int = ranged(1024, "[0, 2**24]")  # blocks, streamed text + non-byte tokenizer
+    eval_path: str | None = None  # held-out file of the same kind as the training source
+    eval_fraction: float = ranged(0.0, "[0, 1)")  # or hold out this share of the file's end
+    eval_every: int = ranged(0, "[0, 2**40]")  # optimizer steps between evaluations; 0 -> never
+    eval_batches: int = ranged(8, "[1, 2**30]")
+
+    @property
+    def resolved_source(self) -> str:
+        if self.source != "auto":
+            return self.source
+        return "text" if self.text_path else "tokens" if self.token_path else "synthetic"
+
+    def check(self) -> list[str]:
+        problems = []
+        target = self.target_batch_size
+        if target and self.micro_batch_size >= 1 and target % self.micro_batch_size:
+            problems.append(
+                f"data.target_batch_size: must be a multiple of data.micro_batch_size="
+                f"{self.micro_batch_size} so gradient accumulation divides evenly (got {target})"
+            )
+        return problems + self._check_sources()
+
+    def _check_sources(self) -> list[str]:
+        problems = []
+        source = self.resolved_source
+        if self.text_path and self.token_path:
+            problems.append("data: set text_path or token_path, not both")
+        if source == "text" and not self.text_path:
+            problems.append("data.text_path: required when data.source is 'text'")
+        if source == "tokens" and not self.token_path:
+            problems.append("data.token_path: required when data.source is 'tokens'")
+        has_eval = self.eval_path or self.eval_fraction > 0
+        if self.eval_every and not has_eval:
+            problems.append("data.eval_every: needs data.eval_path or data.eval_fraction > 0")
+        if has_eval and source == "synthetic":
+            problems.append(
+                "data.eval_path / eval_fraction: need a text or token file source "
+                "(data.text_path or data.token_path)"
+            )
+        if self.eval_path and self.eval_fraction:
+            problems.append("data: set eval_path or eval_fraction, not both")
+        return problems
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw"] = "adamw"
+    lr: float = ranged(3e-4, "(0, inf)")
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = ranged(1e-8, "(0, inf)")
+    weight_decay: float = ranged(0.1, "[0, inf)")
+    fused: bool | Literal["auto"] = "auto"
+    grad_clip: float | None = ranged(1.0, "[0, inf)")  # None or 0 disables clipping
+
+    def check(self) -> list[str]:
+        if all(0 <= b < 1 for b in self.betas):
+            return []
+        return [f"optimizer.betas: each must be in [0, 1) (got {list(self.betas)})"]
+
+
+@dataclass
+class SchedulerConfig:
+    name: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = ranged(0, "[0, 2**40]")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")
+    total_steps: int | None = ranged(None, STEPS)  # None -> run.max_steps
+
+
+@dataclass
+class PrecisionConfig:
+    mode: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+
+
+@dataclass
+class CheckpointConfig:
+    directory: str | None = None  # None -> <output_dir>/checkpoints
+    interval: int = ranged(0, "[0, 2**40]")  # optimizer steps between saves; 0 -> at the end
+    keep_last: int | None = ranged(3, "[1, 2**20]")
+    resume: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    file: str | None = None
+    json_file: str | None = None
+    every_steps: int = ranged(10, STEPS)
+    hooks: list[str] = field(default_factory=list)  # tensorboard, wandb, "package.module:attr"
+
+    def check(self) -> list[str]:
+        return [
+            f"logging.hooks: {brief(h)} must be tensorboard, wandb or an import path "
+            "'package.module:attribute'"
+            for h in self.hooks
+            if h not in ("tensorboard", "wandb") and not HOOK_RE.fullmatch(h)
+        ]
+
+
+@dataclass
+class DistributedConfig:
+    """DumbDiLoCo settings (docs/diloco.md). The behaviour lives in ``speedtronic.distributed``.
+
+    ``repo_id`` is a Hugging Face Hub repo id, or a shared directory (a path or ``file://``
+    URL); ``path`` is an alias for a directory. ``node_id`` defaults to ``$HF_USERNAME``, then
+    ``$USER``, then ``local``; it names the node's folder in the repo, so it must be path-safe.
+    """
+
+    enabled: bool = False
+    mode: Literal["dumb_diloco"] = "dumb_diloco"
+    role: Literal["worker", "master"] = "worker"
+    node_id: str | None = None
+    repo_id: str | None = None
+    path: str | None = None  # alias: a shared directory
+    token: str | None = field(default=None, repr=False)
+    inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
+    poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
+    reset_inner_optimizer: bool = True  # clear AdamW moments when a new global is installed
+    train_locally: bool = True  # false: a master that only coordinates
+    outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
+    state_dir: str | None = None  # master state; default <output_dir>/diloco_master
+    outer_lr: float = ranged(0.7, "(0, inf)")
+    outer_momentum: float = ranged(0.9, "[0, 1)")
+    min_deltas: int = ranged(2, "[1, 2**20]")  # quorum of deltas per round
+    # Timeouts feed sleeps and lock waits, which overflow past ~292 years; a week is plenty
+    max_wait_s: float = ranged(600.0, "[0, 604800]", "at most a week")  # or a partial round
+    max_staleness: int = ranged(4, "[0, 2**20]")  # outer steps behind: older deltas are dropped
+    staleness_discount: float = ranged(0.5, "(0, 1]")  # weight x discount ** staleness
+    delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
+    upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
+
+    @property
+    def repo(self) -> str | None:
+        return self.repo_id or self.path
+
+    @property
+    def resolved_node_id(self) -> str:
+        return self.node_id or os.environ.get("HF_USERNAME") or os.environ.get("USER") or "local"
+
+    def check(self) -> list[str]:
+        problems = []
+        node_id = self.resolved_node_id
+        if not NODE_ID_RE.fullmatch(node_id):
+            where = "" if self.node_id else " (taken from $HF_USERNAME or $USER: set it)"
+            problems.append(
+                f"distributed.node_id{where}: must be 1-64 characters of letters, digits, '_', "
+                f"'.', '-' starting with a letter or digit (got {brief(node_id)})"
+            )
+        if self.repo_id and self.path and self.repo_id != self.path:
+            problems.append("distributed: set repo_id or its alias path, not both")
+        if self.enabled and not self.repo:
+            problems.append(
+                "distributed.repo_id: required when distributed is enabled "
+                "(a Hub repo id, or a shared directory path or file:// URL)"
+            )
+        if self.enabled and not self.train_locally and (self.role != "master"):
+            problems.append("distributed.train_locally: only a master may set it to false")
+        if self.enabled and not self.train_locally and self.outer_steps is None:
+            problems.append("distributed.outer_steps: required when train_locally is false")
+        return problems
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "scheduler": SchedulerConfig,
+    "precision": PrecisionConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+    "distributed": DistributedConfig,
+}
+SCALARS = {"compile": False, "gradient_checkpointing": False}
+RUN_ALIASES = ("name", "max_steps", "output_dir", "seed", "device")
