@@ -4,6 +4,10 @@ A model is any ``nn.Module`` whose forward maps a batch to a loss. It is found b
 name (``@register_model("name")``) or by an import path ``package.module:factory`` given as
 ``model.name`` in YAML; ``model.imports`` lists modules to import first (so their
 ``@register_model`` decorators run). Every other ``model.*`` key is passed to the factory.
+
+Both import paths and ``model.imports`` run code named by the config: a config is as trusted as
+a Python script. An import path must still name a class or a Python function outside the
+standard library, so a config cannot call ``os:system`` and the like by surprise.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -54,13 +59,16 @@ def import_object(path: str, key: str) -> Any:
     return target
 
 
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
 def resolve_factory(name: str) -> Callable[..., Any]:
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if ":" in name:
+    if is_import_path(name):
         target = import_object(name, "model.name")
-        if not callable(target):
-            raise ConfigError(f"model.name: {name!r} is not callable")
+        _require_model_factory(name, target)
         return target
     close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
     hint = (
@@ -71,6 +79,30 @@ def resolve_factory(name: str) -> Callable[..., Any]:
     )
 
 
+def _require_model_factory(name: str, target: Any) -> None:
+    """Only a class or a Python function outside the standard library may build the model.
+
+    A config is trusted like a script, but ``model: {name: 'os:system', command: ...}`` should
+    not run a shell command just because it is callable with the keys given.
+    """
+    if not (inspect.isclass(target) or inspect.isfunction(target)):
+        raise ConfigError(
+            f"model.name: {name!r} is a {type(target).__name__}, not a class or a Python "
+            "function; an import path must name a model class or a factory function"
+        )
+    module = getattr(target, "__module__", None) or "builtins"
+    if _is_stdlib(module):
+        raise ConfigError(
+            f"model.name: {name!r} is defined in the standard library ({module}), so it is not "
+            "a model factory; name a model class or factory function of your own"
+        )
+
+
+def _is_stdlib(module: str) -> bool:
+    top = module.partition(".")[0]
+    return top == "builtins" or top in sys.stdlib_module_names
+
+
 def build_model(name: str, params: dict[str, Any], imports: list[str] | None = None) -> Any:
     """Build the module; bad parameters become a ConfigError naming ``model.<key>``."""
     import_modules(imports or [])
@@ -78,8 +110,21 @@ def build_model(name: str, params: dict[str, Any], imports: list[str] | None = N
     _check_params(name, factory, params)
     try:
         return factory(**params)
+    except ConfigError:  # already names its key (and is a ValueError: keep it as it is)
+        raise
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"model ({name}): {exc}") from None
+        raise _factory_error(name, params, exc) from None
+
+
+def _factory_error(name: str, params: dict[str, Any], exc: Exception) -> ConfigError:
+    """``model.<key>`` when the factory's message starts with a given key, else ``model.name``."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    key, sep, rule = first.partition(": ")
+    if sep and key in params:
+        return ConfigError(f"model.{key}: {rule}")
+    return ConfigError(
+        f"model.name: {name!r} failed to build the model ({type(exc).__name__}: {first})"
+    )
 
 
 def _check_params(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> None:
@@ -109,4 +154,9 @@ def reference_transformer(**params: Any) -> Any:
     reject_unknown(
         "reference_transformer", params, [f.name for f in dataclasses.fields(ReferenceConfig)]
     )
-    return ReferenceTransformer(ReferenceConfig(**check_types("model", ReferenceConfig, params)))
+    checked = check_types("model", ReferenceConfig, params)
+    try:
+        config = ReferenceConfig(**checked)
+    except ValueError as exc:  # its messages start with the field: "n_kv_head: must divide ..."
+        raise ConfigError(f"model.{exc}") from None
+    return ReferenceTransformer(config)

@@ -4,8 +4,8 @@ Owns gradient accumulation (the accumulated gradient equals the big-batch gradie
 by non-ignored label counts), autocast and GradScaler, gradient clipping, opt-in
 ``torch.compile`` with an eager fallback, non-finite loss handling, throughput/MFU metrics,
 clean stops on SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small
-hooks. The host reads the loss back once per optimizer step (the finiteness check) and the
-metrics only at the logging cadence; never per micro-step.
+hooks. The host reads the loss back once per optimizer step (the finiteness check, also of
+the labels left to learn from) and the metrics only at the logging cadence; never per micro-step.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class Trainer:
         window = window or _Window()
         micro = self._next_micro_batches(window)
         try:
-            loss, grad_norm = self._forward_backward(micro)
+            loss, grad_norm, labelled = self._forward_backward(micro)
         except Exception as exc:
             if self._forward is self.model or self._compiled_ok:
                 raise
@@ -140,9 +140,9 @@ class Trainer:
             )
             self._forward = self.model
             self.optimizer.zero_grad(set_to_none=True)
-            loss, grad_norm = self._forward_backward(micro)
+            loss, grad_norm, labelled = self._forward_backward(micro)
         self._compiled_ok = True  # later failures are real errors, not compile trouble
-        self._apply_update(loss, grad_norm)
+        self._apply_update(loss, grad_norm, labelled)
         self._loss = loss
         self.step += 1
         window.steps += 1
@@ -155,6 +155,7 @@ class Trainer:
             batch = next(self.data)
             window.wait += time.perf_counter() - t0
             samples, tokens = batch_size_of(batch)
+            self._refuse_empty(tokens, labels_of(batch))
             window.samples += samples
             window.tokens += tokens
             self.samples += samples
@@ -162,10 +163,17 @@ class Trainer:
             micro.append(batch)
         return micro
 
-    def _forward_backward(self, micro: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _refuse_empty(self, tokens: int, labels: Any) -> None:
+        # From shapes on the host, no device read: an empty batch would train at loss 0.0.
+        if tokens == 0 or (isinstance(labels, torch.Tensor) and labels.numel() == 0):
+            raise TrainingError(f"step {self.step + 1}: the data yielded an empty micro-batch")
+
+    def _forward_backward(self, micro: list[Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Loss, gradient norm, and the count of labels to learn from (None: not countable)."""
         device, non_blocking = self.precision.device, self.precision.device.type == "cuda"
         micro = [move_to(b, device, non_blocking) for b in micro]
-        weights = loss_weights(micro)
+        counts = label_counts(micro)
+        weights = loss_weights(micro, counts)
         total = torch.zeros((), device=device)
         for batch, weight in zip(micro, weights, strict=True):
             with self.precision.autocast():
@@ -176,11 +184,20 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         clip = self.options.grad_clip or math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=_on_gpu(device))
-        return total, grad_norm
+        labelled = torch.stack(counts).sum() if counts is not None else None
+        return total, grad_norm, labelled
 
-    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        # The one host read per optimizer step: weights must never see a non-finite update.
-        finite = bool(torch.isfinite(loss)) and (self.scaler or bool(torch.isfinite(grad_norm)))
+    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> None:
+        # The one host read per optimizer step: weights must never see a non-finite update,
+        # nor one from a step whose labels are all ignored (its loss reads 0.0).
+        loss_ok, norm_ok, learnable = _read_checks(loss, grad_norm, labelled)
+        if not learnable:
+            self.optimizer.zero_grad(set_to_none=True)  # no half-finished step left behind
+            raise TrainingError(
+                f"step {self.step + 1}: every label is {IGNORE_INDEX} (ignored), nothing to "
+                "learn from; check the data source and its labels"
+            )
+        finite = loss_ok and (self.scaler or norm_ok)
         if finite:
             self._nonfinite_run = 0
             if self.scaler:
@@ -380,6 +397,14 @@ def extract_loss(output: Any) -> torch.Tensor:
     return output.reshape(())
 
 
+def _read_checks(loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> list[bool]:
+    """[loss finite, grad norm finite, any label to learn from] in a single device read."""
+    device = loss.device  # everything stays on it until the one .tolist()
+    any_label = labelled > 0 if labelled is not None else torch.ones((), device=device) > 0
+    checks = [torch.isfinite(loss), torch.isfinite(grad_norm), any_label]
+    return torch.stack([c.to(device) for c in checks]).tolist()
+
+
 def labels_of(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, dict):
         return batch.get("labels")
@@ -388,18 +413,25 @@ def labels_of(batch: Any) -> torch.Tensor | None:
     return None
 
 
-def loss_weights(micro: list[Any]) -> list[Any]:
+def label_counts(micro: list[Any]) -> list[torch.Tensor] | None:
+    """Non-ignored labels per micro-batch, on the device; None without integer labels."""
+    labels = [labels_of(b) for b in micro]
+    if any(not isinstance(t, torch.Tensor) or t.is_floating_point() for t in labels):
+        return None
+    return [(t != IGNORE_INDEX).sum() for t in labels]
+
+
+def loss_weights(micro: list[Any], counts: list[torch.Tensor] | None = None) -> list[Any]:
     """Weights so the sum of micro-batch mean losses equals the big-batch mean loss.
 
     With integer labels each micro-batch is weighted by its count of non-ignored labels
-    (computed on the device, no host sync); otherwise micro-batches weigh the same.
+    (``label_counts``: computed on the device, no host sync); otherwise they weigh the same.
     """
-    labels = [labels_of(b) for b in micro]
-    if len(micro) == 1 or any(
-        not isinstance(t, torch.Tensor) or t.is_floating_point() for t in labels
-    ):
+    if len(micro) == 1:
+        return [1.0]
+    counts = counts if counts is not None else label_counts(micro)
+    if counts is None:
         return [1.0 / len(micro)] * len(micro)
-    counts = [(t != IGNORE_INDEX).sum() for t in labels]
     total = torch.stack(counts).sum().clamp(min=1)
     return [c / total for c in counts]
 

@@ -122,7 +122,9 @@ def test_custom_model_by_import_path_from_yaml(tiny, tmp_path, monkeypatch):
     tiny["model"] = {"name": "my_lm", "imports": ["mymodels"], "width": 4, "vocab_size": 64}
     assert invoke("train", "-c", write(tmp_path, tiny)).exit_code == 0
     tiny["model"] = {"name": "mymodels:MyLM", "width": 4}
-    result = invoke("validate", "-c", write(tmp_path, tiny))
+    result = invoke("validate", "-c", write(tmp_path, tiny))  # runs no config code by default
+    assert result.exit_code == 0 and "# parameters: not counted" in result.stdout
+    result = invoke("validate", "-c", write(tmp_path, tiny), "--build")
     assert result.exit_code == 0 and "# parameters: 576" in result.stdout
 
 

@@ -6,8 +6,9 @@ token is wasted).
 
 - ``ByteTextBlocks``: byte-level text, random access with ``os.pread`` (RSS stays flat for any
   file size). Map-style, so the sampler shuffles, shards workers and resumes exactly.
-- ``TokenFileBlocks``: flat ``uint16``/``uint32`` token files (nanoGPT layout), memory-mapped,
-  map-style like the above.
+- ``TokenFileBlocks``: flat ``uint16``/``uint32`` token files (nanoGPT layout), read with
+  ``os.pread`` like the above rather than memory-mapped: a mapped file truncated by another
+  process kills the reader with SIGBUS, while a short read is an error that names the file.
 - ``TokenizedTextStream``: text with any other tokenizer. The file is cut into segments only
   after a newline followed by an ASCII non-space character, where pre-tokenizers split anyway,
   so per-segment tokenization equals whole-text tokenization. Worker ``w`` of ``W`` reads only
@@ -18,13 +19,20 @@ token is wasted).
 
 Invalid UTF-8 is an error naming the file and byte offset, not silently replaced: a corpus
 with stray Latin-1 bytes should be converted (``iconv -f latin1 -t utf-8``) knowingly.
+
+Only regular files are accepted (a FIFO would block the first read forever, ``/dev/zero``
+never ends). A file that shrinks while training (another process truncated or rewrote it)
+stops the run with a ``TrainingError`` naming the file as soon as a block falls past its new
+end: short blocks would otherwise train on nothing at loss 0.0.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import random
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from speedtronic.errors import DataError
+from speedtronic.errors import DataError, TrainingError
 
 SEGMENT_BYTES = 1 << 20
 _SCAN_BYTES = 1 << 16  # how far past a nominal segment start to look for a safe split
@@ -46,19 +54,71 @@ def _block(tokens: np.ndarray | list[int]) -> dict[str, torch.Tensor]:
 
 
 def _check_file(path: Path, key: str) -> int:
+    """The size of ``path``, refused unless it is a readable, non-empty regular file."""
     try:
-        size = path.stat().st_size
-        with path.open("rb"):
-            pass
+        # stat before open: opening a FIFO waits for a writer, and some devices act on open
+        _require_regular(path.stat(), path, key)
+        fd, info = _open_checked(path)
+        os.close(fd)
     except FileNotFoundError:
         raise DataError(f"{key}: file not found: {path}") from None
     except OSError as exc:
         raise DataError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
-    if path.is_dir():
-        raise DataError(f"{key}: {path} is a directory, not a file")
-    if size == 0:
+    _require_regular(info, path, key)  # again: it may have been replaced in between
+    if info.st_size == 0:
         raise DataError(f"{key}: {path} is empty")
-    return size
+    return info.st_size
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # not on Windows, which has no FIFOs to open anyway
+
+
+def _open_checked(path: Path) -> tuple[int, os.stat_result]:
+    """Open without blocking (even if ``path`` became a FIFO) and stat what was opened."""
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+    try:
+        return fd, os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _require_regular(info: os.stat_result, path: Path, key: str) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise DataError(f"{key}: {path} is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(
+            f"{key}: {path} is a {_file_kind(info.st_mode)}, not a regular file; reading it "
+            "could block or never end, so copy the data into a file first"
+        )
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISFIFO, "named pipe (FIFO)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _read_exact(fd: int, count: int, offset: int, path: Path, key: str) -> bytes:
+    """``count`` bytes at ``offset``, or a one-line error if the file no longer holds them."""
+    data = os.pread(fd, count, offset)
+    if len(data) < count:
+        raise _shrunk(fd, path, key, offset + count)
+    return data
+
+
+def _shrunk(fd: int, path: Path, key: str, needed: int) -> TrainingError:
+    # Exit 1, not a DataError (exit 2): the config was fine, the file changed under the run.
+    # The run stops before this step updates the weights, so the last checkpoint stays good.
+    size = os.fstat(fd).st_size
+    return TrainingError(
+        f"{key}: {path} shrank to {size} bytes while training, but the next block needs "
+        f"{needed} bytes; another process truncated or rewrote it (restore it and resume)"
+    )
 
 
 def _too_short(key: str, path: Path, what: str, seq_len: int) -> DataError:
@@ -100,24 +160,54 @@ class ByteTextBlocks(_BlockRange):
         if size < seq_len + 1:
             raise _too_short(key, self.path, f"{size} bytes", seq_len)
         super().__init__((size - 1) // seq_len)
-        self._fd: int | None = None
-        self._pid: int | None = None
+        self._file = _ProcessFile(self.path, key)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
         offset = (self.start + index) * self.seq_len
-        data = os.pread(self._handle(), self.seq_len + 1, offset)
+        data = _read_exact(self._file.fd(), self.seq_len + 1, offset, self.path, self.key)
         _check_utf8_window(data, offset, self.path, self.key)
         return _block(np.frombuffer(data, dtype=np.uint8))
 
-    def _handle(self) -> int:
+
+class _ProcessFile:
+    """A read descriptor opened lazily in each process; closed with the last source using it."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key = path, key
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def fd(self) -> int:
         if self._fd is None or self._pid != os.getpid():  # a forked worker opens its own
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            self.close()
+            self._fd, self._pid = _reopen(self.path, self.key), os.getpid()
         return self._fd
 
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None, "_pid": None}
+        return {**self.__dict__, "_fd": None, "_pid": None}  # spawned workers open their own
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _reopen(path: Path, key: str) -> int:
+    """A descriptor for a file checked at start; something else in its place is a run error."""
+    try:
+        fd, info = _open_checked(path)
+    except OSError as exc:
+        raise TrainingError(f"{key}: cannot reopen {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise TrainingError(f"{key}: {path} was replaced by a {_file_kind(info.st_mode)}")
+    return fd
 
 
 def _check_utf8_window(data: bytes, offset: int, path: Path, key: str) -> None:
@@ -135,7 +225,7 @@ def _check_utf8_window(data: bytes, offset: int, path: Path, key: str) -> None:
 
 
 class TokenFileBlocks(_BlockRange):
-    """Blocks of a flat token file, memory-mapped; every id is checked against the vocab once."""
+    """Blocks of a flat token file, random access; every id is checked against the vocab once."""
 
     def __init__(
         self,
@@ -156,35 +246,31 @@ class TokenFileBlocks(_BlockRange):
         tokens = size // self.dtype.itemsize
         if tokens < seq_len + 1:
             raise _too_short(key, self.path, f"{tokens} tokens", seq_len)
-        self._tokens: np.memmap | None = None
+        self._file = _ProcessFile(self.path, key)
         if vocab_size is not None:
-            self._check_ids(vocab_size)
+            self._check_ids(vocab_size, tokens)
         super().__init__((tokens - 1) // seq_len)
 
-    def _check_ids(self, vocab_size: int) -> None:
-        tokens, chunk = self._memmap(), 1 << 24
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start : start + chunk]
+    def _check_ids(self, vocab_size: int, count: int) -> None:
+        chunk = 1 << 24  # tokens per read: bounded memory for any file size
+        for start in range(0, count, chunk):
+            part = self._tokens(start, min(chunk, count - start))
             if part.max() >= vocab_size:
                 position = start + int(np.argmax(part >= vocab_size))
                 raise DataError(
-                    f"{self.key}: {self.path} has token id {int(tokens[position])} at position "
-                    f"{position}, but model.vocab_size is {vocab_size}"
+                    f"{self.key}: {self.path} has token id {int(part[position - start])} at "
+                    f"position {position}, but model.vocab_size is {vocab_size}"
                 )
 
-    def _memmap(self) -> np.memmap:
-        if self._tokens is None:
-            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
-        return self._tokens
+    def _tokens(self, start: int, count: int) -> np.ndarray:
+        size = self.dtype.itemsize
+        data = _read_exact(self._file.fd(), count * size, start * size, self.path, self.key)
+        return np.frombuffer(data, dtype=self.dtype)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        start = (self.start + index) * self.seq_len
-        return _block(self._memmap()[start : start + self.seq_len + 1])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokens": None}  # workers map the file themselves
+        return _block(self._tokens((self.start + index) * self.seq_len, self.seq_len + 1))
 
 
 # ---- text with a general tokenizer -------------------------------------------------------
@@ -270,13 +356,18 @@ class TokenizedTextStream(IterableDataset):
 
     def _blocks(self, segments: list[int]) -> Iterator[list[int]]:
         T = self.seq_len
-        with self.path.open("rb") as f:
+        fd = _reopen(self.path, self.key)
+        try:
             for segment in segments:
                 start, end = self.bounds[segment], self.bounds[segment + 1]
-                f.seek(start)
-                tokens = self.tokenizer(_decode(f.read(end - start), start, self.path, self.key))
+                # Whole segments or an error: a truncated one would decode (or fail to) as
+                # something else, and a missing one would silently drop its blocks.
+                data = _read_exact(fd, end - start, start, self.path, self.key)
+                tokens = self.tokenizer(_decode(data, start, self.path, self.key))
                 for k in range((len(tokens) - 1) // T):
                     yield tokens[k * T : k * T + T + 1]
+        finally:
+            os.close(fd)
 
 
 def _decode(data: bytes, offset: int, path: Path, key: str) -> str:

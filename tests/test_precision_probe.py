@@ -1,0 +1,116 @@
+"""The emulation probe in ``speedtronic.precision``: cheap, cached, time-boxed, and its warning.
+
+Whether this CPU emulates bf16 is not assumed anywhere: the warning tests inject the probe's
+result, and the time-box test makes bf16 matmuls 400x slower than fp32 on purpose (a busy
+loop standing in for software emulation), so every test means the same on any CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from speedtronic import precision
+from speedtronic.precision import MatmulProbe, emulation_warning, probe_matmul
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch):
+    """Each test probes from scratch (the cache is per process)."""
+    monkeypatch.setattr(precision, "_PROBES", {})
+
+
+def test_the_probe_is_cheap_cached_and_restores_the_thread_count():
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    probe = probe_matmul(CPU, "fp32")
+    first = time.perf_counter() - start
+    assert first < 0.2  # milliseconds on any CPU; generous for a busy machine
+    assert probe.size in precision.PROBE_SIZES and probe.seconds > 0 and probe.gflops > 0
+    start = time.perf_counter()
+    assert probe_matmul(CPU, "fp32") is probe  # cached: no second measurement
+    assert time.perf_counter() - start < 1e-3
+    assert torch.get_num_threads() == threads  # the probe runs on one thread, then gives back
+
+
+def test_a_pinned_size_is_measured_at_that_size():
+    assert probe_matmul(CPU, "bf16", size=64).size == 64
+
+
+def emulated_bf16_mm(slowdown_gflops: float):
+    """torch.mm whose bf16 calls burn CPU like a software emulation at ``slowdown_gflops``."""
+    real_mm = torch.mm
+
+    def mm(a, b, *, out=None):
+        if a.dtype == torch.bfloat16:
+            # Burns this thread's CPU time, which is the probe's clock on CPU.
+            end = time.thread_time() + 2 * a.shape[0] ** 3 / (slowdown_gflops * 1e9)
+            while time.thread_time() < end:
+                pass
+        return real_mm(a, b, out=out)
+
+    return mm
+
+
+def test_a_400x_emulated_dtype_is_probed_within_50_ms(monkeypatch):
+    # ~0.3 GFLOP/s: the bf16 rate that made a 2048x2048 block take 257 s (issue 10).
+    monkeypatch.setattr(torch, "mm", emulated_bf16_mm(0.3))
+    start, cpu = time.perf_counter(), time.thread_time()
+    factor, probe = precision.matmul_slowdown(CPU, "bf16")
+    cpu, elapsed = time.thread_time() - cpu, time.perf_counter() - start
+    assert probe.size == 64  # 128 was predicted at ~14 ms a call: over the per-call box
+    assert factor > 20  # far beyond EMULATION_FACTOR however fast fp32 is here
+    # Without the box: 64, 128 and 256, 4 calls each = 0.5 s of CPU. Wall time gets more
+    # room: another process may hold the cores meanwhile.
+    assert cpu < 0.05 and elapsed < 0.25, (cpu, elapsed)
+
+
+def test_the_warning_reports_an_emulated_mode_with_its_factor(monkeypatch):
+    monkeypatch.setattr(
+        precision, "matmul_slowdown", lambda device, mode: (412.0, MatmulProbe(mode, 64, 0.002))
+    )
+    message = emulation_warning(CPU, "bf16")
+    assert message == (
+        "precision.mode: bf16 is emulated on this CPU: its matmuls run 412x slower than fp32 "
+        "(a 64x64 probe); set precision.mode: fp32 unless you need these numerics"
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("factor", [0.3, 1.0, 3.9])
+def test_native_or_nearly_native_modes_get_no_warning(monkeypatch, factor):
+    monkeypatch.setattr(
+        precision, "matmul_slowdown", lambda device, mode: (factor, MatmulProbe(mode, 256, 1e-4))
+    )
+    assert emulation_warning(CPU, "bf16") is None
+
+
+def test_fp32_and_gpus_are_never_probed(monkeypatch):
+    def fail(device, mode):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(precision, "matmul_slowdown", fail)
+    assert emulation_warning(CPU, "fp32") is None
+    assert emulation_warning(torch.device("cuda"), "bf16") is None
+    assert emulation_warning(torch.device("mps"), "fp16") is None
+
+
+def test_a_kernel_missing_from_the_build_is_not_a_crash(monkeypatch):
+    def missing(device, mode):
+        raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")
+
+    monkeypatch.setattr(precision, "matmul_slowdown", missing)
+    assert emulation_warning(CPU, "fp16") is None
+
+
+def test_the_real_probe_runs_end_to_end():
+    # Hardware-neutral: whatever this CPU does, the answer is None or one line naming bf16,
+    # and it comes in milliseconds (generous bound for a busy machine).
+    start = time.perf_counter()
+    message = emulation_warning(CPU, "bf16")
+    assert time.perf_counter() - start < 0.2
+    assert message is None or message.startswith("precision.mode: bf16 is emulated on this CPU")
