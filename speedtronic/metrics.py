@@ -156,6 +156,8 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         )
     if event in ("warning", "notice"):
         return f"{event}: {payload['message']}"
+    if event in ("diloco_boundary", "diloco_round"):
+        return _diloco_line(event, payload)
     if event == "run_start":
         return (
             f"run {payload['name']}: {payload['model']} ({payload['params'] / 1e6:.2f}M params) "
@@ -202,3 +204,19 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+def _diloco_line(event: str, p: dict[str, Any]) -> str:
+    """DumbDiLoCo's plain lines: a node's boundary, or a master's round."""
+    if event == "diloco_round":
+        return (
+            f"diloco round: outer step {p['outer_step']} | deltas {p['included']} in, "
+            f"{p['stale']} stale, {p['bad']} rejected | {p['tokens']:,} tokens | "
+            f"momentum {'on' if p['momentum'] else 'off (partial round)'}"
+        )
+    installed = f" | installed global {p['installed']}" if p.get("installed") is not None else ""
+    return (
+        f"diloco boundary at step {p['step']} | stall {p['stall_s'] * 1000:.0f} ms{installed} | "
+        f"global {p['outer_step']} | uploads {p['uploads']} ({p['upload_failures']} failed) | "
+        f"up {p['bytes_up'] / 1e6:.1f} MB, down {p['bytes_down'] / 1e6:.1f} MB"
+    )

@@ -20,7 +20,12 @@ from speedtronic.errors import ConfigError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
 from speedtronic.optim import build_optimizer, build_scheduler
-from speedtronic.precision import Precision, resolve_device, resolve_precision
+from speedtronic.precision import (
+    Precision,
+    emulation_warning,
+    resolve_device,
+    resolve_precision,
+)
 from speedtronic.registry import build_model, import_object
 from speedtronic.trainer import Trainer, TrainerOptions, TrainResult
 
@@ -71,6 +76,7 @@ def build_runtime(
     """Assemble everything a run needs. ``model``/``dataset`` replace the configured ones;
     ``hooks`` receive metric events; ``plugins`` are Trainer plug-ins (see ``Trainer``)."""
     config = SpeedtronicConfig.load(config)
+    check_seq_len(config)
     seed_everything(config.run.seed)
     logger = MetricLogger(
         console=console,
@@ -80,6 +86,9 @@ def build_runtime(
     )
     device = resolve_device(config.run.device)
     precision = resolve_precision(config.precision.mode, device, logger.warn)
+    emulated = emulation_warning(device, precision.mode)  # once per run: the probe is cached
+    if emulated:
+        logger.warn(emulated)
     if model is None:
         model = build_model(config.model.name, config.model.params, config.model.imports)
     if not isinstance(model, nn.Module):
@@ -99,6 +108,10 @@ def build_runtime(
         compile=config.compile,
         flops_per_token=flops_per_token(model, config.seq_len),
     )
+    if config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
+        from speedtronic.distributed.setup import coordinator_plugins
+
+        plugins += coordinator_plugins(config, model, logger)
     trainer = Trainer(model, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
     runtime.checkpoints = CheckpointPlugin(runtime)
@@ -125,6 +138,9 @@ def _build_data(
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
     """Build the runtime for ``config`` (object, dict, path or YAML) and train to max_steps."""
+    config = SpeedtronicConfig.load(config)
+    if config.distributed.enabled and not config.distributed.train_locally:
+        return coordinate_only(config, kwargs.get("hooks"), kwargs.get("console", True))
     runtime = build_runtime(config, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     try:
@@ -143,6 +159,40 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         return result
     finally:
         logger.close()
+
+
+def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
+    """A DumbDiLoCo master that does not train: it aggregates and publishes until done."""
+    from speedtronic.distributed import setup
+
+    logger = MetricLogger(console=console, hooks=list(hooks or []))
+    try:
+        seed_everything(config.run.seed)  # the same initial weights as every worker
+        model = build_model(config.model.name, config.model.params, config.model.imports)
+        done = setup.coordinate_only(config, model, logger)
+        status = "interrupted" if done["signal"] else "completed"
+        result = TrainResult(0, None, 0, 0, done["elapsed_s"], status, done["signal"])
+        logger.log("run_end", {**result.__dict__, "outer_step": done["outer_step"]})
+        return result
+    finally:
+        logger.close()
+
+
+def check_seq_len(config: SpeedtronicConfig) -> int:
+    """The data block length; a ``model.seq_len`` that sets it must be a positive integer.
+
+    Any model's ``model.seq_len`` doubles as the block length when ``data.seq_len`` is unset,
+    so a custom model's value is checked here, before ``int()`` turns 'abc' into a crash
+    and 12.5 or true into a silent 12 or 1.
+    """
+    value = config.model.params.get("seq_len")
+    if config.data.seq_len is None and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"model.seq_len: must be a positive integer, it also sets the data block "
+                f"length (got {repr(value)[:60]})"
+            )
+    return config.seq_len
 
 
 def seed_everything(seed: int) -> None:

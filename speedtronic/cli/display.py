@@ -40,6 +40,7 @@ class LiveTable:
         self.console = Console(stderr=True)
         self.rows: deque[dict[str, Any]] = deque(maxlen=rows)
         self.facts: dict[str, Any] = {}
+        self.diloco: dict[str, Any] = {}  # the last boundary of a DumbDiLoCo node
         self.live: Live | None = None
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
@@ -48,7 +49,7 @@ class LiveTable:
             self.live = Live(self._render(), console=self.console, refresh_per_second=4)
             self.live.start()
         elif event == "train_step":
-            self.rows.append(payload)
+            self.rows.append({**payload, "global": self.diloco.get("outer_step")})
             if self.live:
                 self.live.update(self._render())
         elif event == "eval":
@@ -57,6 +58,9 @@ class LiveTable:
                     row["eval_loss"] = payload["eval_loss"]
             if self.live:
                 self.live.update(self._render())
+        elif event in ("diloco_boundary", "diloco_round"):
+            self.diloco.update(payload if event == "diloco_boundary" else {})
+            self.console.print(format_event(event, payload), style="magenta", highlight=False)
         elif event in ("warning", "notice"):
             style = "yellow" if event == "warning" else "cyan"
             self.console.print(f"[{style}]{event}:[/] {payload['message']}", highlight=False)
@@ -76,11 +80,12 @@ class LiveTable:
             f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})"
         )
         table = Table(title=title, title_justify="left", expand=False)
-        columns = ("step", "loss", "eval loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA")
-        for column in columns:
+        columns = ["step", "loss", "eval loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA"]
+        diloco = bool(self.diloco)
+        for column in columns + (["global", "uploads", "stall"] if diloco else []):
             table.add_column(column, justify="right")
         for row in self.rows:
-            table.add_row(*_cells(row))
+            table.add_row(*_cells(row), *(_diloco_cells(row, self.diloco) if diloco else []))
         return table
 
 
@@ -97,6 +102,16 @@ def _cells(row: dict[str, Any]) -> list[str]:
         f"{row['data_wait_share']:.1%}",
         "-" if row.get("memory_gb") is None else f"{row['memory_gb']:.2f} GB",
         _duration(eta),
+    ]
+
+
+def _diloco_cells(row: dict[str, Any], last: dict[str, Any]) -> list[str]:
+    """The global outer step this row trained from; the node's latest upload figures."""
+    failed = f" ({last['upload_failures']} failed)" if last.get("upload_failures") else ""
+    return [
+        "-" if row.get("global") is None else str(row["global"]),
+        f"{last.get('uploads', 0)}{failed}",
+        f"{last.get('stall_s', 0.0) * 1000:.0f} ms",
     ]
 
 

@@ -32,11 +32,30 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
     ),
+    role: str | None = typer.Option(
+        None,
+        "--role",
+        help="DumbDiLoCo role of this node: master or worker (distributed.role). "
+        "Any of --role, --node-id and --repo turns distributed training on.",
+    ),
+    node_id: str | None = typer.Option(
+        None, "--node-id", help="This node's name in the shared repo (distributed.node_id)."
+    ),
+    repo: str | None = typer.Option(
+        None,
+        "--repo",
+        help="The run's shared repo: a Hub repo id, or a directory path or file:// URL "
+        "(distributed.repo_id).",
+    ),
     overrides: list[str] | None = SetOpt,
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    sets += [f"distributed.{k}={json.dumps(v)}" for k, v in nodes.items() if v is not None]
+    if any(v is not None for v in nodes.values()):
+        sets.append("distributed.enabled=true")
     if resume:
         sets.append("checkpoint.resume=true")
     cfg = load_config(config, sets + list(overrides or []))
@@ -63,10 +82,19 @@ def validate(
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = SetOpt,
     output_format: OutputFormat = format_option("the YAML and derived facts"),
+    build: bool = typer.Option(
+        False,
+        "--build",
+        help="Also import model.imports and build an import-path model to count its "
+        "parameters. This runs code the config names: use it only on configs you trust.",
+    ),
 ) -> None:
-    """Check a config: print the resolved (redacted) config and derived facts, or every problem."""
+    """Check a config: print the resolved (redacted) config and derived facts, or every problem.
+
+    Runs no code the config names unless --build is given: only registered models are built.
+    """
     cfg = load_config(config, list(overrides or []))
-    facts = derived_facts(cfg)
+    facts = derived_facts(cfg, build=build)
     if output_format is OutputFormat.json:
         print(json.dumps({"config": cfg.to_dict(), "facts": facts}, indent=2))
         return
@@ -76,33 +104,75 @@ def validate(
         print(f"# {key}: {value}")
 
 
-def derived_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
+def derived_facts(cfg: SpeedtronicConfig, build: bool = False) -> dict[str, Any]:
     """Facts that need torch: device and model problems are collected, not raised one by one."""
-    import torch
-
     from speedtronic.precision import resolve_device
-    from speedtronic.registry import build_model
-    from speedtronic.runtime import count_parameters
+    from speedtronic.runtime import check_seq_len
 
     problems: list[str] = []
     facts: dict[str, Any] = {
         "accumulation_steps": cfg.accumulation_steps,
         "batch_size": cfg.batch_size,
-        "tokens_per_optimizer_step": cfg.tokens_per_step,
-        "output_dir": str(cfg.output_dir),
     }
+    try:
+        facts["tokens_per_optimizer_step"] = cfg.batch_size * check_seq_len(cfg)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    facts["output_dir"] = str(cfg.output_dir)
     try:
         facts["device"] = str(resolve_device(cfg.run.device))
     except ConfigError as exc:
         problems.append(str(exc))
     try:
-        with torch.device("meta"):  # count parameters without allocating them
-            model = build_model(cfg.model.name, cfg.model.params, cfg.model.imports)
-        facts["parameters"] = count_parameters(model)
+        facts["parameters"], model = _parameter_fact(cfg, build)
+        if cfg.distributed.enabled:
+            facts.update(diloco_facts(cfg, model))
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems[0], problems=problems)
+    return facts
+
+
+def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any]:
+    """The model's parameter count (or why it was not counted), and the meta-device model.
+
+    Building runs the config's code (model.imports, an import-path factory), so without
+    ``--build`` only models registered by Speedtronic itself are built.
+    """
+    import torch
+
+    from speedtronic.registry import build_model, is_import_path
+    from speedtronic.runtime import count_parameters
+
+    model = cfg.model
+    if not build and is_import_path(model.name):
+        return "not counted (import-path model; pass --build to build it)", None
+    if not build and model.imports:
+        return "not counted (model.imports not imported; pass --build to import them)", None
+    with torch.device("meta"):  # count parameters without allocating them
+        built = build_model(model.name, model.params, model.imports)
+    return count_parameters(built), built
+
+
+def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
+    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence."""
+    from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.worker import parameters_of
+
+    dist = cfg.distributed
+    facts: dict[str, Any] = {
+        "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
+        "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
+        "diloco_uploads_per_hour": f"3600 / ({dist.inner_steps} x seconds per step) per node, "
+        f"{3600 / dist.inner_steps:.1f} at 1 s/step",
+    }
+    if model is not None:
+        params = parameters_of(model)
+        facts["diloco_bytes_per_delta"] = {
+            encoding: expected_delta_bytes(params, encoding)
+            for encoding in ("fp32", "bf16", "int8")
+        }
     return facts
 
 

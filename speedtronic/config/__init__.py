@@ -11,6 +11,7 @@ Pure Python + PyYAML: importing this package never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,16 @@ class SpeedtronicConfig:
     @property
     def seq_len(self) -> int:
         return int(self.data.seq_len or self.model.params.get("seq_len") or 128)
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data order (shuffling); the model's initialisation uses run.seed."""
+        if self.data.seed is not None:
+            return self.data.seed
+        if self.distributed.enabled:  # every node its own order, the same initial weights
+            node = zlib.crc32(self.distributed.resolved_node_id.encode())
+            return (self.run.seed * 1_000_003 + node) % 2**32
+        return self.run.seed
 
     @property
     def tokens_per_step(self) -> int:

@@ -130,6 +130,9 @@ class DataConfig:
     prefetch_factor: int = ranged(2, "[1, 1024]")
     pin_memory: bool | Literal["auto"] = "auto"
     shuffle: bool = True
+    # The order in which samples are read; None: run.seed, or for a DumbDiLoCo node a seed of
+    # its own derived from run.seed and node_id, so that nodes do not read the same batches.
+    seed: int | None = ranged(None, "[0, 2**32)")
     shuffle_buffer: int = ranged(1024, "[0, 2**24]")  # blocks, streamed text + non-byte tokenizer
     eval_path: str | None = None  # held-out file of the same kind as the training source
     eval_fraction: float = ranged(0.0, "[0, 1)")  # or hold out this share of the file's end

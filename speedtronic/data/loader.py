@@ -75,7 +75,7 @@ def _text_source(config: SpeedtronicConfig, path: str, tokenizer: Any, key: str)
         return ByteTextBlocks(path, config.seq_len, key=key)
     buffer = config.data.shuffle_buffer if config.data.shuffle else 0
     return TokenizedTextStream(
-        path, config.seq_len, tokenizer, seed=config.run.seed, shuffle_buffer=buffer, key=key
+        path, config.seq_len, tokenizer, seed=config.data_seed, shuffle_buffer=buffer, key=key
     )
 
 
@@ -123,14 +123,14 @@ def build_dataloader(
         kwargs["prefetch_factor"] = data.prefetch_factor
     # Its own generator: starting an epoch must not draw from the global torch RNG, or a
     # resumed run (which starts a fresh iterator) would see different dropout masks.
-    kwargs["generator"] = torch.Generator().manual_seed(config.run.seed)
+    kwargs["generator"] = torch.Generator().manual_seed(config.data_seed)
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < data.micro_batch_size:
             raise DataError(
                 f"data: the dataset has {len(dataset)} samples (blocks), fewer than "
                 f"data.micro_batch_size={data.micro_batch_size}"
             )
-        kwargs["sampler"] = ResumableSampler(len(dataset), data.shuffle, config.run.seed)
+        kwargs["sampler"] = ResumableSampler(len(dataset), data.shuffle, config.data_seed)
     return DataLoader(dataset, **kwargs)
 
 

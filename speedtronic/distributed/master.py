@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,12 @@ class MasterLoop:
             state = restored
         published = self._published_state(state.outer_step if state else -1)
         state = published or state
-        self.master = Master(master_config(self.config), self.initial_weights, state)
+        policy = master_config(self.config)
+        for message in policy.warnings():  # e.g. naive async: said once, in the run's log
+            self.logger.warn(f"diloco master: {message}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.master = Master(policy, self.initial_weights, state)
         counted = self.transport.read_step_count()
         if counted is None or counted["outer_step"] < self.master.outer_step:
             self._save_and_publish(self.master.outer_step, self.master.global_weights, [])
@@ -204,8 +210,9 @@ class MasterPlugin:
 
     name = "diloco_master"
 
-    def __init__(self, loop: MasterLoop):
-        self.loop = loop
+    def __init__(self, loop: MasterLoop, local_worker: Any = None):
+        """``local_worker``: this node's own WorkerPlugin, finished before the final round."""
+        self.loop, self.local_worker = loop, local_worker
         self.restored: MasterState | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -215,6 +222,8 @@ class MasterPlugin:
         self._thread = self.loop.run_in_background(self._stop)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
+        if self.local_worker is not None:  # its last delta belongs in the final round
+            self.local_worker.on_train_end(trainer, result)
         self._stop.set()
         self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))
         if self._thread.is_alive():

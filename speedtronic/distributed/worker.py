@@ -25,7 +25,6 @@ from speedtronic.distributed.codec import (
     decode_weights,
     encode_delta,
     expected_delta_bytes,
-    pseudo_gradient,
 )
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, DeltaHeader, delta_path
 from speedtronic.distributed.transport import Transport
@@ -49,9 +48,16 @@ def parameters_of(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def snapshot(params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
-    """An fp32 CPU copy of the weights (the only per-boundary cost on the training thread)."""
-    return {k: p.detach().to("cpu", torch.float32, copy=True) for k, p in params.items()}
+def snapshot(params: dict[str, nn.Parameter], device: str | None = None) -> dict[str, torch.Tensor]:
+    """An fp32 copy of the weights, where they live unless ``device`` says otherwise.
+
+    The node keeps its base weights on the training device: a copy there and a subtraction
+    are the whole boundary cost of the training thread (microseconds on a GPU); the uploader
+    thread moves the delta to the CPU. It costs one extra fp32 copy of the weights there.
+    """
+    return {
+        k: p.detach().to(device or p.device, torch.float32, copy=True) for k, p in params.items()
+    }
 
 
 class WorkerPlugin:
@@ -59,8 +65,18 @@ class WorkerPlugin:
 
     name = "diloco"
 
-    def __init__(self, config: Any, model: nn.Module, transport: Transport, logger: Any):
+    def __init__(
+        self,
+        config: Any,
+        model: nn.Module,
+        transport: Transport,
+        logger: Any,
+        background: bool = True,
+    ):
+        """``background=False`` starts no threads: the caller drives ``send_pending`` and
+        ``refresh`` itself (simulations with a virtual clock, e.g. the convergence benchmark)."""
         self.config, self.transport, self.logger = config, transport, logger
+        self.background = background
         self.params = parameters_of(model)
         self.node_id: str = config.node_id
         self.base: dict[str, torch.Tensor] | None = None
@@ -83,6 +99,8 @@ class WorkerPlugin:
             self._install_latest_global_now()
             self.base = snapshot(self.params)
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        if not self.background:
+            return
         for target in (self._upload_loop, self._poll_loop):
             thread = threading.Thread(target=target, name=f"diloco-{target.__name__}", daemon=True)
             thread.start()
@@ -95,9 +113,15 @@ class WorkerPlugin:
             self.boundary(trainer)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
+        """A last boundary for the steps since the previous one, then its upload (bounded)."""
+        if self._stop.is_set():
+            return  # already finished, e.g. by the master plug-in of the same node
         if trainer.step > self.boundary_step:
             self.boundary(trainer)
-        self._drain(timeout=self.config.upload_timeout_s)
+        if self.background:
+            self._drain(timeout=self.config.upload_timeout_s)
+        else:
+            self.send_pending()
         self._stop.set()
         self._wake.set()
 
@@ -107,7 +131,7 @@ class WorkerPlugin:
         """Capture this inner loop's delta, queue it, and install a newer global if there is one."""
         start = time.perf_counter()
         current = snapshot(self.params)
-        delta = pseudo_gradient(self.base, current)
+        delta = {k: self.base[k] - current[k] for k in current}  # base - current, fp32
         steps = trainer.step - self.boundary_step
         tokens = trainer.tokens - self.boundary_tokens
         self._queue(Pending(delta, self.base_outer_step, steps, tokens))
@@ -115,10 +139,9 @@ class WorkerPlugin:
         self.base = current
         installed = self._install_ready(trainer)
         stall = time.perf_counter() - start
-        self.logger.log(
-            "diloco_boundary",
-            {"step": trainer.step, "stall_s": stall, "installed": installed, **self.counters},
-        )
+        payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
+        payload["outer_step"] = self.base_outer_step
+        self.logger.log("diloco_boundary", {**payload, **self.counters})
 
     def _queue(self, pending: Pending) -> None:
         with self._lock:
@@ -132,7 +155,7 @@ class WorkerPlugin:
             return None
         outer_step, weights = ready
         self._load_weights(weights)
-        self.base, self.base_outer_step = weights, outer_step
+        self.base, self.base_outer_step = snapshot(self.params), outer_step
         if self.config.reset_inner_optimizer:
             trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
         return outer_step
@@ -149,12 +172,18 @@ class WorkerPlugin:
         while not self._stop.is_set():
             self._wake.wait()
             self._wake.clear()
-            while self._take_and_send():
+            if self.send_pending():
                 wait = RETRY_S[0]
             if self.outbox is not None and not self._stop.is_set():
                 self._stop.wait(wait)  # a failure: back off, then try again with what piled up
                 wait = min(wait * 2, RETRY_S[1])
                 self._wake.set()
+
+    def send_pending(self) -> bool:
+        """Upload whatever is queued; True if the outbox is empty afterwards."""
+        while self._take_and_send():
+            pass
+        return self.outbox is None
 
     def _take_and_send(self) -> bool:
         """Send the outbox; True on success. A failed delta goes back, folded with later ones.
@@ -198,11 +227,15 @@ class WorkerPlugin:
 
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._fetch_newer_global()
-            except (SpeedtronicError, OSError, ValueError) as exc:
-                self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
+            self.refresh()
             self._stop.wait(self.config.poll_interval)
+
+    def refresh(self) -> None:
+        """Download and validate a newer global, to be installed at the next boundary."""
+        try:
+            self._fetch_newer_global()
+        except (SpeedtronicError, OSError, ValueError) as exc:
+            self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
 
     def _fetch_newer_global(self) -> None:
         counted = self.transport.read_step_count()
@@ -221,8 +254,7 @@ class WorkerPlugin:
 
     def _install_latest_global_now(self) -> None:
         """At start only: begin from the newest global, if the run has one."""
-        reference = snapshot(self.params)
-        self.base = reference
+        self.base = snapshot(self.params)
         try:
             self._fetch_newer_global()
         except (SpeedtronicError, OSError, ValueError) as exc:
@@ -231,7 +263,7 @@ class WorkerPlugin:
             ready, self.ready = self.ready, None
         if ready is not None:
             self._load_weights(ready[1])
-            self.base_outer_step = ready[0]
+            self.base, self.base_outer_step = snapshot(self.params), ready[0]
             self.logger.notice(f"diloco: starting from global outer step {ready[0]}")
 
     def _max_weight_bytes(self) -> int:
@@ -256,7 +288,7 @@ class WorkerPlugin:
             # would count it twice after a resume, so only the outbox is part of the state.
             unsent = self.outbox
             return {
-                "base": dict(self.base or {}),
+                "base": {k: v.cpu() for k, v in (self.base or {}).items()},
                 "base_outer_step": self.base_outer_step,
                 "boundary": [self.boundary_step, self.boundary_tokens],
                 "seq": self.seq,
@@ -265,7 +297,8 @@ class WorkerPlugin:
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.base = dict(state["base"]) or None
+        base = state["base"]  # onto the training device, as snapshot() keeps it
+        self.base = {k: base[k].to(p.device) for k, p in self.params.items()} if base else None
         self.base_outer_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
         self.seq = int(state["seq"])
@@ -288,7 +321,7 @@ def fold(first: Pending, later: Pending) -> Pending:
 
 def pending_state(pending: Pending) -> dict[str, Any]:
     return {
-        "delta": dict(pending.delta),
+        "delta": {k: v.cpu() for k, v in pending.delta.items()},
         "base_outer_step": pending.base_outer_step,
         "steps": pending.steps,
         "tokens": pending.tokens,

@@ -1,0 +1,83 @@
+"""From a ``distributed`` config section to running DumbDiLoCo parts.
+
+``coordinator_plugins`` returns the Trainer plug-ins for a node (the master's loop first, so
+its initial global exists before the local worker looks for one; then the worker), and
+``coordinate_only`` runs a master that does not train (``train_locally: false``) until
+``outer_steps`` rounds or a signal. Nothing here is read from the shared repo: the run's
+configuration comes only from the local config (the repo is data, never config).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from speedtronic.distributed.master import MasterLoop, MasterPlugin
+from speedtronic.distributed.transport import open_transport
+from speedtronic.distributed.worker import WorkerPlugin, parameters_of, snapshot
+
+
+def state_dir(config: Any) -> Path:
+    """Where the master keeps its state: ``distributed.state_dir`` or the run's output dir."""
+    chosen = config.distributed.state_dir
+    return Path(chosen).expanduser() if chosen else config.output_dir / "diloco_master"
+
+
+def node_settings(config: Any) -> Any:
+    """The distributed section with node_id resolved (from the environment if unset)."""
+    settings = config.distributed
+    if settings.node_id is None:
+        settings = replace(settings, node_id=settings.resolved_node_id)
+    return settings
+
+
+def master_loop(config: Any, model: nn.Module, logger: Any) -> MasterLoop:
+    settings = node_settings(config)
+    weights = snapshot(parameters_of(model))
+    return MasterLoop(settings, weights, open_transport(settings.repo), logger, state_dir(config))
+
+
+def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]:
+    settings = node_settings(config)
+    plugins: list[Any] = []
+    if settings.train_locally:
+        transport = open_transport(settings.repo)
+        plugins.append(WorkerPlugin(settings, model, transport, logger))
+    if settings.role == "master":  # first: its initial global exists before the worker looks
+        local_worker = plugins[0] if plugins else None
+        plugins.insert(0, MasterPlugin(master_loop(config, model, logger), local_worker))
+    logger.notice(
+        f"diloco: {settings.role} {settings.node_id} on {settings.repo}, "
+        f"syncing every {settings.inner_steps} steps"
+    )
+    return plugins
+
+
+def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any]:
+    """Run the master without local training; returns the final outer step and status."""
+    loop = master_loop(config, model, logger)
+    loop.start()
+    stop, caught = threading.Event(), []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    start = time.perf_counter()
+    try:
+        loop.serve(config.distributed.outer_steps, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return {
+        "outer_step": loop.master.outer_step,
+        "elapsed_s": time.perf_counter() - start,
+        "signal": caught[0] if caught else None,
+    }

@@ -1,0 +1,131 @@
+"""DumbDiLoCo end to end: a master and two workers as separate ``speedtronic train`` processes.
+
+They share only a directory. The master only coordinates (``train_locally: false``) and is
+stopped with SIGTERM once the workers are done and every delta is consumed: outer steps
+advance, each worker installs new globals, consumed deltas are gone, and the published
+global's loss is below the initial weights' loss.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from speedtronic.distributed.codec import decode_weights
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
+
+CONFIG = {
+    "run": {"seed": 0, "device": "cpu"},
+    "model": {
+        "name": "reference_transformer",
+        "vocab_size": 64,
+        "seq_len": 32,
+        "n_layer": 1,
+        "n_head": 2,
+        "d_model": 32,
+    },
+    "data": {"micro_batch_size": 8},
+    "optimizer": {"lr": 1e-2},
+    "scheduler": {"warmup_steps": 2},
+    "logging": {"every_steps": 10},
+    "distributed": {
+        "enabled": True,
+        "inner_steps": 5,
+        "poll_interval": 0.1,
+        "min_deltas": 2,
+        "max_wait_s": 1.0,
+        "delta_dtype": "fp32",
+    },
+}
+
+
+def start(tmp_path: Path, repo: Path, role: str, node: str, steps: int, **more) -> subprocess.Popen:
+    config = {**CONFIG, "run": {**CONFIG["run"], "name": node, "max_steps": steps}}
+    config["distributed"] = {
+        **CONFIG["distributed"],
+        "role": role,
+        "node_id": node,
+        "repo_id": str(repo),
+        "outer_steps": 10_000,
+        **more,
+    }
+    path = tmp_path / f"{node}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / f"{node}.log", "w")  # noqa: SIM115 - closed with the process
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # three processes on two cores
+    command = [
+        sys.executable,
+        "-m",
+        "speedtronic",
+        "train",
+        "-c",
+        str(path),
+        "--output-dir",
+        str(tmp_path / node),
+    ]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def global_loss(weights: dict[str, torch.Tensor]) -> float:
+    from speedtronic.config import SpeedtronicConfig
+    from speedtronic.data import SyntheticTokens
+    from speedtronic.registry import build_model
+
+    cfg = SpeedtronicConfig.from_dict({k: v for k, v in CONFIG.items() if k != "distributed"})
+    model = build_model(cfg.model.name, cfg.model.params)
+    # Parameters only (tied weights once): buffers and the tied head come from the model.
+    assert not model.load_state_dict(weights, strict=False).unexpected_keys
+    data = SyntheticTokens(64, 32, seed=0)
+    batch = [data[i] for i in range(10_000, 10_064)]
+    ids, labels = (torch.stack([b[k] for b in batch]) for k in ("input_ids", "labels"))
+    with torch.no_grad():
+        return float(model(ids, labels=labels))
+
+
+@pytest.mark.slow
+def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
+    repo = tmp_path / "repo"
+    master = start(tmp_path, repo, "master", "master", steps=1, train_locally=False)
+    assert wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists()), log_of(tmp_path, "master")
+    initial = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())[1]
+    workers = [start(tmp_path, repo, "worker", f"worker-{i}", steps=100) for i in (1, 2)]
+    for i, process in enumerate(workers, 1):
+        assert process.wait(timeout=240) == 0, log_of(tmp_path, f"worker-{i}")
+    assert wait_until(lambda: not list(repo.glob("nodes/*/delta_*.safetensors")))  # consumed
+    master.send_signal(signal.SIGTERM)
+    assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+    step, final = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())
+    assert step >= 2, log_of(tmp_path, "master")
+    for name in ("worker-1", "worker-2"):
+        assert "installed global" in log_of(tmp_path, name), log_of(tmp_path, name)
+    assert global_loss(final) < global_loss(initial) - 0.5
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def log_of(tmp_path: Path, node: str) -> str:
+    return (tmp_path / f"{node}.log").read_text()[-3000:]
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    from speedtronic.config import SpeedtronicConfig
+    from speedtronic.distributed.worker import parameters_of, snapshot
+    from speedtronic.registry import build_model
+
+    cfg = SpeedtronicConfig.from_dict({k: v for k, v in CONFIG.items() if k != "distributed"})
+    return snapshot(parameters_of(build_model(cfg.model.name, cfg.model.params)))
