@@ -178,6 +178,13 @@ def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> Tra
         logger.close()
 
 
+def check_model(config: SpeedtronicConfig) -> nn.Module:
+    """Build the configured model on the meta device: its config errors, without the memory."""
+    check_seq_len(config)
+    with torch.device("meta"):
+        return build_model(config.model.name, config.model.params, config.model.imports)
+
+
 def check_seq_len(config: SpeedtronicConfig) -> int:
     """The data block length; a ``model.seq_len`` that sets it must be a positive integer.
 

@@ -44,12 +44,14 @@ class ListOf:
 
 
 class DictOf:
-    def __init__(self, spec):
+    def __init__(self, spec, may_be_empty=False):
         self.spec = spec
+        self.may_be_empty = may_be_empty
 
 
 MATMUL = {"tflops": NUM, "tflops_median": NUM, "size": int, "iterations": int, "seconds": NUM}
 MATMUL["cpu_share"] = OPT_NUM
+PROBE = {"size": int, "seconds": NUM, "slowdown_vs_fp32": NUM, "emulated": bool}
 MODE = {
     "precision": str,
     "tokens_per_s": NUM,
@@ -98,6 +100,7 @@ SCHEMA = {
             "compute_capability": OPT_STR,
         },
     },
+    "probe": DictOf(Optional(PROBE)),
     "peaks": {
         "matmul": {name: Optional(MATMUL) for name in ("fp32", "tf32", "bf16", "fp16")},
         "memory_copy": {
@@ -110,7 +113,7 @@ SCHEMA = {
         },
         "vendor_tflops": {"fp32": OPT_NUM, "low_precision": OPT_NUM},
     },
-    "model": {"configured": str, "modes": DictOf(MODE)},
+    "model": {"configured": str, "modes": DictOf(MODE), "skipped": DictOf(str, may_be_empty=True)},
     "overhead": {
         "precision": str,
         "trainer_tokens_per_s": NUM,
@@ -170,7 +173,7 @@ def check(value, spec, path="doc"):
         for i, item in enumerate(value):
             check(item, spec.spec, f"{path}[{i}]")
     elif isinstance(spec, DictOf):
-        assert isinstance(value, dict) and value, path
+        assert isinstance(value, dict) and (value or spec.may_be_empty), path
         for key, item in value.items():
             check(item, spec.spec, f"{path}.{key}")
     elif isinstance(spec, dict):
@@ -211,8 +214,13 @@ def test_quick_bench_document_matches_the_schema(quick_run):
     assert doc["quick"] is True and doc["schema_version"] == 1
     assert doc["device"]["backend"] == "cpu"
     assert doc["model"]["configured"] == "fp32"
-    assert list(doc["model"]["modes"]) == ["fp32", "bf16"]  # every mode a CPU trains in
+    # Every mode a CPU trains in, measured or, when the probe finds it emulated and too slow
+    # for the time box, skipped with a reason; the configured mode is always measured.
+    measured, skipped = list(doc["model"]["modes"]), list(doc["model"]["skipped"])
+    assert measured[0] == "fp32" and sorted(measured + skipped) == ["bf16", "fp32"]
+    assert all(doc["probe"][mode]["emulated"] for mode in skipped)
     assert doc["peaks"]["matmul"]["fp32"] and doc["peaks"]["matmul"]["bf16"]
+    assert set(doc["probe"]) == {"fp32", "bf16"} and doc["probe"]["fp32"]["slowdown_vs_fp32"] == 1
     assert doc["peaks"]["matmul"]["tf32"] is None  # TF32 is a CUDA thing
     assert doc["peaks"]["vendor_tflops"] == {"fp32": None, "low_precision": None}
     assert doc["compile"]["enabled"] is False and doc["compile"]["speedup"] is None
@@ -223,21 +231,27 @@ def test_quick_bench_figures_are_consistent(quick_run):
     cfg, modes = doc["config"], doc["model"]["modes"]
     assert cfg["params"] > 0 and cfg["tokens_per_step"] == 8 * 16
     for mode, run in modes.items():
-        assert run["precision"] == mode and run["steps"] >= 3
+        assert run["precision"] == mode and run["steps"] >= 1  # slow modes: fewer, time-boxed
         assert run["tokens_per_s"] * run["step_time_s"] == pytest.approx(cfg["tokens_per_step"])
         peak = doc["peaks"]["matmul"][mode]["tflops"] * 1e12
         expected = cfg["flops_per_token"] * run["tokens_per_s"] / peak
+        if doc["probe"][mode]["emulated"]:  # its peak is cut to fit the time box: no MFU
+            expected = None
         assert run["mfu_measured_peak"] == pytest.approx(expected)
         assert run["mfu_vendor_peak"] is None  # no vendor table for CPUs: "n/a"
         assert run["peak_memory_gb"] > 0.01
-    fp32, bf16 = modes["fp32"], modes["bf16"]
-    assert bf16["speedup_vs_configured"] == pytest.approx(
-        bf16["tokens_per_s"] / fp32["tokens_per_s"]
-    )
+    fp32 = modes["fp32"]
+    if fp32["cpu_share"] >= 0.9:  # a busy machine slows steps: the time box then cuts them
+        assert fp32["steps"] >= 3
+    for run in modes.values():
+        assert run["speedup_vs_configured"] == pytest.approx(
+            run["tokens_per_s"] / fp32["tokens_per_s"]
+        )
     overhead = doc["overhead"]
     assert overhead["trainer_tokens_per_s"] == fp32["tokens_per_s"]
     assert overhead["ratio_min"] <= overhead["ratio"] <= overhead["ratio_max"]
-    assert overhead["raw_tokens_per_s"] > 0 and overhead["rounds"] == 5
+    # 5 rounds, fewer when they overran the stage's time box (a busy machine, slow steps).
+    assert overhead["raw_tokens_per_s"] > 0 and 1 <= overhead["rounds"] <= 5
     data = doc["data"]
     assert data["source"] == "synthetic" and data["batches"] >= 2
     assert data["consumption_tokens_per_s"] == fp32["tokens_per_s"]
@@ -292,9 +306,8 @@ def one_line_error(result, *needles):
         assert needle in lines[0]
 
 
-def test_bad_device_format_and_config_are_one_line_errors(tmp_path):
+def test_bad_device_and_config_are_one_line_errors(tmp_path):
     one_line_error(runner.invoke(app, ["bench", "--device", "tpu"]), "run.device")
-    one_line_error(runner.invoke(app, ["bench", "--format", "xml"]), "--format")
     missing = str(tmp_path / "nope.yaml")
     one_line_error(runner.invoke(app, ["bench", "-c", missing]), "not found")
     one_line_error(runner.invoke(app, ["bench", "--matmul-size", "0"]), "--matmul-size")

@@ -40,6 +40,8 @@ def assert_one_line_usage_error(code: int, err: str, *needles: str) -> None:
         (["train", "--bogus"], "--bogus"),
         (["train", "--max-steps", "many"], "--max-steps"),
         (["validate", "--format", "xml"], "--format"),
+        (["bench", "--format", "xml"], "--format"),
+        (["bench", "--set", "model.nope=1"], "model.nope"),
         (["ckpt", "inspect"], "ckpt inspect: Missing argument"),
         (["ckpt", "prune", "."], "--keep"),
         (["no-such-command"], "no-such-command"),

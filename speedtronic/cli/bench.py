@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import ConfigOpt, SetOpt, load_config
+from speedtronic.cli.options import ConfigOpt, OutputFormat, SetOpt, format_option, load_config
 from speedtronic.errors import ConfigError
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "info": ""}
@@ -33,11 +33,7 @@ def bench(
         help="Device to measure: auto, cpu, cuda, cuda:N or mps (run.device). "
         "Default: the config's device.",
     ),
-    output_format: str = typer.Option(
-        "text",
-        "--format",
-        help="Output format: text (a table with a verdict per line) or json (one document).",
-    ),
+    output_format: OutputFormat = format_option("a table with a verdict per line"),
     quick: bool = typer.Option(
         False,
         "--quick",
@@ -56,8 +52,6 @@ def bench(
     rounds: int | None = typer.Option(None, "--rounds", hidden=True),
 ) -> None:
     """Measure the device's limits and the configured model's training speed against them."""
-    if output_format not in ("text", "json"):
-        raise ConfigError(f"--format: must be text or json (got {output_format!r})")
     for name, value in (("--matmul-size", matmul_size), ("--min-time", min_time)):
         if value is not None and value <= 0:
             raise ConfigError(f"{name}: must be > 0 (got {value})")
@@ -67,6 +61,9 @@ def bench(
     cfg = load_config(config, sets + list(overrides or []))
 
     from speedtronic.bench import BenchOptions, run_bench
+    from speedtronic.runtime import check_model
+
+    check_model(cfg)  # a bad model config fails now, not after minutes of measuring
 
     options = BenchOptions(
         quick=quick,
@@ -77,7 +74,7 @@ def bench(
     )
     with make_progress() as progress:
         doc = run_bench(cfg, options, progress.on_event)
-    if output_format == "json":
+    if output_format is OutputFormat.json:
         print(json.dumps(doc, indent=2))
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
@@ -199,6 +196,8 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     for mode, run in doc["model"]["modes"].items():
         label = f"model {mode}" + (" (configured)" if mode == configured else "")
         rows.append((f"model.{mode}", label, _model_text(run)))
+    for mode in doc["model"].get("skipped", {}):  # too slow here to measure (emulated)
+        rows.append((f"model.{mode}", f"model {mode}", "not measured"))
     rows.append(("overhead", "engine overhead", _overhead_text(doc["overhead"])))
     rows.append(("data", "data loader", _data_text(doc["data"])))
     rows.append(("checkpoint", "checkpoint", _checkpoint_text(doc["checkpoint"])))
