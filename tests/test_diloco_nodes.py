@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
+from diloco_support import Log, settings
 from torch import nn
 
 from speedtronic.distributed.codec import decode_delta, decode_weights
@@ -21,38 +21,6 @@ from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker import WorkerPlugin
 from speedtronic.errors import TransportError
-
-
-class Log:
-    def __init__(self):
-        self.events, self.warnings = [], []
-
-    def log(self, event, payload):
-        self.events.append((event, payload))
-
-    def warn(self, message):
-        self.warnings.append(message)
-
-    def notice(self, message):
-        pass
-
-
-def settings(**overrides):
-    base = dict(
-        node_id="node-a",
-        inner_steps=2,
-        poll_interval=0.01,
-        reset_inner_optimizer=True,
-        delta_dtype="fp32",
-        upload_timeout_s=5.0,
-        outer_lr=1.0,
-        outer_momentum=0.0,
-        min_deltas=1,
-        max_wait_s=0.0,
-        max_staleness=4,
-        staleness_discount=1.0,
-    )
-    return SimpleNamespace(**{**base, **overrides})
 
 
 def model(value=1.0):
@@ -298,3 +266,36 @@ def test_I4_bad_deltas_are_rejected_counted_and_removed(tmp_path, kind):
     assert loop.poll_once() is None and loop.counters["rejected"] == 1
     assert any(f"rejected {path}" in w for w in log.warnings)
     assert loop.poll_once() is None and loop.counters["rejected"] == 1  # never fetched again
+
+
+def test_I1_a_restarted_worker_without_state_does_not_overwrite_its_unconsumed_deltas(tmp_path):
+    transport = LocalTransport(tmp_path)
+    for _life in range(2):  # no master: the first life's delta is still in the repo
+        net = model(1.0)
+        worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+        worker.on_train_start(trainer)
+        trainer.train_step(worker)
+        trainer.train_step(worker)
+        worker.on_train_end(trainer, None)
+    assert [r.path.rsplit("/", 1)[1] for r in transport.list_deltas()] == [
+        "delta_00000001.safetensors",
+        "delta_00000002.safetensors",
+    ]
+
+
+def test_worker_state_round_trips_through_a_checkpoint(tmp_path):
+    transport = FlakyTransport(tmp_path, down=True)  # keeps the delta unsent, in the state
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    for _ in range(3):
+        trainer.train_step(worker)
+    worker.on_train_end(trainer, None)
+    state = worker.state_dict()
+    again = WorkerPlugin(settings(), model(0.25), LocalTransport(tmp_path / "up"), Log())
+    again.load_state_dict(state)
+    assert torch.equal(again.base["weight"], torch.full((1, 2), 0.25))
+    assert again.outbox.steps == 3 and torch.equal(
+        again.outbox.delta["weight"], torch.full((1, 2), 0.75)
+    )
+    assert (again.boundary_step, again.base_outer_step) == (3, worker.base_outer_step)

@@ -26,7 +26,12 @@ from speedtronic.distributed.codec import (
     encode_delta,
     expected_delta_bytes,
 )
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, DeltaHeader, delta_path
+from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
+    DeltaHeader,
+    delta_path,
+    parse_delta_path,
+)
 from speedtronic.distributed.transport import Transport
 from speedtronic.errors import SpeedtronicError
 
@@ -97,6 +102,7 @@ class WorkerPlugin:
     def on_train_start(self, trainer: Any) -> None:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
+            self.seq = max([self.seq, *self._own_sequence_numbers()])  # never overwrite a delta
             self.base = snapshot(self.params)
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         if not self.background:
@@ -265,6 +271,19 @@ class WorkerPlugin:
             self._load_weights(ready[1])
             self.base, self.base_outer_step = snapshot(self.params), ready[0]
             self.logger.notice(f"diloco: starting from global outer step {ready[0]}")
+
+    def _own_sequence_numbers(self) -> list[int]:
+        """Numbers of this node's deltas still in the repo (a restart must not reuse them)."""
+        try:
+            refs = self.transport.list_deltas()
+        except (SpeedtronicError, OSError) as exc:
+            self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
+            return []
+        return [
+            parsed[1]
+            for r in refs
+            if (parsed := parse_delta_path(r.path)) and parsed[0] == self.node_id
+        ]
 
     def _max_weight_bytes(self) -> int:
         return expected_delta_bytes(self.base, "fp32") + (1 << 20)

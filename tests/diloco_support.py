@@ -1,0 +1,37 @@
+"""Shared by the DumbDiLoCo tests: a logger that records, and the distributed settings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+
+class Log:
+    def __init__(self):
+        self.events, self.warnings = [], []
+
+    def log(self, event, payload):
+        self.events.append((event, payload))
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+    def notice(self, message):
+        pass
+
+
+def settings(**overrides):
+    base = dict(
+        node_id="node-a",
+        inner_steps=2,
+        poll_interval=0.01,
+        reset_inner_optimizer=True,
+        delta_dtype="fp32",
+        upload_timeout_s=5.0,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        min_deltas=1,
+        max_wait_s=0.0,
+        max_staleness=4,
+        staleness_discount=1.0,
+    )
+    return SimpleNamespace(**{**base, **overrides})
