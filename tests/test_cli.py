@@ -150,7 +150,7 @@ def test_help_lists_only_implemented_commands_and_skips_torch():
     commands = out.split("Commands")[-1]
     for command in ("train", "validate", "ckpt", "data"):
         assert command in commands
-    assert "hub" not in commands  # DumbDiLoCo is not built yet
+    assert "hub" not in commands  # the Hub commands come with the Hub transport
 
 
 def test_real_process_exit_code_and_debug_traceback(tmp_path):
