@@ -299,3 +299,19 @@ def test_worker_state_round_trips_through_a_checkpoint(tmp_path):
         again.outbox.delta["weight"], torch.full((1, 2), 0.75)
     )
     assert (again.boundary_step, again.base_outer_step) == (3, worker.base_outer_step)
+
+
+def test_I4_a_corrupt_global_is_logged_and_never_installed(tmp_path):
+    transport, log = LocalTransport(tmp_path), Log()
+    net = model(1.0)
+    worker, trainer = (
+        WorkerPlugin(settings(), net, transport, log, background=False),
+        FakeTrainer(net),
+    )
+    worker.on_train_start(trainer)
+    transport.publish(b"not safetensors", {"outer_step": 5}, [])
+    worker.refresh()
+    assert worker.ready is None and any("could not fetch the global" in w for w in log.warnings)
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    assert torch.equal(net.weight, torch.full((1, 2), 0.5))  # training went on, nothing installed

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from speedtronic.distributed.codec import (
+    BadDelta,
     decode_weights,
     encode_delta,
     expected_delta_bytes,
@@ -103,7 +104,6 @@ class WorkerPlugin:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.seq = max([self.seq, *self._own_sequence_numbers()])  # never overwrite a delta
-            self.base = snapshot(self.params)
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         if not self.background:
             return
@@ -240,7 +240,7 @@ class WorkerPlugin:
         """Download and validate a newer global, to be installed at the next boundary."""
         try:
             self._fetch_newer_global()
-        except (SpeedtronicError, OSError, ValueError) as exc:
+        except (SpeedtronicError, OSError, ValueError, BadDelta) as exc:
             self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
 
     def _fetch_newer_global(self) -> None:
@@ -263,7 +263,7 @@ class WorkerPlugin:
         self.base = snapshot(self.params)
         try:
             self._fetch_newer_global()
-        except (SpeedtronicError, OSError, ValueError) as exc:
+        except (SpeedtronicError, OSError, ValueError, BadDelta) as exc:
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
         with self._lock:
             ready, self.ready = self.ready, None
