@@ -23,37 +23,22 @@ async (``min_deltas=1``, momentum 0.9, discount 1) stays possible, with a warnin
 I1: identity = ``node_id/seq/sha256(bytes)`` (restarted workers reuse names); every settled one
 (applied, stale, bad) is kept, across save/load too, and a repeat is a "duplicate". At ~100
 bytes each, memory and save size grow with deltas ever seen (10k ~ 1 MB); an idle poll costs
-nothing here. I3: see ``MasterState.save``/``load``. Never pickle: safetensors and JSON only.
+nothing here. I3: see ``master_state``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import re
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
-from speedtronic.checkpoint.files import flush_and_sync, fsync_dir
+from speedtronic.distributed.master_state import MasterState, Tensors
 from speedtronic.distributed.protocol import BadDelta, DeltaHeader
-from speedtronic.errors import CheckpointError, ConfigError
-
-STATE_FORMAT = "speedtronic-master-1"
-KEEP_STATES = 2  # the newest state and one to fall back to if it turns out damaged
-_MANIFEST_RE = re.compile(r"step_(\d{10})\.json")
-_DATA_RE = re.compile(r"(tensors|processed)-[0-9a-f]{16}\.(safetensors|json)")
-_TMP_PREFIX = ".tmp-"
-_WEIGHTS, _MOMENTUM = "weights/", "momentum/"
-Tensors = dict[str, Tensor]  # by parameter name, as in a state_dict
+from speedtronic.errors import ConfigError
 
 
 def delta_identity(node_id: str, seq: int, data: bytes) -> str:
@@ -336,161 +321,3 @@ def _layout_problem(tensors: dict, reference: dict, partial: bool = False) -> st
         if shape != expected:
             return f"tensor {key!r} has shape {shape}, expected {expected}"
     return None
-
-
-@dataclass
-class MasterState:
-    """What the master must never lose: outer step, global weights, momentum, settled ids.
-
-    In ``state_dir``: ``tensors-<sha>.safetensors`` (weights, momentum), ``processed-<sha>.json``
-    (identities) and ``step_<outer_step:010d>.json``, the small manifest written last naming
-    both with their sha256. Names are content-addressed, so a save never overwrites a file a
-    manifest names and a crash at any moment leaves the previous state whole. ``load`` returns
-    the newest state whose files verify. The newest ``KEEP_STATES`` states are kept.
-    """
-
-    outer_step: int
-    global_weights: Tensors
-    optimizer_state: dict[str, Any] = field(default_factory=dict)
-    processed: set[str] = field(default_factory=set)
-
-    def save(self, state_dir: str | os.PathLike) -> Path:
-        """Write atomically and durably; return the manifest.
-
-        I3: raises CheckpointError rather than write a lower outer step than one on disk, or
-        other weights under the same step (a published step always means the same weights).
-        """
-        root = Path(state_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        buffers = self.optimizer_state.get("momentum_buffer", {})
-        flat = {_WEIGHTS + k: t for k, t in self.global_weights.items()}
-        flat.update({_MOMENTUM + k: t for k, t in buffers.items()})
-        flat = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in flat.items()}
-        data = safetensors.torch.save(flat)
-        _refuse_going_back(root, self.outer_step, hashlib.sha256(data).hexdigest())
-        manifest = {
-            "format": STATE_FORMAT,
-            "outer_step": self.outer_step,
-            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "tensors": _write_content(root, "tensors.safetensors", data),
-            "processed": _write_content(
-                root, "processed.json", json.dumps(sorted(self.processed)).encode()
-            ),
-        }
-        fsync_dir(root)  # the data files' names are durable before a manifest names them
-        path = root / f"step_{self.outer_step:010d}.json"
-        _write_durably(path, json.dumps(manifest, indent=2).encode())
-        fsync_dir(root)
-        _prune(root)
-        return path
-
-    @classmethod
-    def load(
-        cls, state_dir: str | os.PathLike, log: Callable[[str], None] | None = None
-    ) -> MasterState | None:
-        """The newest state whose files verify, or None; each skipped one goes to ``log``."""
-        root = Path(state_dir)
-        log = log or (lambda message: warnings.warn(message, stacklevel=3))
-        for step in sorted(_manifest_steps(root), reverse=True):
-            try:
-                return _read_state(root, step)
-            except (CheckpointError, OSError, ValueError) as exc:
-                log(f"master state step {step} in {root} is unusable ({exc}); trying an older one")
-        return None
-
-
-def _manifest_steps(root: Path) -> list[int]:
-    names = [p.name for p in root.iterdir()] if root.is_dir() else []
-    return [int(m.group(1)) for name in names if (m := _MANIFEST_RE.fullmatch(name))]
-
-
-def _refuse_going_back(root: Path, step: int, sha256: str) -> None:
-    newest = max(_manifest_steps(root), default=-1)
-    try:  # an unreadable manifest says nothing about the weights: replacing it is fine
-        same = newest == step and _read_manifest(root, step)["tensors"].get("sha256") == sha256
-    except (CheckpointError, OSError, ValueError):
-        same = True
-    if newest >= step and not same:
-        raise CheckpointError(
-            f"master state in {root} is at outer step {newest}; refusing to save step {step} "
-            "over it (I3: the outer step never goes back, a step always means the same weights)",
-            hint=f"if step {newest} is damaged, move step_{newest:010d}.json aside yourself",
-        )
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """tmp file + fsync + os.replace: readers see the old file or the whole new one. A tmp
-    file left by a failed write is removed by the next save's ``_prune``."""
-    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        flush_and_sync(f)
-    os.replace(tmp, path)
-
-
-def _write_content(root: Path, kind: str, data: bytes) -> dict[str, str]:
-    """Write under a name derived from the content; rewritten even if present, so a damaged
-    file of the same name never survives a save."""
-    digest = hashlib.sha256(data).hexdigest()
-    stem, ext = kind.split(".")
-    name = f"{stem}-{digest[:16]}.{ext}"
-    _write_durably(root / name, data)
-    return {"file": name, "sha256": digest}
-
-
-def _prune(root: Path) -> None:
-    """Keep the newest KEEP_STATES manifests and the files they name; drop the rest."""
-    steps = sorted(_manifest_steps(root), reverse=True)
-    try:
-        kept = [_read_manifest(root, step) for step in steps[:KEEP_STATES]]
-    except (CheckpointError, OSError, ValueError):
-        return  # cannot tell what a damaged manifest needs: delete nothing
-    keep = {m[kind]["file"] for m in kept for kind in ("tensors", "processed")}
-    for step in steps[KEEP_STATES:]:
-        (root / f"step_{step:010d}.json").unlink(missing_ok=True)
-    for path in root.iterdir():
-        ours = path.name.startswith(_TMP_PREFIX) or _DATA_RE.fullmatch(path.name)
-        if ours and path.name not in keep:
-            path.unlink(missing_ok=True)
-
-
-def _read_manifest(root: Path, step: int) -> dict[str, Any]:
-    manifest = json.loads((root / f"step_{step:010d}.json").read_bytes())
-    if not isinstance(manifest, dict) or manifest.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"manifest format is not {STATE_FORMAT}")
-    if manifest.get("outer_step") != step:
-        raise CheckpointError(f"manifest says outer step {manifest.get('outer_step')!r}")
-    for kind in ("tensors", "processed"):
-        entry = manifest.get(kind)
-        if not isinstance(entry, dict) or not _DATA_RE.fullmatch(str(entry.get("file"))):
-            raise CheckpointError(f"manifest entry {kind!r} is malformed")
-    return manifest
-
-
-def _read_verified(root: Path, entry: dict[str, Any]) -> bytes:
-    data = (root / entry["file"]).read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-        raise CheckpointError(f"{entry['file']} does not match its sha256 (torn or damaged save)")
-    return data
-
-
-def _read_state(root: Path, step: int) -> MasterState:
-    manifest = _read_manifest(root, step)
-    data = _read_verified(root, manifest["tensors"])
-    try:  # never pickle: safetensors parses data only; its error types vary across versions
-        tensors = safetensors.torch.load(data)
-    except Exception as exc:
-        raise CheckpointError(f"tensors unreadable: {exc}") from None
-    processed = json.loads(_read_verified(root, manifest["processed"]))
-    if not isinstance(processed, list) or not all(isinstance(i, str) for i in processed):
-        raise CheckpointError("processed identities are not a list of strings")
-    parts = {
-        prefix: {k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)}
-        for prefix in (_WEIGHTS, _MOMENTUM)
-    }
-    weights, buffers = parts[_WEIGHTS], parts[_MOMENTUM]
-    if not weights or len(weights) + len(buffers) != len(tensors) or set(buffers) - set(weights):
-        raise CheckpointError("tensor names are not weights/<name> and momentum/<weight name>")
-    if not all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in tensors.values()):
-        raise CheckpointError("tensors are not finite float32")
-    return MasterState(step, weights, {"momentum_buffer": buffers}, set(processed))
