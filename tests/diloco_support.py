@@ -33,5 +33,6 @@ def settings(**overrides):
         max_wait_s=0.0,
         max_staleness=4,
         staleness_discount=1.0,
+        outer_policy="fleet",
     )
     return SimpleNamespace(**{**base, **overrides})

@@ -133,26 +133,38 @@ def test_quorum_waits_for_min_deltas():
     assert m.round(now=31.0).momentum_applied
 
 
-def test_max_wait_releases_a_partial_round_as_plain_sgd_then_momentum_resumes():
-    m = master(min_deltas=2, max_wait_s=60.0, outer_lr=0.5, outer_momentum=0.9)
+def test_max_wait_releases_a_partial_round():
+    m = master(min_deltas=2, max_wait_s=60.0, outer_lr=0.5, outer_momentum=0.0)
     assert not m.ready(now=0.0) and m.round(now=0.0, force=True) is None  # nothing pending
     m.offer(make_delta("n1", 1, 0, 10, [2.0, 2.0], [2.0]), now=100.0)
     assert not m.ready(now=159.9) and m.ready(now=160.0)  # injected clock, from first arrival
-    partial = m.round(now=160.0)
-    # Plain SGD: w -= 0.5 * g -> a = [0, 1], b = -0.5; the momentum buffer stays untouched.
-    assert not partial.momentum_applied
-    assert_weights(partial.weights, {"a": [0.0, 1.0], "b": [-0.5]})
-    assert m.snapshot().optimizer_state["momentum_buffer"] == {}
-    m.offer(make_delta("n1", 2, 1, 10, [1.0, 1.0], [1.0]), now=200.0)
-    m.offer(make_delta("n2", 1, 1, 10, [1.0, 1.0], [1.0]), now=200.0)
-    full = m.round(now=200.0)
-    # Full round from a zero buffer: w -= 0.5 * 1.9 * 1 -> a = [-0.95, 0.05], b = -1.45.
-    assert full.momentum_applied
-    assert_weights(full.weights, {"a": [-0.95, 0.05], "b": [-1.45]})
+    # The only node known so far is the whole fleet: w -= 0.5 * 2 -> a = [0, 1], b = -0.5.
+    assert_weights(m.round(now=160.0).weights, {"a": [0.0, 1.0], "b": [-0.5]})
+
+
+def test_a_round_of_part_of_the_fleet_applies_its_share_and_momentum_once_per_fleet_loop():
+    m = master(min_deltas=1, outer_lr=1.0, outer_momentum=0.5, staleness_discount=1.0)
+    m.offer(make_delta("n1", 1, 0, 10, [1.0, 1.0], [1.0]), now=0.0)
+    m.offer(make_delta("n2", 1, 0, 10, [1.0, 1.0], [1.0]), now=0.0)
+    # Both nodes: plain Nesterov from a zero buffer: buf = 1, w -= 1 * (1 + 0.5 * 1) = 1.5.
+    first = m.round(now=0.0)
+    assert first.momentum_applied
+    assert_weights(first.weights, {"a": [-0.5, 0.5], "b": [-1.0]})
+    # n1 alone is half the fleet's tokens: its gradient part at half weight, no momentum yet.
+    m.offer(make_delta("n1", 2, 1, 10, [2.0, 2.0], [2.0]), now=1.0)
+    half = m.round(now=1.0)
+    assert not half.momentum_applied
+    assert_weights(half.weights, {"a": [-1.5, -0.5], "b": [-2.0]})
+    # n2's half completes a fleet's worth: gradient part 0.5 * 2 = 1, then buf = 0.5 * 1 +
+    # (1 + 1) = 2.5 and the look-ahead 1 * 0.5 * 2.5 = 1.25: w -= 2.25 in all.
+    m.offer(make_delta("n2", 2, 1, 10, [2.0, 2.0], [2.0]), now=2.0)
+    other = m.round(now=2.0)
+    assert other.momentum_applied
+    assert_weights(other.weights, {"a": [-3.75, -2.75], "b": [-4.25]})
 
 
 def test_forced_round_takes_a_partial_round_at_the_end_of_training():
-    m = master(min_deltas=3, max_wait_s=600.0, outer_lr=1.0)
+    m = master(min_deltas=3, max_wait_s=600.0, outer_lr=1.0, outer_momentum=0.0)
     m.offer(make_delta("n1", 1, 0, 10, [1.0, 1.0], [1.0]), now=0.0)
     assert m.round(now=1.0) is None
     result = m.round(now=1.0, force=True)
@@ -320,6 +332,7 @@ def test_momentum_survives_save_load(tmp_path):
 
 def test_naive_async_mode_is_still_possible_with_a_warning():
     config = dict(min_deltas=1, outer_momentum=0.9, staleness_discount=1.0, outer_lr=1.0)
+    config["policy"] = "naive"
     with pytest.warns(UserWarning, match="naive async"):
         m = master(**config)
     # Each delta alone is a full round with momentum, a stale one at full weight.

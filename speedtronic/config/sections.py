@@ -260,6 +260,9 @@ class DistributedConfig:
     max_wait_s: float = ranged(600.0, "[0, 604800]", "at most a week")  # or a partial round
     max_staleness: int = ranged(4, "[0, 2**20]")  # outer steps behind: older deltas are dropped
     staleness_discount: float = ranged(0.5, "(0, 1]")  # weight x discount ** staleness
+    # fleet: each round counts as its share of the fleet's work, momentum once per fleet loop;
+    # naive: every round's mean in full with momentum (diverges with uneven workers)
+    outer_policy: Literal["fleet", "naive"] = "fleet"
     delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
 

@@ -16,6 +16,7 @@ import hashlib
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -53,14 +54,25 @@ def master_config(config: Any) -> MasterConfig:
         max_wait_s=config.max_wait_s,
         max_staleness=config.max_staleness,
         staleness_discount=config.staleness_discount,
+        policy=config.outer_policy,
     )
 
 
 class MasterLoop:
     """Polls, validates, aggregates and publishes; one thread calls ``poll_once`` at a time."""
 
-    def __init__(self, config: Any, weights: Tensors, transport: Transport, logger: Any, state_dir):
+    def __init__(
+        self,
+        config: Any,
+        weights: Tensors,
+        transport: Transport,
+        logger: Any,
+        state_dir: str | Path,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one)."""
         self.config, self.transport, self.logger = config, transport, logger
+        self.clock = clock
         self.state_dir = Path(state_dir)
         self.initial_weights = weights
         self.master: Master | None = None
@@ -111,7 +123,7 @@ class MasterLoop:
             if self.settled_versions.get(ref.path) != ref.version:
                 self._take(ref)
         with self.lock:
-            result = self.master.round(time.monotonic(), force=force)
+            result = self.master.round(self.clock(), force=force)
         if result is None:
             return None
         self._count_round(result)
@@ -135,7 +147,7 @@ class MasterLoop:
                 return  # e.g. a state saved but the publish that deletes it never happened
             header, tensors = decode_delta(data, ref.path, self.master.global_weights)
             self.counters["found"] += 1
-            if self.master.offer(ReceivedDelta(identity, header, tensors), time.monotonic()) == (
+            if self.master.offer(ReceivedDelta(identity, header, tensors), self.clock()) == (
                 "stale"
             ):
                 self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
@@ -151,10 +163,10 @@ class MasterLoop:
             "diloco_round",
             {
                 "outer_step": result.outer_step,
-                **result.counts,
+                **result.counts,  # this round's; the counters below are totals so far
                 "tokens": result.tokens,
                 "momentum": result.momentum_applied,
-                **self.counters,
+                **{f"total_{k}": v for k, v in self.counters.items()},
             },
         )
 

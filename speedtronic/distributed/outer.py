@@ -66,6 +66,7 @@ class MasterConfig:
     max_wait_s: float = 600.0  # a partial round after this long since the first pending delta
     max_staleness: int = 4  # outer steps; staler deltas are rejected
     staleness_discount: float = 0.5  # weight factor per outer step of staleness
+    policy: str = "fleet"  # "fleet": the stable async rule (module doc); "naive": per round
 
     def __post_init__(self) -> None:
         rules = [
@@ -75,6 +76,7 @@ class MasterConfig:
             ("max_wait_s", self.max_wait_s >= 0, ">= 0"),
             ("max_staleness", self.max_staleness >= 0, ">= 0"),
             ("staleness_discount", 0 < self.staleness_discount <= 1, "in (0, 1]"),
+            ("policy", self.policy in ("fleet", "naive"), "fleet or naive"),
         ]
         for key, ok, rule in rules:
             if not ok:
@@ -82,11 +84,12 @@ class MasterConfig:
 
     def warnings(self) -> list[str]:
         """Why this setting is unsafe for uneven async workers; empty for the stable ones."""
-        if self.min_deltas == 1 and self.outer_momentum > 0:
+        if self.policy == "naive" and self.outer_momentum > 0:
             return [
-                f"distributed.min_deltas 1 with outer_momentum {self.outer_momentum} applies "
-                "momentum to every single, possibly stale delta (naive async), which diverged "
-                "in our benchmark; use min_deltas >= 2 unless you are experimenting"
+                f"distributed.outer_policy naive with outer_momentum {self.outer_momentum} "
+                "applies every round's mean in full with momentum, however few and stale its "
+                "deltas (naive async), which diverged in our benchmark; use the fleet policy "
+                "unless you are experimenting"
             ]
         return []
 
@@ -103,6 +106,8 @@ class OuterOptimizer:
             raise ValueError(f"outer lr must be > 0 and momentum in [0, 1) (got {lr}, {momentum})")
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
         self.buffers: Tensors = {}
+        self.pending: Tensors = {}  # delayed_step's gradient sum since momentum last applied
+        self.pending_tokens = 0
 
     @torch.no_grad()
     def step(
@@ -115,6 +120,35 @@ class OuterOptimizer:
             grad = pseudo_grad[name].to(device=weight.device, dtype=weight.dtype)
             use_buffer = apply_momentum and self.momentum > 0
             weight.sub_(self._nesterov(name, grad) if use_buffer else grad, alpha=self.lr)
+
+    @torch.no_grad()
+    def delayed_step(
+        self, global_weights: Tensors, pseudo_grad: Tensors, tokens: int, fleet_tokens: int
+    ) -> bool:
+        """Delayed Nesterov: the gradient part now, the momentum part per fleet's worth of tokens.
+
+        Every call applies ``lr * g`` at once and adds ``g`` to a pending sum; once the pending
+        rounds hold ``fleet_tokens`` (all nodes' work of one inner loop), the buffer takes the
+        sum (``buf = momentum * buf + sum``) and the look-ahead ``lr * momentum * buf`` is
+        applied. With every node in every round this is exactly ``step``; with rounds of a few
+        nodes, momentum still counts once per inner loop of the fleet, not once per round.
+        Returns whether momentum was applied.
+        """
+        for name, weight in global_weights.items():
+            weight.sub_(pseudo_grad[name].to(weight.dtype), alpha=self.lr)
+        if self.momentum == 0:
+            return False
+        for name, grad in pseudo_grad.items():
+            self.pending.setdefault(name, torch.zeros_like(grad)).add_(grad)
+        self.pending_tokens += tokens
+        if self.pending_tokens < fleet_tokens:
+            return False
+        for name, weight in global_weights.items():
+            buf = self.buffers.setdefault(name, torch.zeros_like(weight))
+            buf.mul_(self.momentum).add_(self.pending[name])
+            weight.sub_(buf, alpha=self.lr * self.momentum)
+        self.pending, self.pending_tokens = {}, 0
+        return True
 
     def _nesterov(self, name: str, grad: Tensor) -> Tensor:
         buf = self.buffers.get(name)
@@ -235,6 +269,9 @@ class Master:
         self._optimizer.load_state_dict(state.optimizer_state)
         self._pending: dict[str, ReceivedDelta] = {}
         self._first_pending_at: float | None = None
+        # node -> (tokens of its latest delta, outer step then): the fleet's work per inner
+        # loop, which scales each round. In memory only: after a restart it is re-learnt.
+        self._fleet: dict[str, tuple[int, int]] = {}
         self._stale: list[str] = []  # settled since the last round, reported by the next
         self._bad: dict[str, str] = {}
         for message in config.warnings():
@@ -291,15 +328,30 @@ class Master:
             return None
         cfg, pending = self.config, list(self._pending.values())
         got = aggregate(pending, self._step, cfg.max_staleness, cfg.staleness_discount)
-        full = len(got.included) >= cfg.min_deltas and cfg.outer_momentum > 0
+        full = False
         if got.included:
-            self._optimizer.step(self._weights, got.mean, apply_momentum=full)
+            full = self._apply(got, [d for d in pending if d.identity in got.weights])
             self._step += 1
         self._processed.update(self._pending)
         stale, bad = self._stale + got.stale, {**self._bad, **got.bad}
         self._pending, self._first_pending_at, self._stale, self._bad = {}, None, [], {}
         weights = {k: t.clone() for k, t in self._weights.items()}
         return RoundResult(self._step, weights, got.included, stale, bad, full, got.tokens)
+
+    def _apply(self, got: AggregateResult, included: list[ReceivedDelta]) -> bool:
+        """One outer step from a round's mean; returns whether momentum was applied."""
+        if self.config.policy == "naive":
+            self._optimizer.step(self._weights, got.mean)
+            return self.config.outer_momentum > 0
+        for delta in included:
+            self._fleet[delta.header.node_id] = (delta.header.tokens, self._step)
+        active = [
+            t for t, seen in self._fleet.values() if self._step - seen <= self.config.max_staleness
+        ]
+        fleet_tokens = max(sum(active), got.tokens)
+        share = got.tokens / fleet_tokens  # this round's part of one inner loop of the fleet
+        scaled = {k: v.mul(share) for k, v in got.mean.items()}
+        return self._optimizer.delayed_step(self._weights, scaled, got.tokens, fleet_tokens)
 
     def snapshot(self) -> MasterState:
         """The state to save; it shares tensors with the master: save it before the next round."""

@@ -143,7 +143,7 @@ class WorkerPlugin:
         self._queue(Pending(delta, self.base_outer_step, steps, tokens))
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current
-        installed = self._install_ready(trainer)
+        installed = self.install_ready(trainer)
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
@@ -154,7 +154,8 @@ class WorkerPlugin:
             self.outbox = pending if self.outbox is None else fold(self.outbox, pending)
         self._wake.set()
 
-    def _install_ready(self, trainer: Any) -> int | None:
+    def install_ready(self, trainer: Any) -> int | None:
+        """Install a downloaded global newer than the base; its outer step, or None."""
         with self._lock:
             ready, self.ready = self.ready, None
         if ready is None or ready[0] <= self.base_outer_step:
