@@ -107,7 +107,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 def encoded_sizes(worker: WorkerPlugin) -> dict[str, int]:
     """The bytes of one real pseudo-gradient of this run in every encoding."""
-    delta = {k: worker.base[k] - p.detach().float().cpu() for k, p in worker.params.items()}
+    delta = {k: (worker.base[k] - p.detach().float()).cpu() for k, p in worker.params.items()}
     sizes = {}
     for encoding in ("fp32", "bf16", "int8"):
         header = DeltaHeader("bench", 1, 0, 1, 1, encoding, "now")

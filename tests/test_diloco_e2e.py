@@ -106,7 +106,7 @@ def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
     assert step >= 2, log_of(tmp_path, "master")
     for name in ("worker-1", "worker-2"):
         assert "installed global" in log_of(tmp_path, name), log_of(tmp_path, name)
-    assert global_loss(final) < global_loss(initial) - 0.5
+    assert global_loss(final) < global_loss(initial) - 0.2  # learnt, through the global
 
 
 def wait_until(condition, timeout: float = 60.0) -> bool:

@@ -42,6 +42,8 @@ def make_delta(node: str, seq: int, base: int, tokens: int, a, b) -> ReceivedDel
 
 
 def master(state_step: int = 0, **config) -> Master:
+    """A master with momentum (DiLoCo's 0.7 / 0.9) unless told otherwise: most tests need it."""
+    config = {"outer_lr": 0.7, "outer_momentum": 0.9, **config}
     state = MasterState(state_step, tensors(W0)) if state_step else None
     return Master(MasterConfig(**config), tensors(W0), state)
 
@@ -347,7 +349,7 @@ def test_naive_async_mode_is_still_possible_with_a_warning():
 
 def test_defaults_are_the_stable_policy():
     config = MasterConfig()
-    assert (config.outer_lr, config.outer_momentum, config.nesterov) == (0.7, 0.9, True)
+    assert (config.outer_lr, config.outer_momentum, config.nesterov) == (1.0, 0.0, True)
     assert config.min_deltas >= 2 and config.staleness_discount < 1
     assert config.max_wait_s > 0 and config.max_staleness >= 1
     assert config.warnings() == []

@@ -253,8 +253,10 @@ class DistributedConfig:
     train_locally: bool = True  # false: a master that only coordinates
     outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
     state_dir: str | None = None  # master state; default <output_dir>/diloco_master
-    outer_lr: float = ranged(0.7, "(0, inf)")
-    outer_momentum: float = ranged(0.9, "[0, 1)")
+    # Plain averaging: the best asynchronous setting measured (docs/benchmarks.md, DumbDiLoCo);
+    # the DiLoCo paper's 0.7 / 0.9 needs synchronous rounds
+    outer_lr: float = ranged(1.0, "(0, inf)")
+    outer_momentum: float = ranged(0.0, "[0, 1)")
     min_deltas: int = ranged(2, "[1, 2**20]")  # quorum of deltas per round
     # Timeouts feed sleeps and lock waits, which overflow past ~292 years; a week is plenty
     max_wait_s: float = ranged(600.0, "[0, 604800]", "at most a week")  # or a partial round

@@ -5,20 +5,20 @@ No network I/O: the coordinator offers deltas that ``codec`` validated and publi
 
 Aggregation (DESIGN.md section 5): a round's deltas form a weighted mean, weight = tokens *
 ``staleness_discount`` ** staleness (outer step - the delta's ``base_outer_step``); staler than
-``max_staleness`` is stale (counted, never applied), a base from the future is bad. The mean
-takes one Nesterov SGD step (lr 0.7, momentum 0.9, as in DiLoCo). The discount reweights deltas
-within a round: a round of stale deltas alone still applies in full, bounded by the cut-off.
+``max_staleness`` is stale (counted, never applied), a base from the future is bad. A round
+runs at a quorum: ``min_deltas`` deltas, or ``max_wait_s`` after the first arrived.
 
-Why these defaults: each stale delta applied alone with Nesterov 0.9 (naive async) diverged at
-our scale (workers at speeds 1 : 1.3 : 2.6 : 5.7, eval loss 25 from 5.3; Liu et al. 2024,
-"Asynchronous Local-SGD", saw the same), while buffering deltas matched synchronous DiLoCo. So a
-round waits for a quorum, ``min_deltas`` (2) deltas or ``max_wait_s`` (600 s) after the first
-arrived; staleness is discounted (x0.5 per step, cut off beyond 4); and momentum is delayed-
-Nesterov style, a property of full rounds: a round of >= ``min_deltas`` deltas updates the
-buffer and takes the Nesterov step, a partial round (``max_wait_s``, or forced at the end) is
-plain SGD, ``w -= outer_lr * mean``, buffer untouched, so lone deltas are never amplified by
-momentum. ``min_deltas`` = the number of workers gives rounds like synchronous DiLoCo. Naive
-async (``min_deltas=1``, momentum 0.9, discount 1) stays possible, with a warning.
+The ``fleet`` policy (default). DumbDiLoCo never makes a worker wait, so a round holds only
+part of the fleet and every delta is at least one round stale. Applying each round's mean in
+full with Nesterov momentum (``naive``) therefore steps several times per inner loop of the
+fleet, and diverged in our benchmark (naive async, and the first version of this module: eval
+loss 21.8 against 1.55 for one worker). So a round's mean is scaled by its tokens' share of the
+fleet's work per inner loop (the latest delta's tokens of every node heard from within
+``max_staleness`` outer steps), and momentum is delayed Nesterov (Liu et al. 2024,
+"Asynchronous Local-SGD"): the gradient part at once, the momentum look-ahead once per fleet's
+worth of tokens; with every node in every round this is exactly DiLoCo's Nesterov step. The
+defaults are plain averaging (outer lr 1.0, momentum 0), the best asynchronous setting
+measured; DiLoCo's 0.7 / 0.9 was worse asynchronously (docs/benchmarks.md).
 
 I1: identity = ``node_id/seq/sha256(bytes)`` (restarted workers reuse names); every settled one
 (applied, stale, bad) is kept, across save/load too, and a repeat is a "duplicate". At ~100
@@ -59,8 +59,8 @@ class ReceivedDelta:
 class MasterConfig:
     """The outer optimizer and the round policy; defaults are the stable async policy."""
 
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = 1.0  # plain averaging: see the module docstring
+    outer_momentum: float = 0.0
     nesterov: bool = True
     min_deltas: int = 2  # quorum: deltas per full round
     max_wait_s: float = 600.0  # a partial round after this long since the first pending delta
