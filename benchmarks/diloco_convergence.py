@@ -190,6 +190,7 @@ class Arm:
     uneven: bool = False
     policy: dict[str, Any] = field(default_factory=dict)  # MasterConfig fields
     reset_inner: bool = True
+    reapply_own: bool = True  # distributed.reapply_own_delta
     delta_dtype: str = "bf16"
     master_poll: float | None = None  # None: --master-poll
     sync: bool = False  # reference only: workers block at boundaries (the paper's DiLoCo)
@@ -242,6 +243,8 @@ def _apply_modifier(arm: Arm, mod: str, name: str) -> Arm:
         return replace(arm, reset_inner=False)
     if mod == "sync":
         return replace(arm, sync=True)
+    if mod == "bare":  # install the bare global (reapply_own_delta: false)
+        return replace(arm, reapply_own=False)
     if mod.startswith("mp"):
         with contextlib.suppress(ValueError):
             return replace(arm, master_poll=float(mod[2:]))
@@ -599,6 +602,7 @@ class Job:
             poll_interval=scale.master_poll or 1.0,
             inner_steps=scale.inner_steps,
             reset_inner_optimizer=arm.reset_inner,
+            reapply_own_delta=arm.reapply_own,
             delta_dtype=arm.delta_dtype,
             upload_timeout_s=1.0,
         )

@@ -34,5 +34,6 @@ def settings(**overrides):
         max_staleness=4,
         staleness_discount=1.0,
         outer_policy="fleet",
+        reapply_own_delta=False,
     )
     return SimpleNamespace(**{**base, **overrides})

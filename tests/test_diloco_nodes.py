@@ -315,3 +315,26 @@ def test_I4_a_corrupt_global_is_logged_and_never_installed(tmp_path):
     trainer.train_step(worker)
     trainer.train_step(worker)
     assert torch.equal(net.weight, torch.full((1, 2), 0.5))  # training went on, nothing installed
+
+
+@pytest.mark.parametrize(("reapply", "expected"), [(False, 0.7), (True, 0.7 - 0.5 * 20 / 40)])
+def test_an_installed_global_carries_the_nodes_own_just_sent_delta_at_its_share(
+    tmp_path, reapply, expected
+):
+    from speedtronic.distributed.codec import encode_weights
+
+    transport = LocalTransport(tmp_path)
+    net = model(1.0)
+    config = settings(reapply_own_delta=reapply, outer_lr=1.0)
+    worker, trainer = (
+        WorkerPlugin(config, net, transport, Log(), background=False),
+        FakeTrainer(net),
+    )
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)  # -0.25, 10 tokens
+    weights = encode_weights({"weight": torch.full((1, 2), 0.7)}, 1)
+    transport.publish(weights, {"outer_step": 1, "fleet_tokens": 40}, [])
+    worker.refresh()
+    trainer.train_step(worker)  # boundary: own delta 0.5 over 20 tokens, the fleet does 40
+    torch.testing.assert_close(net.weight, torch.full((1, 2), expected))
+    assert worker.base_outer_step == 1

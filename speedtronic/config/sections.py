@@ -250,6 +250,9 @@ class DistributedConfig:
     inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
     poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
     reset_inner_optimizer: bool = True  # clear AdamW moments when a new global is installed
+    # install the global minus this node's own just-sent delta at the master's share, so the
+    # next inner loop does not start from weights that lack the node's last one
+    reapply_own_delta: bool = True
     train_locally: bool = True  # false: a master that only coordinates
     outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
     state_dir: str | None = None  # master state; default <output_dir>/diloco_master

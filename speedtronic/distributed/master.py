@@ -178,6 +178,7 @@ class MasterLoop:
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "weights_sha256": hashlib.sha256(data).hexdigest(),
             "format": 1,
+            "fleet_tokens": self.master.fleet_tokens,  # lets workers re-apply their own delta
         }
         start = time.perf_counter()
         self.transport.publish(data, step_count, consumed)

@@ -287,6 +287,12 @@ class Master:
         return self._weights
 
     @property
+    def fleet_tokens(self) -> int:
+        """Tokens of one inner loop of every node heard from within max_staleness outer steps."""
+        horizon = self._step - self.config.max_staleness
+        return sum(tokens for tokens, seen in self._fleet.values() if seen >= horizon)
+
+    @property
     def pending(self) -> int:
         return len(self._pending)
 
@@ -345,10 +351,7 @@ class Master:
             return self.config.outer_momentum > 0
         for delta in included:
             self._fleet[delta.header.node_id] = (delta.header.tokens, self._step)
-        active = [
-            t for t, seen in self._fleet.values() if self._step - seen <= self.config.max_staleness
-        ]
-        fleet_tokens = max(sum(active), got.tokens)
+        fleet_tokens = max(self.fleet_tokens, got.tokens)
         share = got.tokens / fleet_tokens  # this round's part of one inner loop of the fleet
         scaled = {k: v.mul(share) for k, v in got.mean.items()}
         return self._optimizer.delayed_step(self._weights, scaled, got.tokens, fleet_tokens)

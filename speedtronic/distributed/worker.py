@@ -91,7 +91,7 @@ class WorkerPlugin:
         self.seq = 0
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
-        self.ready: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.ready: tuple[int, dict[str, torch.Tensor], int] | None = None  # step, weights, fleet
         self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -143,7 +143,7 @@ class WorkerPlugin:
         self._queue(Pending(delta, self.base_outer_step, steps, tokens))
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current
-        installed = self.install_ready(trainer)
+        installed = self.install_ready(trainer, own=(delta, tokens))
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
@@ -154,14 +154,25 @@ class WorkerPlugin:
             self.outbox = pending if self.outbox is None else fold(self.outbox, pending)
         self._wake.set()
 
-    def install_ready(self, trainer: Any) -> int | None:
-        """Install a downloaded global newer than the base; its outer step, or None."""
+    def install_ready(self, trainer: Any, own: tuple[dict, int] | None = None) -> int | None:
+        """Install a downloaded global newer than the base; its outer step, or None.
+
+        ``own`` is the delta this boundary just queued and its tokens. The global cannot contain
+        it yet, so with ``reapply_own_delta`` the node steps from the global by the share the
+        master will give it (``outer_lr`` x its tokens / the fleet's), instead of training its
+        next inner loop from weights that lack its own last one.
+        """
         with self._lock:
             ready, self.ready = self.ready, None
         if ready is None or ready[0] <= self.base_outer_step:
             return None
-        outer_step, weights = ready
+        outer_step, weights, fleet_tokens = ready
         self._load_weights(weights)
+        if own is not None and fleet_tokens and self.config.reapply_own_delta:
+            share = self.config.outer_lr * min(1.0, own[1] / fleet_tokens)
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.sub_(own[0][name].to(param.dtype), alpha=share)
         self.base, self.base_outer_step = snapshot(self.params), outer_step
         if self.config.reset_inner_optimizer:
             trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
@@ -257,7 +268,7 @@ class WorkerPlugin:
         if outer_step != counted["outer_step"]:
             return  # a publish in flight: step_count and weights disagree until it ends
         with self._lock:
-            self.ready = (outer_step, weights)
+            self.ready = (outer_step, weights, counted.get("fleet_tokens") or 0)
 
     def _install_latest_global_now(self) -> None:
         """At start only: begin from the newest global, if the run has one."""
