@@ -281,18 +281,18 @@ def test_I3_a_crash_before_the_manifest_keeps_the_previous_state(tmp_path, monke
     rounds(m, 1)
     m.snapshot().save(tmp_path)
     rounds(m, 1, first_seq=2)
-    write = master_state._write_durably
+    write = master_state.replace_atomically
 
     def crash_on_manifest(path, data):
         if path.name.startswith("step_"):
             raise KeyboardInterrupt  # killed after the data files, before the manifest
         write(path, data)
 
-    monkeypatch.setattr(master_state, "_write_durably", crash_on_manifest)
+    monkeypatch.setattr(master_state, "replace_atomically", crash_on_manifest)
     with pytest.raises(KeyboardInterrupt):
         m.snapshot().save(tmp_path)
     assert MasterState.load(tmp_path).outer_step == 1
-    monkeypatch.setattr(master_state, "_write_durably", write)
+    monkeypatch.setattr(master_state, "replace_atomically", write)
     m.snapshot().save(tmp_path)
     assert MasterState.load(tmp_path).outer_step == 2
 

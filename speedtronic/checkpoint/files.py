@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,25 @@ def install_dir(tmp: Path, final: Path) -> Path:
     return final
 
 
-def write_latest(root: Path, step: int, name: str) -> None:
-    tmp = root / f"{LATEST_FILE}.tmp-{os.getpid()}"
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a ``.tmp-*`` sibling, fsync it, rename it over ``path``.
+
+    Readers see the old file or the whole new one, never a torn write; the tmp file is removed
+    if anything fails. The directory is not fsynced: callers decide when the rename must be
+    durable (``fsync_dir``).
+    """
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        write_json(tmp, {"step": int(step), "path": name})
-        os.replace(tmp, root / LATEST_FILE)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            flush_and_sync(f)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_latest(root: Path, step: int, name: str) -> None:
+    pointer = json.dumps({"step": int(step), "path": name}, indent=2) + "\n"
+    replace_atomically(root / LATEST_FILE, pointer.encode())
     fsync_dir(root)

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from speedtronic.checkpoint.files import flush_and_sync, fsync_dir
+from speedtronic.checkpoint.files import fsync_dir, replace_atomically
 from speedtronic.errors import CheckpointError
 
 STATE_FORMAT = "speedtronic-master-1"
@@ -78,7 +78,7 @@ class MasterState:
         }
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
-        _write_durably(path, json.dumps(manifest, indent=2).encode())
+        replace_atomically(path, json.dumps(manifest, indent=2).encode())
         fsync_dir(root)
         _prune(root)
         return path
@@ -117,23 +117,13 @@ def _refuse_going_back(root: Path, step: int, sha256: str) -> None:
         )
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    """tmp file + fsync + os.replace: readers see the old file or the whole new one. A tmp
-    file left by a failed write is removed by the next save's ``_prune``."""
-    tmp = path.with_name(f"{_TMP_PREFIX}{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        flush_and_sync(f)
-    os.replace(tmp, path)
-
-
 def _write_content(root: Path, kind: str, data: bytes) -> dict[str, str]:
     """Write under a name derived from the content; rewritten even if present, so a damaged
     file of the same name never survives a save."""
     digest = hashlib.sha256(data).hexdigest()
     stem, ext = kind.split(".")
     name = f"{stem}-{digest[:16]}.{ext}"
-    _write_durably(root / name, data)
+    replace_atomically(root / name, data)
     return {"file": name, "sha256": digest}
 
 

@@ -14,12 +14,11 @@ import contextlib
 import json
 import os
 import stat
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from speedtronic.checkpoint.files import fsync_dir
+from speedtronic.checkpoint.files import fsync_dir, replace_atomically
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
@@ -154,16 +153,10 @@ class LocalTransport:
 
     def _write(self, path: str, data: bytes) -> None:
         final = self._resolve(path)
-        tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
+            replace_atomically(final, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise TransportError(f"cannot write {path} in {self.root}: {exc.strerror}") from exc
         # After the rename the file has landed: raising now would make the caller send it again.
         with contextlib.suppress(OSError):
