@@ -88,7 +88,6 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import warnings
@@ -99,8 +98,10 @@ from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import torch  # noqa: E402
+from train_text import write_stdlib_corpus  # noqa: E402  (the example's corpus)
 
 from speedtronic.distributed.codec import decode_weights, expected_delta_bytes  # noqa: E402
 from speedtronic.distributed.master import MasterLoop  # noqa: E402
@@ -290,20 +291,6 @@ def job_cost(arm: Arm, scale: Scale) -> float:
 
 
 # ---------------------------------------------------------------------- corpus & runtimes
-
-
-def write_stdlib_corpus(path: Path) -> int:
-    """Every top-level stdlib module (valid UTF-8 only), as examples/train_text.py does."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    with path.open("wb") as out:
-        for module in sorted(stdlib.glob("*.py")):
-            data = module.read_bytes()
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            out.write(data if data.endswith(b"\n") else data + b"\n")
-    return path.stat().st_size
 
 
 def make_config(
