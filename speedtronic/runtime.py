@@ -180,7 +180,6 @@ def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> Tra
 
 def check_model(config: SpeedtronicConfig) -> nn.Module:
     """Build the configured model on the meta device: its config errors, without the memory."""
-    check_seq_len(config)
     with torch.device("meta"):
         return build_model(config.model.name, config.model.params, config.model.imports)
 

@@ -61,9 +61,10 @@ def bench(
     cfg = load_config(config, sets + list(overrides or []))
 
     from speedtronic.bench import BenchOptions, run_bench
-    from speedtronic.runtime import check_model
+    from speedtronic.runtime import check_model, check_seq_len
 
-    check_model(cfg)  # a bad model config fails now, not after minutes of measuring
+    check_seq_len(cfg)  # a bad model config fails now, not after minutes of measuring
+    check_model(cfg)
 
     options = BenchOptions(
         quick=quick,

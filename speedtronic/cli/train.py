@@ -140,18 +140,15 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
     Building runs the config's code (model.imports, an import-path factory), so without
     ``--build`` only models registered by Speedtronic itself are built.
     """
-    import torch
-
-    from speedtronic.registry import build_model, is_import_path
-    from speedtronic.runtime import count_parameters
+    from speedtronic.registry import is_import_path
+    from speedtronic.runtime import check_model, count_parameters
 
     model = cfg.model
     if not build and is_import_path(model.name):
         return "not counted (import-path model; pass --build to build it)", None
     if not build and model.imports:
         return "not counted (model.imports not imported; pass --build to import them)", None
-    with torch.device("meta"):  # count parameters without allocating them
-        built = build_model(model.name, model.params, model.imports)
+    built = check_model(cfg)  # on the meta device: counted without allocating
     return count_parameters(built), built
 
 
