@@ -89,7 +89,8 @@ class MasterLoop:
         state = MasterState.load(self.state_dir, log=self.logger.warn)
         if restored is not None and (state is None or restored.outer_step > state.outer_step):
             state = restored
-        published = self._published_state(state.outer_step if state else -1)
+        counted = self.transport.read_step_count()
+        published = self._published_state(counted, state.outer_step if state else -1)
         state = published or state
         policy = master_config(self.config)
         for message in policy.warnings():  # e.g. naive async: said once, in the run's log
@@ -97,14 +98,12 @@ class MasterLoop:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             self.master = Master(policy, self.initial_weights, state)
-        counted = self.transport.read_step_count()
         if counted is None or counted["outer_step"] < self.master.outer_step:
             self._save_and_publish(self.master.outer_step, self.master.global_weights, [])
         self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
 
-    def _published_state(self, local_step: int) -> MasterState | None:
+    def _published_state(self, counted: dict | None, local_step: int) -> MasterState | None:
         """The repo's global, if it is ahead of everything local (a master on a new machine)."""
-        counted = self.transport.read_step_count()
         if counted is None or counted["outer_step"] <= local_step:
             return None
         data = self.transport.read(GLOBAL_WEIGHTS, self._max_bytes())
