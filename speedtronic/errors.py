@@ -40,4 +40,10 @@ class TrainingError(SpeedtronicError):
 
 
 class TransportError(SpeedtronicError):
-    """A DiLoCo transport (Hub or shared directory) failed (exit 1)."""
+    """A DiLoCo transport (Hub or shared directory) failed (exit 1).
+
+    ``permanent``: retrying cannot help (no access, no repo), so a node stops at once rather
+    than training on with work that can never reach the fleet.
+    """
+
+    permanent = False

@@ -38,7 +38,7 @@ from speedtronic.distributed.outer import (
     RoundResult,
     delta_identity,
 )
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, parse_delta_path
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODE_ID_RE, parse_delta_path
 from speedtronic.distributed.transport import DeltaRef, Transport
 from speedtronic.errors import SpeedtronicError
 
@@ -56,6 +56,26 @@ def master_config(config: Any) -> MasterConfig:
         staleness_discount=config.staleness_discount,
         policy=config.outer_policy,
     )
+
+
+def transport_stats(transport: Transport) -> dict[str, Any]:
+    """The transport's request counters (the Hub's budgets), if it keeps any."""
+    stats = getattr(transport, "stats", None)
+    return stats() if stats is not None else {}
+
+
+def known_nodes(counted: dict | None) -> dict[str, dict[str, Any]]:
+    """The ``nodes`` summary of a published step count, kept only where well-formed."""
+    nodes = (counted or {}).get("nodes")
+    if not isinstance(nodes, dict):
+        return {}
+    fields = ("seq", "base_outer_step", "last_delta_at", "tokens")
+    return {
+        node: {k: info[k] for k in fields}
+        for node, info in nodes.items()
+        if isinstance(node, str) and NODE_ID_RE.fullmatch(node)
+        if isinstance(info, dict) and all(k in info for k in fields)
+    }
 
 
 class MasterLoop:
@@ -80,6 +100,10 @@ class MasterLoop:
         self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
         self.unusable: list[str] = []  # paths of bad files to delete with the next publish
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
+        self.nodes: dict[str, dict[str, Any]] = {}  # node -> its newest accepted delta, for status
+        # the Hub limits commits per repo, so its transport asks for a pause between publishes
+        self.min_publish_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
+        self.last_publish = -float("inf")  # on ``clock``
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
 
     # ------------------------------------------------------------------ start-up
@@ -90,6 +114,7 @@ class MasterLoop:
         if restored is not None and (state is None or restored.outer_step > state.outer_step):
             state = restored
         counted = self.transport.read_step_count()
+        self.nodes = known_nodes(counted)
         published = self._published_state(counted, state.outer_step if state else -1)
         state = published or state
         policy = master_config(self.config)
@@ -121,6 +146,8 @@ class MasterLoop:
         for ref in self.transport.list_deltas():
             if self.settled_versions.get(ref.path) != ref.version:
                 self._take(ref)
+        if not force and self.clock() - self.last_publish < self.min_publish_interval_s:
+            return None  # the offered deltas wait for the next poll's round
         with self.lock:
             result = self.master.round(self.clock(), force=force)
         if result is None:
@@ -150,10 +177,21 @@ class MasterLoop:
                 "stale"
             ):
                 self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
+            else:
+                self._note_node(header)
         except BadDelta as exc:
             self.counters["rejected"] += 1
             self.unusable.append(ref.path)
             self.logger.warn(f"diloco master: rejected {ref.path}: {exc}")
+
+    def _note_node(self, header: Any) -> None:
+        """Remember a node's latest accepted delta; ``hub status`` shows it from step_count."""
+        self.nodes[header.node_id] = {
+            "seq": header.seq,
+            "base_outer_step": header.base_outer_step,
+            "last_delta_at": header.created_at,
+            "tokens": header.tokens,
+        }
 
     def _count_round(self, result: RoundResult) -> None:
         self.counters["included"] += len(result.included)
@@ -166,6 +204,7 @@ class MasterLoop:
                 "tokens": result.tokens,
                 "momentum": result.momentum_applied,
                 **{f"total_{k}": v for k, v in self.counters.items()},
+                **transport_stats(self.transport),
             },
         )
 
@@ -178,9 +217,11 @@ class MasterLoop:
             "weights_sha256": hashlib.sha256(data).hexdigest(),
             "format": 1,
             "fleet_tokens": self.master.fleet_tokens,  # lets workers re-apply their own delta
+            "nodes": self.nodes,
         }
         start = time.perf_counter()
         self.transport.publish(data, step_count, consumed)
+        self.last_publish = self.clock()
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},

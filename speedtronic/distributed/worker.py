@@ -93,6 +93,7 @@ class WorkerPlugin:
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.ready: tuple[int, dict[str, torch.Tensor], int] | None = None  # step, weights, fleet
         self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
+        self.fatal: Exception | None = None  # a permanent transport failure, raised in training
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -115,11 +116,15 @@ class WorkerPlugin:
             self._wake.set()
 
     def after_optimizer_step(self, trainer: Any) -> None:
+        if self.fatal is not None:
+            raise self.fatal
         if trainer.step - self.boundary_step >= self.config.inner_steps:
             self.boundary(trainer)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
         """A last boundary for the steps since the previous one, then its upload (bounded)."""
+        if self.fatal is not None:
+            raise self.fatal
         if self._stop.is_set():
             return  # already finished, e.g. by the master plug-in of the same node
         if trainer.step > self.boundary_step:
@@ -130,6 +135,8 @@ class WorkerPlugin:
             self.send_pending()
         self._stop.set()
         self._wake.set()
+        if self.fatal is not None:
+            raise self.fatal
 
     # ------------------------------------------------------------------ the boundary
 
@@ -220,6 +227,7 @@ class WorkerPlugin:
             self.transport.upload(delta_path(self.node_id, seq), data)
         except (SpeedtronicError, OSError) as exc:
             self.counters["upload_failures"] += 1
+            self._stop_if_permanent(exc)
             self.logger.warn(f"diloco: upload of delta {seq} failed ({exc}); will retry")
             with self._lock:
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
@@ -253,7 +261,14 @@ class WorkerPlugin:
         try:
             self._fetch_newer_global()
         except (SpeedtronicError, OSError, ValueError, BadDelta) as exc:
+            self._stop_if_permanent(exc)
             self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
+
+    def _stop_if_permanent(self, exc: Exception) -> None:
+        """A permanent failure (no access, no repo) ends the run at the next step, exit 1."""
+        if getattr(exc, "permanent", False) and self.fatal is None:
+            self.fatal = exc
+            self._stop.set()
 
     def _fetch_newer_global(self) -> None:
         counted = self.transport.read_step_count()
@@ -276,6 +291,8 @@ class WorkerPlugin:
         try:
             self._fetch_newer_global()
         except (SpeedtronicError, OSError, ValueError, BadDelta) as exc:
+            if getattr(exc, "permanent", False):
+                raise
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
         with self._lock:
             ready, self.ready = self.ready, None
@@ -289,6 +306,8 @@ class WorkerPlugin:
         try:
             refs = self.transport.list_deltas()
         except (SpeedtronicError, OSError) as exc:
+            if getattr(exc, "permanent", False):
+                raise
             self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
             return []
         return [
@@ -304,7 +323,7 @@ class WorkerPlugin:
         """Wait up to ``timeout`` for queued deltas to go out; what stays is kept in the state."""
         deadline = time.monotonic() + timeout
         self._wake.set()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.fatal is None:
             with self._lock:
                 if self.outbox is None and self.sending is None:
                     return

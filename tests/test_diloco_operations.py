@@ -1,0 +1,119 @@
+"""DumbDiLoCo behaviour that shared-repo services need: permanent failures stop a node, the
+master paces its publishes, and the published step count summarises each node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from diloco_support import Log, settings
+from test_diloco_nodes import FakeTrainer, master_loop, model, wait_for
+
+from speedtronic.distributed.protocol import STEP_COUNT
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.errors import TransportError
+
+
+class NoAccess(TransportError):
+    permanent = True
+
+
+class ForbiddenUploads(LocalTransport):
+    """Reads work; every upload is refused for good (a read-only token)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.uploads = 0
+
+    def upload(self, path, data):
+        self.uploads += 1
+        raise NoAccess("node-a: token cannot write to org/run (403)")
+
+
+def test_a_permanent_upload_failure_stops_training_without_retrying(tmp_path):
+    transport, net = ForbiddenUploads(tmp_path), model()
+    plugin, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    trainer.train_step(plugin)
+    trainer.train_step(plugin)  # boundary: the upload is refused in the background
+    assert wait_for(lambda: plugin.fatal is not None)
+    with pytest.raises(NoAccess, match="cannot write"):
+        trainer.train_step(plugin)
+    with pytest.raises(NoAccess):  # the end of training reports it too, never exit 0
+        plugin.on_train_end(trainer, None)
+    assert transport.uploads == 1  # no retry loop
+
+
+def test_a_transient_upload_failure_is_not_fatal(tmp_path):
+    class Flaky(LocalTransport):
+        def upload(self, path, data):
+            raise TransportError("503")
+
+    net = model()
+    plugin, trainer = WorkerPlugin(settings(), net, Flaky(tmp_path), Log()), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    for _ in range(4):
+        trainer.train_step(plugin)
+    assert plugin.fatal is None
+    plugin._stop.set()
+
+
+def test_a_permanent_failure_at_start_is_raised_at_once(tmp_path):
+    class Missing(LocalTransport):
+        def read_step_count(self):
+            raise NoAccess("org/run not found: create it with speedtronic hub init org/run")
+
+    net = model()
+    plugin = WorkerPlugin(settings(), net, Missing(tmp_path), Log())
+    with pytest.raises(NoAccess, match="hub init"):
+        plugin.on_train_start(FakeTrainer(net))
+
+
+def test_the_master_waits_min_publish_interval_between_publishes(tmp_path):
+    transport, now = LocalTransport(tmp_path / "repo"), [0.0]
+    transport.min_publish_interval_s = 60.0
+    loop = master_loop(tmp_path, transport, Log())
+    loop.clock = lambda: now[0]
+    loop.start()  # publishes the initial global at t=0: a commit like any other
+
+    def one_delta():
+        net = model()
+        worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+        worker.on_train_start(trainer)
+        trainer.train_step(worker, move=-0.1)
+        trainer.train_step(worker, move=-0.1)
+        worker.on_train_end(trainer, None)
+
+    one_delta()
+    assert loop.poll_once() is None
+    now[0] = 60.0
+    assert loop.poll_once().outer_step == 1
+    one_delta()
+    now[0] = 119.0
+    assert loop.poll_once() is None  # too soon: the delta waits, offered
+    assert loop.poll_once(force=True).outer_step == 2  # the final round is never held back
+    one_delta()
+    now[0] = 180.0
+    assert loop.poll_once().outer_step == 3
+
+
+def test_the_step_count_summarises_each_nodes_latest_delta(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    net = model()
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, tokens=7)
+    trainer.train_step(worker, tokens=7)
+    worker.on_train_end(trainer, None)
+    loop.poll_once()
+    counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())
+    node = counted["nodes"]["node-a"]
+    assert (node["seq"], node["base_outer_step"], node["tokens"]) == (1, 0, 14)
+    restarted = master_loop(tmp_path, transport, Log())
+    restarted.start()  # a restarted master keeps the summary
+    assert restarted.nodes["node-a"]["tokens"] == 14
+    assert torch.equal(loop.master.global_weights["weight"], torch.full((1, 2), 0.5))
