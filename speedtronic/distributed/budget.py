@@ -1,0 +1,197 @@
+"""Hub budgets: counting the API calls and commits a node spends, and sizing a run's cadence.
+
+The Hugging Face Hub answers 429 beyond about 128 commits an hour on one repo, and beyond
+1,000 API calls in 5 minutes for a free account (shared by every node using that account).
+``Budget`` counts what this process spent in sliding windows (thread-safe: the uploader,
+poller and master threads share one) so the transport can report it as metrics;
+``cadence_warnings`` estimates what a configured run will spend and says, in one line per
+budget, which knob to turn. Stdlib only, no I/O: both are plain, testable arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+HUB_COMMITS_PER_HOUR = 128
+HUB_CALLS_PER_5_MIN = 1000
+# Warn before the limit itself: retries after transient failures spend calls and commits
+# too, and the call budget is shared with anything else the account does.
+WARN_FRACTION = 0.8
+KEEP_S = 3600.0  # the longest window anyone asks about; older timestamps are dropped
+
+# Calls behind each estimate, measured against the emulator (see tests/test_hub_client.py):
+POLL_CALLS = 2  # an idle poll: head(), then a listing only if the head moved
+UPLOAD_CALLS = 3  # a delta: preupload + commit by the worker, one download by the master
+PUBLISH_COMMIT_CALLS = 2  # the master's publish commit: preupload + commit
+GLOBAL_READ_CALLS = 2  # each worker reads step_count.json and the weights of a new global
+
+
+class Budget:
+    """Sliding-window counters of API calls and commits, in ``clock`` seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._calls: deque[float] = deque()
+        self._commits: deque[float] = deque()
+
+    def count_call(self) -> None:
+        self._add(self._calls)
+
+    def count_commit(self) -> None:
+        self._add(self._commits)
+
+    def calls(self, window_s: float) -> int:
+        """API calls in the last ``window_s`` seconds, exclusive (at most an hour is kept)."""
+        return self._count(self._calls, window_s)
+
+    def commits(self, window_s: float) -> int:
+        """Commits in the last ``window_s`` seconds (at most the last hour is kept)."""
+        return self._count(self._commits, window_s)
+
+    def snapshot(self) -> dict:
+        return {
+            "hub_calls_5min": self.calls(300.0),
+            "hub_calls_1h": self.calls(3600.0),
+            "hub_commits_1h": self.commits(3600.0),
+        }
+
+    def _add(self, stamps: deque[float]) -> None:
+        with self._lock:
+            now = self._clock()
+            stamps.append(now)
+            self._prune(stamps, now)
+
+    def _count(self, stamps: deque[float], window_s: float) -> int:
+        with self._lock:
+            now = self._clock()
+            self._prune(stamps, now)
+            cutoff = now - window_s
+            # Newest on the right; walking from there touches only the window's stamps.
+            n = 0
+            for stamp in reversed(stamps):
+                if stamp <= cutoff:
+                    break
+                n += 1
+            return n
+
+    @staticmethod
+    def _prune(stamps: deque[float], now: float) -> None:
+        while stamps and stamps[0] <= now - KEEP_S:
+            stamps.popleft()
+
+
+def estimate_commits_per_hour(
+    *, nodes: int, inner_steps: int, step_time_s: float, min_publish_interval_s: float
+) -> float:
+    """Workers' delta commits plus the master's publishes, per hour.
+
+    A worker commits one delta per inner loop; the master publishes at most once per
+    ``min_publish_interval_s`` and never faster than deltas arrive.
+    """
+    loop_s = max(inner_steps * step_time_s, 1e-9)
+    arrival_s = loop_s / max(nodes, 1)
+    return nodes * 3600.0 / loop_s + 3600.0 / max(min_publish_interval_s, arrival_s)
+
+
+def estimate_calls_per_5min(
+    *,
+    nodes: int,
+    inner_steps: int,
+    step_time_s: float | None,
+    poll_interval_s: float,
+    min_publish_interval_s: float,
+) -> float:
+    """API calls per 5 minutes for the whole run (one account): polls, uploads, publishes.
+
+    Every node and the master poll; without a step time only the polls are counted.
+    """
+    polls = (nodes + 1) * 300.0 / poll_interval_s * POLL_CALLS
+    if step_time_s is None:
+        return polls
+    loop_s = max(inner_steps * step_time_s, 1e-9)
+    uploads = nodes * 300.0 / loop_s * UPLOAD_CALLS
+    publish_s = max(min_publish_interval_s, loop_s / max(nodes, 1))
+    publishes = 300.0 / publish_s * (PUBLISH_COMMIT_CALLS + nodes * GLOBAL_READ_CALLS)
+    return polls + uploads + publishes
+
+
+def cadence_warnings(
+    *,
+    nodes: int,
+    inner_steps: int,
+    step_time_s: float | None,
+    poll_interval_s: float,
+    min_publish_interval_s: float,
+) -> list[str]:
+    """One line per Hub budget the configured cadence would exceed, naming the knob to turn.
+
+    ``nodes`` is the number of workers; ``step_time_s`` the seconds per optimizer step (None
+    when not measured yet: only the polling part is estimated then).
+    """
+    warnings = []
+    commit_cap = HUB_COMMITS_PER_HOUR * WARN_FRACTION
+    step_time_s = step_time_s if step_time_s and step_time_s > 0 else None
+    if step_time_s is not None:
+        commits = estimate_commits_per_hour(
+            nodes=nodes,
+            inner_steps=inner_steps,
+            step_time_s=step_time_s,
+            min_publish_interval_s=min_publish_interval_s,
+        )
+        if commits > commit_cap:
+            warnings.append(_commit_warning(commits, nodes, step_time_s, min_publish_interval_s))
+    calls = estimate_calls_per_5min(
+        nodes=nodes,
+        inner_steps=inner_steps,
+        step_time_s=step_time_s,
+        poll_interval_s=poll_interval_s,
+        min_publish_interval_s=min_publish_interval_s,
+    )
+    if calls > HUB_CALLS_PER_5_MIN * WARN_FRACTION:
+        warnings.append(_call_warning(calls, nodes, poll_interval_s))
+    return warnings
+
+
+def _commit_warning(commits: float, nodes: int, step_time_s: float, publish_s: float) -> str:
+    cap = HUB_COMMITS_PER_HOUR * WARN_FRACTION
+    # The publishes take their share first (at most 3600/publish_s an hour); the workers'
+    # deltas must fit in the rest.
+    publishes = 3600.0 / publish_s if publish_s > 0 else cap
+    room = cap - publishes
+    if room > 0:
+        need = math.ceil(nodes * 3600.0 / (room * step_time_s))
+        knob = (
+            f"raise distributed.inner_steps to at least {need} "
+            f"(or distributed.min_publish_interval_s, now {publish_s:g} s)"
+        )
+    else:
+        knob = (
+            f"raise distributed.min_publish_interval_s above {3600.0 / cap:.0f} s "
+            f"(now {publish_s:g} s), then distributed.inner_steps"
+        )
+    return (
+        f"Hub commit budget: {nodes} worker(s) at {step_time_s:.3g} s/step would make about "
+        f"{commits:.0f} commits/hour on the repo, over {cap:.0f} ({WARN_FRACTION:.0%} of the "
+        f"Hub's ~{HUB_COMMITS_PER_HOUR}/hour); {knob}"
+    )
+
+
+def _call_warning(calls: float, nodes: int, poll_interval_s: float) -> str:
+    cap = HUB_CALLS_PER_5_MIN * WARN_FRACTION
+    polls = (nodes + 1) * 300.0 / poll_interval_s * POLL_CALLS
+    other = calls - polls
+    if other < cap:
+        need = math.ceil((nodes + 1) * 300.0 * POLL_CALLS / (cap - other))
+        knob = f"raise distributed.poll_interval to at least {need} s (now {poll_interval_s:g} s)"
+    else:
+        knob = "raise distributed.inner_steps so nodes upload less often"
+    return (
+        f"Hub API budget: {nodes} worker(s) and the master would make about {calls:.0f} API "
+        f"calls per 5 minutes, over {cap:.0f} ({WARN_FRACTION:.0%} of the "
+        f"{HUB_CALLS_PER_5_MIN} a free account gets, shared by all its nodes); {knob}"
+    )
