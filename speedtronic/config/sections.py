@@ -18,6 +18,7 @@ from speedtronic.config.messages import brief
 NODE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "abc\n" does not match
 DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,3})?")
 HOOK_RE = re.compile(r"[\w.]+:[\w.]+")
+HUB_USER_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?")
 STEPS = "[1, 2**40]"  # counts of steps: far beyond any run, small enough for float arithmetic
 MAX_NAME_BYTES = 255  # the longest file name on common file systems
 
@@ -270,6 +271,12 @@ class DistributedConfig:
     outer_policy: Literal["fleet", "naive"] = "fleet"
     delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
+    # The Hub limits commits per repo (~128/hour): the master publishes at most this often
+    min_publish_interval_s: float = ranged(60.0, "[0, 86400]", "at most a day")  # seconds
+    # Squash the Hub repo's history every this many publishes so storage stays bounded; 0: never
+    squash_every: int = ranged(0, "[0, 2**40]")
+    collaborators: list[str] = field(default_factory=list)  # Hub users the master grants write
+    cache_dir: str | None = None  # Hub downloads; None -> the platformdirs user cache dir
 
     @property
     def repo(self) -> str | None:
@@ -299,7 +306,17 @@ class DistributedConfig:
             problems.append("distributed.train_locally: only a master may set it to false")
         if self.enabled and not self.train_locally and self.outer_steps is None:
             problems.append("distributed.outer_steps: required when train_locally is false")
-        return problems
+        return problems + [
+            f"distributed.collaborators: {brief(name)} is not a Hugging Face user name "
+            "(1-96 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+            for name in self.collaborators
+            if not is_hub_user_name(name)
+        ]
+
+
+def is_hub_user_name(name: str) -> bool:
+    """A name the Hub could have given a user or org (its repo-id namespace rule)."""
+    return bool(HUB_USER_RE.fullmatch(name)) and "--" not in name and ".." not in name
 
 
 SECTIONS: dict[str, type] = {

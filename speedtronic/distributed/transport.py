@@ -4,8 +4,9 @@ A transport moves bytes between a node and the run's repo (layout in ``protocol`
 deltas, a listing of ``nodes/`` only, reads of listed files, a cheap read of the published
 outer step, and the master's publish of new global weights. ``LocalTransport`` implements it
 over a directory (NFS, a synced folder, or several processes on one machine); the Hugging Face
-Hub one lives in ``hub.py``. Everything read from the repo is untrusted: links and non-regular
-files are skipped, reads are capped, and what comes back is data for ``codec`` to validate.
+Hub one is ``hub_transport.HubTransport``, which ``open_transport`` picks for a Hub repo id.
+Everything read from the repo is untrusted: links and non-regular files are skipped, reads are
+capped, and what comes back is data for ``codec`` to validate.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,8 @@ from speedtronic.distributed.protocol import (
 from speedtronic.errors import TransportError
 
 MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
+# A Hub repo id: owner/name, each 1-96 of the characters the Hub allows
+HUB_REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ class Transport(Protocol):
 
     def describe(self) -> str: ...
 
+    def prepare(self, settings: Any, logger: Any) -> None:
+        """Before training: create what the role needs, refuse early what cannot work."""
+
+    def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
+        """Where the configured cadence would exceed the service's limits (none here)."""
+
 
 class LocalTransport:
     """A shared directory. Every write is a temporary file, fsynced, then renamed into place.
@@ -72,6 +82,12 @@ class LocalTransport:
 
     def describe(self) -> str:
         return str(self.root)
+
+    def prepare(self, settings: Any, logger: Any) -> None:
+        """Nothing to create ahead: directories appear with the first write."""
+
+    def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
+        return []  # a directory has no request budget
 
     def upload(self, path: str, data: bytes) -> None:
         self._write(path, data)
@@ -125,15 +141,7 @@ class LocalTransport:
 
     def read_step_count(self) -> dict[str, Any] | None:
         data = self.read(STEP_COUNT, MAX_STEP_COUNT_BYTES)
-        if data is None:
-            return None
-        try:
-            value = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
-        if not isinstance(value, dict) or type(value.get("outer_step")) is not int:
-            raise TransportError(f"{STEP_COUNT} has no integer outer_step")
-        return value
+        return None if data is None else parse_step_count(data)
 
     def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
         self._write(GLOBAL_WEIGHTS, weights)
@@ -163,15 +171,55 @@ class LocalTransport:
             fsync_dir(final.parent)
 
 
-def open_transport(repo: str) -> Transport:
-    """A directory path or ``file://`` URL -> LocalTransport; anything else is a Hub repo id."""
+def parse_step_count(data: bytes) -> dict[str, Any]:
+    """``step_count.json``'s bytes as a dict with an integer ``outer_step``, or TransportError."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict) or type(value.get("outer_step")) is not int:
+        raise TransportError(f"{STEP_COUNT} has no integer outer_step")
+    return value
+
+
+def open_transport(repo: str, settings: Any = None) -> Transport:
+    """A directory path or ``file://`` URL -> LocalTransport; anything else is a Hub repo id.
+
+    ``settings`` (the ``distributed`` config section, or anything with some of its fields:
+    node_id, token, cache_dir, min_publish_interval_s, squash_every) configures the Hub
+    transport. Nothing is contacted here: the first call on the transport is the first request.
+    """
     if repo.startswith("file://"):
         return LocalTransport(repo[len("file://") :])
     if is_local_repo(repo):
         return LocalTransport(Path(repo).expanduser())
-    raise TransportError(
-        f"{repo!r} looks like a Hugging Face Hub repo id; the Hub transport is not built yet",
-        hint="use a shared directory (a path or file:// URL) as distributed.repo_id",
+    if not HUB_REPO_RE.fullmatch(repo) or ".." in repo or "--" in repo:
+        raise TransportError(
+            f"{repo!r} is neither a directory nor a Hugging Face Hub repo id (owner/name)",
+            hint="set distributed.repo_id to my-org/my-run, or to a path or file:// URL",
+        )
+    return _hub_transport(repo, settings)
+
+
+def _hub_transport(repo: str, settings: Any) -> Transport:
+    # Imported here so that shared-directory runs never load huggingface_hub
+    from speedtronic.distributed.hub import HubClient
+    from speedtronic.distributed.hub_transport import HubTransport
+
+    def setting(name: str, default: Any) -> Any:
+        value = getattr(settings, name, None)
+        return default if value is None else value
+
+    client = HubClient(
+        repo,
+        token=setting("token", None),
+        node_id=setting("node_id", None) or getattr(settings, "resolved_node_id", ""),
+        cache_dir=setting("cache_dir", None),
+    )
+    return HubTransport(
+        client,
+        min_publish_interval_s=float(setting("min_publish_interval_s", 60.0)),
+        squash_every=int(setting("squash_every", 0)),
     )
 
 
