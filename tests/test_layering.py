@@ -28,6 +28,13 @@ TORCH_FREE = (
     "speedtronic.cli.app",
     "speedtronic.cli.errors",
     "speedtronic.cli.options",
+    "speedtronic.cli.hub",
+    "speedtronic.distributed.protocol",
+    "speedtronic.distributed.transport",
+    "speedtronic.distributed.budget",
+    "speedtronic.distributed.hub_files",
+    "speedtronic.distributed.hub_access",
+    "speedtronic.distributed.hub_admin",
 )
 HEAVY = ("torch", "safetensors", "huggingface_hub", "numpy")
 

@@ -105,6 +105,7 @@ class MasterLoop:
         self.min_publish_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
         self.last_publish = -float("inf")  # on ``clock``
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
+        self.fatal: Exception | None = None  # a permanent transport failure, raised in training
 
     # ------------------------------------------------------------------ start-up
 
@@ -160,12 +161,18 @@ class MasterLoop:
 
     def _take(self, ref: DeltaRef) -> None:
         """Fetch, validate and offer one listed delta; anything wrong is logged and counted."""
-        self.settled_versions[ref.path] = ref.version
         node_id, seq = parse_delta_path(ref.path)
+        if ref.size > self._max_bytes():  # refused unread, and removed with the next publish
+            self.settled_versions[ref.path] = ref.version
+            self._reject(ref.path, f"{ref.size} bytes, over the {self._max_bytes()} byte cap")
+            return
+        # A failed read raises before the path is settled: the next poll reads it again (a
+        # Hub file's version never changes, so settling first would lose the delta).
+        data = self.transport.read(ref.path, self._max_bytes())
+        self.settled_versions[ref.path] = ref.version
+        if data is None:
+            return  # consumed or replaced since the listing
         try:
-            data = self.transport.read(ref.path, self._max_bytes())
-            if data is None:
-                return  # consumed or replaced since the listing
             self.counters["bytes_down"] += len(data)
             identity = delta_identity(node_id, seq, data)
             self.paths[identity] = ref.path
@@ -180,9 +187,12 @@ class MasterLoop:
             else:
                 self._note_node(header)
         except BadDelta as exc:
-            self.counters["rejected"] += 1
-            self.unusable.append(ref.path)
-            self.logger.warn(f"diloco master: rejected {ref.path}: {exc}")
+            self._reject(ref.path, str(exc))
+
+    def _reject(self, path: str, reason: str) -> None:
+        self.counters["rejected"] += 1
+        self.unusable.append(path)
+        self.logger.warn(f"diloco master: rejected {path}: {reason}")
 
     def _note_node(self, header: Any) -> None:
         """Remember a node's latest accepted delta; ``hub status`` shows it from step_count."""
@@ -239,7 +249,7 @@ class MasterLoop:
         return thread
 
     def _loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
+        while not stop.is_set() and self.fatal is None:
             self.poll_safely()
             stop.wait(self.config.poll_interval)
 
@@ -248,13 +258,21 @@ class MasterLoop:
         try:
             return self.poll_once(force)
         except (SpeedtronicError, OSError) as exc:
+            if getattr(exc, "permanent", False):  # no access, no repo: retrying cannot help
+                self.fatal = self.fatal or exc
+                return None
             self.logger.warn(f"diloco master: poll failed ({exc}); retrying next interval")
             return None
+        finally:
+            for message in getattr(self.transport, "take_warnings", list)():
+                self.logger.warn(f"diloco master: {message}")
 
     def serve(self, outer_steps: int, stop: threading.Event) -> None:
         """Coordinate only (no local training) until ``outer_steps`` rounds or ``stop``."""
         while not stop.is_set() and self.master.outer_step < outer_steps:
             self.poll_safely()
+            if self.fatal is not None:
+                raise self.fatal
             stop.wait(self.config.poll_interval)
 
 
@@ -274,6 +292,10 @@ class MasterPlugin:
         self.loop.start(self.restored)
         self._thread = self.loop.run_in_background(self._stop)
 
+    def after_optimizer_step(self, trainer: Any) -> None:
+        if self.loop.fatal is not None:
+            raise self.loop.fatal
+
     def on_train_end(self, trainer: Any, result: Any) -> None:
         if self.local_worker is not None:  # its last delta belongs in the final round
             self.local_worker.on_train_end(trainer, result)
@@ -283,6 +305,8 @@ class MasterPlugin:
             self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
             return
         self.loop.poll_safely(force=True)  # what arrived while training ended
+        if self.loop.fatal is not None:
+            raise self.loop.fatal
 
     def state_dict(self) -> dict[str, Any]:
         """A copy of the master state, for a node whose state_dir is lost; never the newest."""

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from speedtronic.distributed.master import MasterLoop, MasterPlugin
-from speedtronic.distributed.transport import open_transport
+from speedtronic.distributed.transport import Transport, open_transport
 from speedtronic.distributed.worker import WorkerPlugin, parameters_of, snapshot
 
 
@@ -37,21 +37,31 @@ def node_settings(config: Any) -> Any:
     return settings
 
 
-def master_loop(config: Any, model: nn.Module, logger: Any) -> MasterLoop:
-    settings = node_settings(config)
+def node_transport(settings: Any, logger: Any) -> Transport:
+    """The node's one transport (its threads share it, and so the Hub budget), prepared."""
+    transport = open_transport(settings.repo, settings)
+    transport.prepare(settings, logger)
+    for message in transport.cadence_warnings(settings, None):
+        logger.warn(f"diloco: {message}")
+    return transport
+
+
+def master_loop(config: Any, model: nn.Module, logger: Any, transport: Transport) -> MasterLoop:
     weights = snapshot(parameters_of(model))
-    return MasterLoop(settings, weights, open_transport(settings.repo), logger, state_dir(config))
+    settings = node_settings(config)
+    return MasterLoop(settings, weights, transport, logger, state_dir(config))
 
 
 def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]:
     settings = node_settings(config)
+    transport = node_transport(settings, logger)
     plugins: list[Any] = []
     if settings.train_locally:
-        transport = open_transport(settings.repo)
         plugins.append(WorkerPlugin(settings, model, transport, logger))
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None
-        plugins.insert(0, MasterPlugin(master_loop(config, model, logger), local_worker))
+        loop = master_loop(config, model, logger, transport)
+        plugins.insert(0, MasterPlugin(loop, local_worker))
     logger.notice(
         f"diloco: {settings.role} {settings.node_id} on {settings.repo}, "
         f"syncing every {settings.inner_steps} steps"
@@ -61,7 +71,7 @@ def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]
 
 def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any]:
     """Run the master without local training; returns the final outer step and status."""
-    loop = master_loop(config, model, logger)
+    loop = master_loop(config, model, logger, node_transport(node_settings(config), logger))
     loop.start()
     stop, caught = threading.Event(), []
 

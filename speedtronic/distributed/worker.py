@@ -94,6 +94,7 @@ class WorkerPlugin:
         self.ready: tuple[int, dict[str, torch.Tensor], int] | None = None  # step, weights, fleet
         self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
+        self._started: float | None = None  # when training started, to time the first loop
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,6 +103,7 @@ class WorkerPlugin:
     # ------------------------------------------------------------------ trainer hooks
 
     def on_train_start(self, trainer: Any) -> None:
+        self._started = time.perf_counter()
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.seq = max([self.seq, *self._own_sequence_numbers()])  # never overwrite a delta
@@ -151,6 +153,10 @@ class WorkerPlugin:
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current
         installed = self.install_ready(trainer, own=(delta, tokens))
+        if self._started is not None:  # the first loop gives the step time: check the budgets
+            step_time_s, self._started = (start - self._started) / max(steps, 1), None
+            for message in self.transport.cadence_warnings(self.config, step_time_s):
+                self.logger.warn(f"diloco: {message}")
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
