@@ -17,18 +17,18 @@ scored by the eval loss of its *global* weights on the held-out tail of the corp
 * ``b``  synchronous data parallel over 4 workers = one Trainer with 4x the batch for
   ``--steps`` steps (a ring all-reduce of the mean gradient computes exactly this).
 * ``c``  DumbDiLoCo, 4 equal workers, ``--steps`` inner steps each, H = ``--inner-steps``,
-  the defaults: ``outer.MasterConfig()`` (outer lr 0.7, Nesterov momentum 0.9, min_deltas 2,
-  staleness discount 0.5, max_staleness 4, max_wait_s 600), bf16 deltas, inner AdamW state
-  reset at each boundary. ``c4``: the same with min_deltas 4 (rounds of all 4 workers).
+  the defaults: ``outer.MasterConfig()`` (plain averaging: outer lr 1.0, momentum 0, the fleet
+  policy, min_deltas 2, staleness discount 0.5, max_staleness 4, max_wait_s 600), bf16 deltas,
+  inner AdamW state reset at each boundary. ``c4``: the same with min_deltas 4.
 * ``c_lr<LR>_m<MOM>`` (``sweep``): ``c`` with another outer lr / momentum; ``c_lr1.0_m0`` is
   plain averaging. Modifiers combine with any DiLoCo arm: ``_lr<f>`` outer lr, ``_m<f>``
   momentum, ``_md<n>`` min_deltas, ``_sd<f>`` staleness discount, ``_ms<n>`` max_staleness,
   ``_dt<fp32|bf16|int8>`` delta encoding, ``_keep`` keep the inner AdamW state (no reset),
   ``_mp<S>`` master polls every S simulated seconds, ``_sync`` (below).
-* ``c4_sync``, ``c4_sync_lr1.0_m0``: references, not a DumbDiLoCo mode: each worker blocks at
-  its boundary until the round holding its delta is published, then installs it (through the
-  plug-in's private ``_install_ready``), which is the paper's synchronous DiLoCo (lr 0.7 /
-  Nesterov 0.9) and synchronous periodic averaging, run through the same code.
+* ``c4_sync``, ``c4_sync_lr1.0_m0``: the opt-in ``distributed.sync_wait_s`` (here unbounded):
+  each worker waits at its boundary until the round holding its delta is published, then
+  installs it, which is the paper's synchronous DiLoCo (``c4_sync_lr0.7_m0.9``) and synchronous
+  periodic averaging, run through the same code; the event loop models the wait.
 * ``d``  4 uneven workers, speeds 1 : 1.3 : 2.6 : 5.7 (``--speeds``), default policy;
   ``d_lr0.5_m0`` the same workers with the outer optimizer that suits asynchrony best so far.
 * ``e``  the same workers, naive async: each delta applied alone (min_deltas 1, staleness
@@ -118,9 +118,9 @@ EVAL_FRACTION = 0.05  # the corpus tail held out for evaluation, never trained o
 # at least one round stale, and min_deltas 2 with 4 workers makes two rounds per inner loop, so
 # the grid reaches well below the paper's lr 0.7 / momentum 0.9.
 SWEEP = ["c_lr1.0_m0", "c_lr0.7_m0", "c_lr0.5_m0", "c_lr0.35_m0", "c_lr0.25_m0.5", "c_lr0.1_m0.9"]
-# References (not DumbDiLoCo modes): c4_sync* block workers at each boundary until the round with
-# their delta is published, i.e. the paper's synchronous DiLoCo run through the same code.
-REFERENCES = ["c4_sync", "c4_sync_lr1.0_m0"]
+# distributed.sync_wait_s: workers wait at each boundary until the round with their delta is
+# published, i.e. the paper's synchronous DiLoCo; with the inner AdamW state kept, the best
+REFERENCES = ["c4_sync_lr0.7_m0.9", "c4_sync", "c4_sync_keep", "c_keep", "c4_keep"]
 COLD = [
     "a",
     "b",
@@ -134,7 +134,7 @@ COLD = [
     "e",
     "d_lr0.5_m0",
 ]
-WARM = ["a", "b", "c", "c4", "c4_sync", "c_lr1.0_m0", "d", "e"]
+WARM = ["a", "b", "c", "c4", "c4_sync", "c4_sync_keep", "d", "e"]
 ALL = COLD + [f"{arm}:warm" for arm in WARM]
 UNEVEN_SPEEDS = (1.0, 1.3, 2.6, 5.7)
 STABLE_RISE = 0.01  # "no rise after warm-up": no eval loss > 1% above the best one before it
@@ -590,6 +590,7 @@ class Job:
             inner_steps=scale.inner_steps,
             reset_inner_optimizer=arm.reset_inner,
             reapply_own_delta=arm.reapply_own,
+            sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop below models the wait
             delta_dtype=arm.delta_dtype,
             upload_timeout_s=1.0,
         )
@@ -1016,7 +1017,7 @@ def _label(base: str, run: dict[str, Any]) -> str:
     names = {
         "a": "1 worker",
         "b": "data parallel, 4x batch",
-        "c4_sync": "synchronous DiLoCo (reference)",
+        "c4_sync": "sync_wait_s: synchronous DiLoCo",
         "e": "uneven, naive async",
     }
     if base in names:

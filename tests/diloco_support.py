@@ -35,5 +35,6 @@ def settings(**overrides):
         staleness_discount=1.0,
         outer_policy="fleet",
         reapply_own_delta=False,
+        sync_wait_s=0.0,
     )
     return SimpleNamespace(**{**base, **overrides})

@@ -4,6 +4,8 @@ master paces its publishes, and the published step count summarises each node.""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -117,3 +119,40 @@ def test_the_step_count_summarises_each_nodes_latest_delta(tmp_path):
     restarted.start()  # a restarted master keeps the summary
     assert restarted.nodes["node-a"]["tokens"] == 14
     assert torch.equal(loop.master.global_weights["weight"], torch.full((1, 2), 0.5))
+
+
+def test_sync_wait_installs_the_round_holding_the_nodes_own_delta(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    stop = threading.Event()
+    thread = loop.run_in_background(stop)
+    net, log = model(), Log()
+    wait = settings(sync_wait_s=10.0, reapply_own_delta=True)
+    plugin, trainer = WorkerPlugin(wait, net, transport, log), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    trainer.train_step(plugin)
+    trainer.train_step(plugin)  # the boundary waits for the master's round 1
+    [boundary] = [p for e, p in log.events if e == "diloco_boundary"]
+    assert boundary["installed"] == 1 and plugin.base_outer_step == 1
+    # The global holds the delta already: installed as published, not re-applied on top
+    assert torch.equal(net.weight.detach(), torch.full((1, 2), 0.5))
+    assert trainer.optimizer.state == {}  # reset_inner_optimizer, as at any install
+    stop.set()
+    thread.join()
+    plugin.on_train_end(trainer, None)
+
+
+def test_sync_wait_gives_up_at_its_deadline_and_goes_on_asynchronously(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    master_loop(tmp_path, transport, Log()).start()  # publishes step 0, then never polls
+    net, log = model(), Log()
+    plugin, trainer = WorkerPlugin(settings(sync_wait_s=0.3), net, transport, log), FakeTrainer(net)
+    plugin.on_train_start(trainer)
+    start = time.monotonic()
+    trainer.train_step(plugin)
+    trainer.train_step(plugin)
+    assert 0.3 <= time.monotonic() - start < 2.0
+    [boundary] = [p for e, p in log.events if e == "diloco_boundary"]
+    assert boundary["installed"] is None and plugin.counters["uploads"] == 1
+    plugin.on_train_end(trainer, None)

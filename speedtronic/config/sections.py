@@ -271,6 +271,9 @@ class DistributedConfig:
     outer_policy: Literal["fleet", "naive"] = "fleet"
     delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
+    # > 0: at each boundary wait up to this long for the global holding this node's delta
+    # (synchronous DiLoCo when min_deltas = the number of nodes); 0: never wait
+    sync_wait_s: float = ranged(0.0, "[0, 604800]", "at most a week")
     # The Hub limits commits per repo (~128/hour): the master publishes at most this often
     min_publish_interval_s: float = ranged(60.0, "[0, 86400]", "at most a day")  # seconds
     # Squash the Hub repo's history every this many publishes so storage stays bounded; 0: never

@@ -66,6 +66,17 @@ def snapshot(params: dict[str, nn.Parameter], device: str | None = None) -> dict
     }
 
 
+@dataclass(frozen=True)
+class Ready:
+    """A downloaded, validated global: its outer step and weights, the fleet's tokens in its
+    round (for ``reapply_own_delta``) and this node's latest sequence number it includes."""
+
+    outer_step: int
+    weights: dict[str, torch.Tensor]
+    fleet_tokens: int
+    own_seq: int = -1
+
+
 class WorkerPlugin:
     """Trainer plug-in: boundaries, background upload with folding, global installs."""
 
@@ -91,7 +102,7 @@ class WorkerPlugin:
         self.seq = 0
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
-        self.ready: tuple[int, dict[str, torch.Tensor], int] | None = None  # step, weights, fleet
+        self.ready: Ready | None = None  # a validated global newer than the base, to install
         self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
         self._started: float | None = None  # when training started, to time the first loop
@@ -152,7 +163,10 @@ class WorkerPlugin:
         self._queue(Pending(delta, self.base_outer_step, steps, tokens))
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current
-        installed = self.install_ready(trainer, own=(delta, tokens))
+        own: tuple[dict, int] | None = (delta, tokens)
+        if self.config.sync_wait_s > 0 and self.background and self._wait_for_own_round():
+            own = None  # the global holds this delta already
+        installed = self.install_ready(trainer, own=own)
         if self._started is not None:  # the first loop gives the step time: check the budgets
             step_time_s, self._started = (start - self._started) / max(steps, 1), None
             for message in self.transport.cadence_warnings(self.config, step_time_s):
@@ -167,6 +181,28 @@ class WorkerPlugin:
             self.outbox = pending if self.outbox is None else fold(self.outbox, pending)
         self._wake.set()
 
+    def _wait_for_own_round(self) -> bool:
+        """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
+
+        True once the uploader has sent everything and a fetched global's ``step_count`` names
+        this node's last sequence number (the master lists each node's latest included delta).
+        Polls at most once a second (Hub calls are budgeted); past the deadline the boundary
+        goes on asynchronously, as with ``sync_wait_s: 0``.
+        """
+        deadline = time.monotonic() + self.config.sync_wait_s
+        pace = min(self.config.poll_interval, 1.0)
+        self._wake.set()  # the uploader sends now
+        while time.monotonic() < deadline and self.fatal is None:
+            with self._lock:
+                sent = self.outbox is None and self.sending is None
+                ready = self.ready
+            if sent and ready is not None and ready.own_seq >= self.seq:
+                return True
+            if sent:
+                self.refresh()
+            time.sleep(pace if sent else 0.01)
+        return False
+
     def install_ready(self, trainer: Any, own: tuple[dict, int] | None = None) -> int | None:
         """Install a downloaded global newer than the base; its outer step, or None.
 
@@ -177,9 +213,9 @@ class WorkerPlugin:
         """
         with self._lock:
             ready, self.ready = self.ready, None
-        if ready is None or ready[0] <= self.base_outer_step:
+        if ready is None or ready.outer_step <= self.base_outer_step:
             return None
-        outer_step, weights, fleet_tokens = ready
+        outer_step, weights, fleet_tokens = ready.outer_step, ready.weights, ready.fleet_tokens
         self._load_weights(weights)
         if own is not None and fleet_tokens and self.config.reapply_own_delta:
             share = self.config.outer_lr * min(1.0, own[1] / fleet_tokens)
@@ -278,7 +314,7 @@ class WorkerPlugin:
 
     def _fetch_newer_global(self) -> None:
         counted = self.transport.read_step_count()
-        known = max(self.base_outer_step, self.ready[0] if self.ready else -1)
+        known = max(self.base_outer_step, self.ready.outer_step if self.ready else -1)
         if counted is None or counted["outer_step"] <= known:
             return
         data = self.transport.read(GLOBAL_WEIGHTS, self._max_weight_bytes())
@@ -288,8 +324,10 @@ class WorkerPlugin:
         self.counters["bytes_down"] += len(data)
         if outer_step != counted["outer_step"]:
             return  # a publish in flight: step_count and weights disagree until it ends
+        own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
+        own_seq = own_seq if type(own_seq) is int else -1
         with self._lock:
-            self.ready = (outer_step, weights, counted.get("fleet_tokens") or 0)
+            self.ready = Ready(outer_step, weights, counted.get("fleet_tokens") or 0, own_seq)
 
     def _install_latest_global_now(self) -> None:
         """At start only: begin from the newest global, if the run has one."""
@@ -303,9 +341,9 @@ class WorkerPlugin:
         with self._lock:
             ready, self.ready = self.ready, None
         if ready is not None:
-            self._load_weights(ready[1])
-            self.base, self.base_outer_step = snapshot(self.params), ready[0]
-            self.logger.notice(f"diloco: starting from global outer step {ready[0]}")
+            self._load_weights(ready.weights)
+            self.base, self.base_outer_step = snapshot(self.params), ready.outer_step
+            self.logger.notice(f"diloco: starting from global outer step {ready.outer_step}")
 
     def _own_sequence_numbers(self) -> list[int]:
         """Numbers of this node's deltas still in the repo (a restart must not reuse them)."""
