@@ -58,12 +58,6 @@ def master_config(config: Any) -> MasterConfig:
     )
 
 
-def transport_stats(transport: Transport) -> dict[str, Any]:
-    """The transport's request counters (the Hub's budgets), if it keeps any."""
-    stats = getattr(transport, "stats", None)
-    return stats() if stats is not None else {}
-
-
 def known_nodes(counted: dict | None) -> dict[str, dict[str, Any]]:
     """The ``nodes`` summary of a published step count, kept only where well-formed."""
     nodes = (counted or {}).get("nodes")
@@ -214,7 +208,7 @@ class MasterLoop:
                 "tokens": result.tokens,
                 "momentum": result.momentum_applied,
                 **{f"total_{k}": v for k, v in self.counters.items()},
-                **transport_stats(self.transport),
+                **self.transport.stats(),
             },
         )
 

@@ -67,6 +67,9 @@ class Transport(Protocol):
     def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
         """Where the configured cadence would exceed the service's limits (none here)."""
 
+    def stats(self) -> dict[str, int]:
+        """Request counters worth logging (the Hub's budgets); numbers only."""
+
 
 class LocalTransport:
     """A shared directory. Every write is a temporary file, fsynced, then renamed into place.
@@ -88,6 +91,9 @@ class LocalTransport:
 
     def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
         return []  # a directory has no request budget
+
+    def stats(self) -> dict[str, int]:
+        return {}
 
     def upload(self, path: str, data: bytes) -> None:
         self._write(path, data)

@@ -174,7 +174,7 @@ class WorkerPlugin:
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
-        self.logger.log("diloco_boundary", {**payload, **self.counters})
+        self.logger.log("diloco_boundary", {**payload, **self.counters, **self.transport.stats()})
 
     def _queue(self, pending: Pending) -> None:
         with self._lock:
