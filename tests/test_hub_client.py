@@ -360,10 +360,30 @@ def test_a_lost_commit_that_did_not_land_is_sent_again(emu, repo, make):
     emu.faults.add(500, method="POST", path_re="/commit/")  # answered before applying
     path = "nodes/b/delta_00000003.safetensors"
     head, n = calls(client, client.commit, {path: b"d"}, [], "upload")
-    # preupload, commit (500), then the look: head and (no parent to compare with) paths-info,
+    # preupload, commit (500), then the look: one page of main's commits (its id is not there),
     # then preupload and commit again, with the head just seen as parent
     assert len(emu.repo(REPO).commits) == before + 1 and head == emu.repo(REPO).head.sha
-    assert n == 6
+    assert n == 5
+
+
+def test_a_lost_commit_whose_files_changed_since_is_not_sent_again(emu, repo, tmp_path):
+    """A worker's delta lands, its answer is lost, and the master consumes (deletes) it before
+    the worker looks: the commit is recognised by its id, not by the files at head."""
+    path = "nodes/b/delta_00000004.safetensors"
+
+    def consume_before_the_look(*args, **kwargs):
+        emu.push(REPO, {}, [path], message="master: publish")  # the master was quicker
+        return 0.0
+
+    client = HubClient(
+        REPO, token=SECRET, endpoint=emu.url, cache_dir=tmp_path, sleep=consume_before_the_look
+    )
+    before = len(emu.repo(REPO).commits)
+    emu.faults.add(500, method="POST", path_re="/commit/", after_apply=True)
+    head = client.commit({path: b"d"}, [], "b: delta 4")
+    titles = [c.title for c in emu.repo(REPO).commits[before:]]
+    assert titles == ["b: delta 4", "master: publish"], titles  # not sent a second time
+    assert head == emu.repo(REPO).commits[before].sha and client.budget.commits(60) == 1
 
 
 def test_a_lost_delete_commit_is_recognised_once_landed(emu, repo, make):
@@ -404,6 +424,30 @@ def test_412_is_a_commit_conflict_and_not_retried(emu, repo, make, sleeps):
         client.commit({"global/step_count.json": b"{}"}, [], "publish", parent=stale)
     assert caught.value.status == 412 and sleeps == [] and client.budget.calls(60) == 2
     assert str(caught.value).startswith("node-b: commit conflict on alice/run (412): ")
+
+
+def test_a_request_on_a_shared_session_closed_under_it_is_retried(emu, repo, make, sleeps):
+    """huggingface_hub closes its shared session after a connection error in any thread's
+    request (http_backoff): a request of another thread that picked it up just before fails
+    with RuntimeError. It was never sent, so it is retried, not raised as a bug."""
+    from huggingface_hub import utils as hf_utils
+
+    client = make()
+    head = client.head()
+    closed = hf_utils.get_session()
+    hf_utils.close_session()  # what http_backoff does after a ConnectError
+    real, handed = hf_utils.get_session, []
+
+    def stale_first(*args, **kwargs):  # the first attempt's two look-ups get the closed one
+        handed.append(1)
+        return closed if len(handed) <= 2 else real()
+
+    hf_utils.get_session = stale_first
+    try:
+        files = client.list_files("global", head)
+    finally:
+        hf_utils.get_session = real
+    assert [f.path for f in files] == ["global/step_count.json"] and len(sleeps) == 1
 
 
 # -- permanent failures ----------------------------------------------------------------------------

@@ -467,6 +467,17 @@ def test_open_transport_builds_a_hub_transport_without_a_request(monkeypatch, tm
     assert isinstance(open_transport(REPO), HubTransport)  # the one-argument form still works
 
 
+def test_the_hub_backoff_cap_comes_from_the_environment_for_tests(monkeypatch):
+    monkeypatch.delenv("SPEEDTRONIC_HUB_MAX_BACKOFF_S", raising=False)
+    assert open_transport(REPO).client.max_backoff_s == 60.0
+    monkeypatch.setenv("SPEEDTRONIC_HUB_MAX_BACKOFF_S", "1.5")
+    assert open_transport(REPO).client.max_backoff_s == 1.5
+    for bad in ("0", "-1", "soon", "1e9"):
+        monkeypatch.setenv("SPEEDTRONIC_HUB_MAX_BACKOFF_S", bad)
+        with pytest.raises(ConfigError, match="SPEEDTRONIC_HUB_MAX_BACKOFF_S: must be seconds"):
+            open_transport(REPO)
+
+
 @pytest.mark.parametrize("repo", ["not a repo", "a/b/c", "org/", "org/na..me"])
 def test_open_transport_refuses_what_is_neither_a_directory_nor_a_repo_id(repo):
     with pytest.raises(TransportError, match="neither a directory nor a Hugging Face Hub repo id"):

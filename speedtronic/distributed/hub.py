@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from huggingface_hub.hf_api import RepoFile
 
 from speedtronic.distributed.budget import Budget
 from speedtronic.distributed.hub_cache import DownloadCache
-from speedtronic.distributed.hub_files import HubCommit, HubFile, git_blob_oid, same_bytes  # noqa: F401
+from speedtronic.distributed.hub_files import HubCommit, HubFile, git_blob_oid  # noqa: F401
 from speedtronic.errors import TransportError
 
 T = TypeVar("T")
@@ -40,6 +41,11 @@ _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
 _NETWORK = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _TOKEN_HINT = "set HF_TOKEN to a valid token, or run: hf auth login"
 _WRITE_HINT = "use a token with write access to the repo (see: speedtronic hub grant)"
+# In every commit's description: after a lost answer the commit is looked for by it, since its
+# files may have changed since (a master that consumed a delta deleted it)
+COMMIT_ID_KEY = "speedtronic-commit-id"
+_LOOKUP_SKEW_S = 600.0  # how much older than the first attempt the history is searched
+_LOOKUP_PAGES = 10  # ... and at most this many pages of it (the commits endpoint pages by 50)
 
 
 class HubError(TransportError):
@@ -232,19 +238,21 @@ class HubClient:
         """One commit of ``adds`` and ``deletes`` to main; returns the new head sha.
 
         When an attempt's answer is lost (5xx, timeout, dropped connection after sending), the
-        next one first looks whether it landed (head moved, the adds' blob ids at head, the
-        deletes gone) and returns that head if so; the repeat is sent with the head just seen as
-        parent, so a late landing shows up as a 412 (looked for again), never as a second
-        commit. Otherwise a 412 on the caller's ``parent`` is ``CommitConflict``.
+        next one first looks for the commit in main's recent history by the random id in its
+        description and returns its sha if it landed; the repeat is sent with the head just
+        seen as parent, so a late landing shows up as a 412 (looked for again), never as a
+        second commit. Otherwise a 412 on the caller's ``parent`` is ``CommitConflict``.
         """
         if not adds and not deletes:
             return self.head()
         op = self._op("cannot commit to", write=True)
         pin = {"parent": parent, "lost": False, "check": False}  # lost: ever; check: pending
+        commit_id, started = secrets.token_hex(12), time.time()
+        description = f"{COMMIT_ID_KEY}: {commit_id}"
 
         def attempt() -> str:
             if pin["check"]:
-                landed, head = self._landed(adds, deletes, pin["parent"])
+                landed, head = self._landed(commit_id, started)
                 if landed:
                     self.budget.count_commit()
                     return landed
@@ -253,7 +261,7 @@ class HubClient:
                     raise CommitConflict(moved, status=412)
                 pin["parent"], pin["check"] = head, False
             try:
-                sha = self._commit_once(adds, deletes, message, pin["parent"])
+                sha = self._commit_once(adds, deletes, message, description, pin["parent"])
             except Exception as exc:
                 err = self._classify(exc, op)
                 if isinstance(err, CommitConflict) and pin["lost"]:  # ours, landing late?
@@ -296,23 +304,32 @@ class HubClient:
         entries = self._api.get_paths_info(self.repo_id, list(paths), revision=revision)
         return {e.path: _hub_file(e) for e in entries if isinstance(e, RepoFile)}
 
-    def _commit_once(self, adds, deletes, message: str, parent: str | None) -> str:
+    def _commit_once(self, adds, deletes, message: str, description: str, parent) -> str:
         # Fresh operation objects each attempt: the library marks them as used.
         ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=d) for p, d in adds.items()]
         ops += [CommitOperationDelete(path_in_repo=p) for p in deletes]
         return self._api.create_commit(
-            self.repo_id, ops, commit_message=message, parent_commit=parent
+            self.repo_id,
+            ops,
+            commit_message=message,
+            commit_description=description,
+            parent_commit=parent,
         ).oid
 
-    def _landed(self, adds, deletes, before: str | None) -> tuple[str | None, str]:
-        """(head, head) if the commit's changes are all at head, else (None, head)."""
-        head = self._head_once()
-        if head == before:
-            return None, head
-        info = self._paths_info_once([*adds, *deletes], head)
-        if any(p not in info or not same_bytes(info[p], d) for p, d in adds.items()):
-            return None, head
-        return (None if any(p in info for p in deletes) else head), head
+    def _landed(self, commit_id: str, since: float) -> tuple[str | None, str]:
+        """(sha of the commit carrying ``commit_id`` or None, main's head), from main's history
+        back to ``since`` less a margin for clock skew; usually one request."""
+        url: str | None = f"{self.endpoint}/api/models/{self.repo_id}/commits/main"
+        head, pages = None, 0
+        while url and pages < _LOOKUP_PAGES:
+            (page, url), pages = self._page_once(url, None), pages + 1
+            for item in page:
+                head = head or item["id"]
+                if commit_id in f"{item.get('title', '')}\n{item.get('message') or ''}":
+                    return item["id"], head
+                if hf_utils.parse_datetime(item["date"]).timestamp() < since - _LOOKUP_SKEW_S:
+                    return None, head
+        return None, head or self._head_once()
 
     def _fetch(self, path: str, revision: str, max_bytes: int) -> bytes:
         url = hf_hub_url(self.repo_id, path, revision=revision, endpoint=self.endpoint)
@@ -341,19 +358,19 @@ class HubClient:
 
     def _pages(self, op: _Op, url: str, params) -> Iterator[list]:
         """A paginated listing, one retried request per page (``Link: rel="next"``)."""
-        headers = hf_utils.build_hf_headers(token=self._token, library_name="speedtronic")
-
-        def get(page_url: str, page_params) -> tuple[list, str | None]:
-            session = hf_utils.get_session()
-            r = session.get(page_url, params=page_params, headers=headers, timeout=self.timeout_s)
-            hf_utils.hf_raise_for_status(r)
-            return r.json(), r.links.get("next", {}).get("url")
-
         next_url: str | None = url
         while next_url:
-            page, next_url = self._run(op, lambda u=next_url, p=params: get(u, p))
+            page, next_url = self._run(op, lambda u=next_url, p=params: self._page_once(u, p))
             params = None  # the next link carries the query
             yield page
+
+    def _page_once(self, url: str, params) -> tuple[list, str | None]:
+        """One page of a listing, and the URL of the next one (None at the end)."""
+        headers = hf_utils.build_hf_headers(token=self._token, library_name="speedtronic")
+        session = hf_utils.get_session()
+        r = session.get(url, params=params, headers=headers, timeout=self.timeout_s)
+        hf_utils.hf_raise_for_status(r)
+        return r.json(), r.links.get("next", {}).get("url")
 
     # -- the failure policy -------------------------------------------------------------------
 
@@ -397,6 +414,10 @@ class HubClient:
             sent = not isinstance(exc, _NOT_SENT)
             detail = self._detail(f"{type(exc).__name__}: {exc}")
             return _Transient(None, detail, ambiguous=op.write and sent and _commit_request(exc))
+        if isinstance(exc, RuntimeError) and "client has been closed" in str(exc):
+            # huggingface_hub closes its shared session after a connection error in any
+            # thread's request: this one picked up the closed session and was never sent
+            return _Transient(None, self._detail(f"{type(exc).__name__}: {exc}"))
         if isinstance(exc, hf_errors.LocalTokenNotFoundError):
             return HubError(self._msg(op, None, "no token found"), hint=_TOKEN_HINT)
         if isinstance(exc, (hf_errors.OfflineModeIsEnabled, hf_errors.HFValidationError)):

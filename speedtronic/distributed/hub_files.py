@@ -1,8 +1,7 @@
 """What the Hub says about files and commits, as plain records, and how to match bytes to them.
 
-``HubFile`` and ``HubCommit`` are what ``hub.HubClient`` returns; ``same_bytes`` decides whether
-a file in the repo holds exactly some bytes (by git blob id, or LFS sha256), which is how a
-commit whose answer was lost is recognised as landed. Stdlib only.
+``HubFile`` and ``HubCommit`` are what ``hub.HubClient`` returns; ``git_blob_oid`` is the id
+the Hub gives a non-LFS file, so a listing can say whether a file holds some bytes. Stdlib only.
 """
 
 from __future__ import annotations
@@ -30,12 +29,3 @@ class HubCommit:
 def git_blob_oid(data: bytes) -> str:
     """The id git (and the Hub, for non-LFS files) gives ``data``."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def same_bytes(file: HubFile, data: bytes) -> bool:
-    """Whether ``file`` in the repo holds exactly ``data``."""
-    if file.size != len(data):
-        return False
-    if file.sha256:
-        return file.sha256 == hashlib.sha256(data).hexdigest()
-    return file.oid == git_blob_oid(data)

@@ -99,9 +99,9 @@ class HubTransport:
         who = f"{self.node_id}: " if self.node_id else ""
         if self.client.visibility() is None:
             if settings.role != "master":
-                raise RepoNotFound(
-                    f"{who}{self.repo_id} not found (or not visible to this token)",
-                    hint=f"create it with: speedtronic hub init {self.repo_id}",
+                raise RepoNotFound(  # one line, the advice in it: no hint line under it
+                    f"{who}{self.repo_id} not found (or not visible to this token): "
+                    f"create it with speedtronic hub init {self.repo_id}"
                 )
             init_repo(self.client)
             logger.notice(f"diloco master: created the private repo {self.repo_id}")

@@ -27,9 +27,12 @@ from speedtronic.distributed.protocol import (
     STEP_COUNT,
     parse_delta_path,
 )
-from speedtronic.errors import TransportError
+from speedtronic.errors import ConfigError, TransportError
 
 MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
+# Caps the waits of a node's Hub client between attempts (default 60 s); for tests against a
+# local Hub emulator (docs/hub.md), never against the real Hub and its rate-limit resets
+MAX_BACKOFF_ENV = "SPEEDTRONIC_HUB_MAX_BACKOFF_S"
 # A Hub repo id: owner/name, each 1-96 of the characters the Hub allows
 HUB_REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
@@ -216,17 +219,33 @@ def _hub_transport(repo: str, settings: Any) -> Transport:
         value = getattr(settings, name, None)
         return default if value is None else value
 
+    backoff = hub_max_backoff_s()
     client = HubClient(
         repo,
         token=setting("token", None),
         node_id=setting("node_id", None) or getattr(settings, "resolved_node_id", ""),
         cache_dir=setting("cache_dir", None),
+        **({} if backoff is None else {"max_backoff_s": backoff}),
     )
     return HubTransport(
         client,
         min_publish_interval_s=float(setting("min_publish_interval_s", 60.0)),
         squash_every=int(setting("squash_every", 0)),
     )
+
+
+def hub_max_backoff_s() -> float | None:
+    """``$SPEEDTRONIC_HUB_MAX_BACKOFF_S`` in seconds, None when unset."""
+    raw = os.environ.get(MAX_BACKOFF_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise ConfigError(f"{MAX_BACKOFF_ENV}: must be seconds in (0, 3600] (got {raw[:40]!r})")
+    return value
 
 
 def is_local_repo(repo: str) -> bool:

@@ -1,0 +1,314 @@
+"""DumbDiLoCo over the Hub, end to end: the Hub emulator, a master and two workers, all processes.
+
+The emulator (tests/hub_emulator.py, run as a process) fails about 20% of all requests at
+random with 5xx, 429 (short reset headers) or a dropped connection, and lets half of the
+failed commits land before their answer is lost. The nodes are plain
+``python -m speedtronic train`` processes pointed at it through ``HF_ENDPOINT`` with
+``distributed.repo_id: alice/run``: the master creates the repo itself, coordinates only, and is
+stopped with SIGTERM once the workers are done and every delta is consumed. Then: every
+process exited as it should without a traceback, outer steps advanced, every delta uploaded was
+applied exactly once, the repo holds exactly one commit per upload and publish (nothing
+committed twice), and the token is nowhere in the logs or files. Quick checks follow: a worker
+whose token cannot write (read-only, or a user without access) and one pointed at a missing
+repo stop at once with one line on stderr, after two requests at most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_diloco_e2e import CONFIG
+
+from speedtronic.distributed.budget import estimate_commits_per_hour
+from speedtronic.distributed.hub import HubClient, RepoNotFound
+from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+REPO = "alice/run"
+TOKEN = "hf_e2eWriterToken0123456789abcdef"  # alice's write token
+READONLY = "hf_e2eReadOnlyToken0123456789abcd"  # alice's too, read-only
+BOB = "hf_e2eBobToken0123456789abcdefghi"  # a user with no role in alice's namespace
+FAULT_RATE = 0.2
+WORKERS = ("worker-1", "worker-2")
+STEPS = 200  # per worker, 5 per inner loop
+BATCH = 32  # slow enough that the workers often install globals while they train
+ASK_REPO = ("GET", "/api/models/alice/run", 200)  # a node's first two requests, answered
+ASK_TOKEN = ("GET", "/api/whoami-v2", 200)
+
+# The emulator's own CLI (serve_cli), on a subclass that writes what it saw when it stops:
+# every request, every injected fault, and the repo's commits.
+SERVE = """
+import json, os, sys
+sys.path.insert(0, os.environ["EMU_TESTS"])
+from hub_emulator import HubEmulator
+from hub_emulator_faults import serve_cli
+
+class Recording(HubEmulator):
+    def close(self):
+        super().close()
+        stats = {
+            "requests": [[m, p, s] for m, p, s in self.requests],
+            "injected": [[m, p, str(k)] for m, p, k in self.faults.injected],
+            "commits": {r: [c.title for c in repo.commits] for r, repo in self.state.repos.items()},
+            "errors": [repr(e) for e in self.errors],
+        }
+        with open(os.environ["EMU_STATS"], "w") as f:
+            json.dump(stats, f)
+
+sys.exit(serve_cli(Recording, sys.argv[1:]))
+"""
+
+
+class Emulator:
+    """The emulator process: its URL, and on ``stop`` what it recorded."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.port_file, self.stats_file = tmp_path / "emulator.url", tmp_path / "emulator.json"
+        env = {**os.environ, "EMU_TESTS": str(TESTS), "EMU_STATS": str(self.stats_file)}
+        command = [sys.executable, "-c", SERVE, "--port-file", str(self.port_file)]
+        command += ["--token", f"{TOKEN}=alice", "--token", f"{BOB}=bob", *args]
+        self.log = open(tmp_path / "emulator.log", "w")  # noqa: SIM115 - closed in stop
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        assert wait_until(self.port_file.exists, 30), (tmp_path / "emulator.log").read_text()
+        self.url = self.port_file.read_text()
+
+    def stop(self) -> dict:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=30) == 0
+        self.log.close()
+        return json.loads(self.stats_file.read_text())
+
+    def client(self, tmp_path: Path) -> HubClient:
+        """The test's own client (it goes through the faults too, and retries them)."""
+        return HubClient(
+            REPO,
+            token=TOKEN,
+            endpoint=self.url,
+            cache_dir=tmp_path / "test-cache",
+            max_backoff_s=2.0,
+        )
+
+
+def node_env(tmp_path: Path, url: str, token: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {
+        **env,
+        "HF_ENDPOINT": url,
+        "HF_TOKEN": token,
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "OMP_NUM_THREADS": "1",  # four processes on two cores
+        "SPEEDTRONIC_HUB_MAX_BACKOFF_S": "1",  # documented in docs/hub.md, for emulators
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    }
+
+
+def start(
+    tmp_path: Path, url: str, role: str, node: str, steps: int, token: str = TOKEN, **more
+) -> subprocess.Popen:
+    config = {**CONFIG, "run": {**CONFIG["run"], "name": node, "max_steps": steps}}
+    config["logging"] = {**CONFIG["logging"], "json_file": "metrics.jsonl"}
+    config["data"] = {**CONFIG["data"], "micro_batch_size": BATCH}
+    config["distributed"] = {
+        **CONFIG["distributed"],
+        "role": role,
+        "node_id": node,
+        "repo_id": REPO,
+        "outer_steps": 10_000,
+        "poll_interval": 0.2,
+        "min_publish_interval_s": 0,
+        "max_staleness": 1000,  # every delta counts: none dropped for staleness
+        "cache_dir": str(tmp_path / "cache"),
+        **more,
+    }
+    path = tmp_path / f"{node}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / f"{node}.log", "w")  # noqa: SIM115 - closed with the process
+    command = [sys.executable, "-m", "speedtronic", "train", "-c", str(path)]
+    command += ["--output-dir", str(tmp_path / node)]
+    return subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=node_env(tmp_path, url, token)
+    )
+
+
+def events(tmp_path: Path, node: str, kind: str) -> list[dict]:
+    path = tmp_path / node / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == kind]
+
+
+def master_rounds(tmp_path: Path) -> list[tuple[int, ...]]:
+    """The master's rounds, from its log: a coordinating-only master writes no JSONL."""
+    pattern = r"diloco round: outer step (\d+) \| deltas (\d+) in, (\d+) stale, (\d+) rejected"
+    text = (tmp_path / "master.log").read_text()
+    return [tuple(int(g) for g in m.groups()) for m in re.finditer(pattern, text)]
+
+
+def step_count(client: HubClient) -> dict | None:
+    try:
+        data = client.download(STEP_COUNT, client.head(), 1 << 16)
+    except RepoNotFound:
+        return None
+    return None if data is None else json.loads(data)
+
+
+def pending_deltas(client: HubClient) -> list[str]:
+    return [f.path for f in client.list_files(NODES_DIR, client.head())]
+
+
+@pytest.mark.slow
+def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
+    began = time.monotonic()
+    emulator = Emulator(tmp_path, "--fault-rate", str(FAULT_RATE), "--seed", "1")
+    client = emulator.client(tmp_path)
+    processes: list[subprocess.Popen] = []
+    try:
+        master = start(tmp_path, emulator.url, "master", "master", 1, train_locally=False)
+        processes.append(master)
+        assert wait_until(lambda: step_count(client) is not None, 60), log_of(tmp_path, "master")
+        phases = {"master up": time.monotonic() - began}
+        processes += [start(tmp_path, emulator.url, "worker", w, STEPS) for w in WORKERS]
+        for worker, process in zip(WORKERS, processes[1:], strict=True):
+            assert process.wait(timeout=120) == 0, log_of(tmp_path, worker)
+        phases["workers done"] = time.monotonic() - began
+        assert wait_until(lambda: not pending_deltas(client), 60), pending_deltas(client)
+        phases["deltas consumed"] = time.monotonic() - began
+        master.send_signal(signal.SIGTERM)
+        assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+        published, history = step_count(client), client.commits()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        stats = emulator.stop()
+    wall_s = time.monotonic() - began
+
+    for node in ("master", *WORKERS):
+        assert "Traceback" not in (tmp_path / f"{node}.log").read_text(), log_of(tmp_path, node)
+    hung_up = ("BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError")
+    assert [e for e in stats["errors"] if not e.startswith(hung_up)] == []  # no emulator bug
+    faults, requests = stats["injected"], stats["requests"]
+    assert len(faults) >= FAULT_RATE / 2 * len(requests), (len(faults), len(requests))
+
+    # Outer steps advanced, one per round, and the workers trained from the published globals
+    rounds = master_rounds(tmp_path)  # (outer step, included, stale, rejected) per round
+    assert published["outer_step"] >= 2, log_of(tmp_path, "master")
+    assert [r[0] for r in rounds] == list(range(1, published["outer_step"] + 1)), rounds
+    logs = {w: (tmp_path / f"{w}.log").read_text() for w in WORKERS}
+    assert all("starting from global outer step" in text for text in logs.values()), logs
+    installs = sum(text.count("installed global") for text in logs.values())  # timing-bound
+
+    # Every delta uploaded was applied exactly once: none stale or rejected, none left over
+    uploads = sum(len(events(tmp_path, w, "diloco_upload")) for w in WORKERS)
+    assert sum(r[1] for r in rounds) == uploads, (uploads, rounds)
+    assert sum(r[2] + r[3] for r in rounds) == 0, rounds
+
+    # One commit each, nothing committed twice: the repo's first, the README, every upload
+    # and every publish (outer step 0 at start, then one per round)
+    commits = stats["commits"][REPO]
+    publishes = 1 + len(rounds)
+    assert len(commits) == 2 + uploads + publishes == len(history), commits
+    deltas = [c for c in commits if ": delta " in c]
+    assert len(deltas) == len(set(deltas)) == uploads, commits
+    assert sum(": publish outer step " in c for c in commits) == publishes, commits
+    # ... and within the budget the transport computes for this cadence over the training
+    # time (of the slower worker): one upload per inner loop and one publish per delta
+    end = max((events(tmp_path, w, "run_end")[0] for w in WORKERS), key=lambda e: e["elapsed_s"])
+    per_hour = estimate_commits_per_hour(
+        nodes=len(WORKERS),
+        inner_steps=CONFIG["distributed"]["inner_steps"],
+        step_time_s=end["elapsed_s"] / end["steps"],
+        min_publish_interval_s=0,
+    )
+    assert uploads + publishes - 1 <= per_hour * end["elapsed_s"] / 3600
+
+    # The token never left the environment
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+
+    posts = [status for _, path, status in requests if "/commit/" in path]
+    print(
+        f"\nhub e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
+        f"globals installed by workers {installs}, "
+        f"commits {len(commits)}, requests {len(requests)}, faults {len(faults)} "
+        f"{count_kinds(faults)}, commit POSTs {len(posts)} ({len(posts) - posts.count(200)} "
+        f"failed, {len(commits) - 1 - posts.count(200)} of them landed), "
+        f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
+    )
+
+
+def count_kinds(faults: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _, _, kind in faults:
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize(
+    ("token", "private", "why"),
+    [
+        (READONLY, True, "the token is read-only"),
+        (BOB, False, "bob is not a member of alice"),  # a public repo bob may read, not write
+    ],
+)
+def test_a_worker_whose_token_cannot_write_stops_at_once_with_one_line(
+    tmp_path, token, private, why
+):
+    emulator = Emulator(tmp_path, "--token", f"{READONLY}=alice", "--readonly", READONLY)
+    try:
+        emulator.client(tmp_path).create_repo(private=private)
+        began = time.monotonic()
+        worker = start(tmp_path, emulator.url, "worker", "worker-1", 40, token=token)
+        assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
+        took = time.monotonic() - began
+    finally:
+        stats = emulator.stop()
+    lines = (tmp_path / "worker-1.log").read_text().splitlines()
+    assert len(lines) == 1, lines  # no traceback, no hint, no retry warnings
+    assert lines[0].startswith("speedtronic: error: worker-1: token cannot write to alice/run: ")
+    assert why in lines[0]
+    assert took < 30  # the start-up of a python process, mostly
+    # It asked two questions (is the repo there, what may this token do) and stopped: no
+    # upload, no retry loop (the request before them is the test's own create_repo)
+    assert [tuple(r) for r in stats["requests"][1:]] == [ASK_REPO, ASK_TOKEN], stats["requests"]
+    assert token not in (tmp_path / "worker-1.log").read_text()
+
+
+def test_a_worker_on_a_missing_repo_is_told_to_run_hub_init(tmp_path):
+    emulator = Emulator(tmp_path)
+    try:
+        worker = start(tmp_path, emulator.url, "worker", "worker-1", 40)
+        assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
+    finally:
+        stats = emulator.stop()
+    lines = (tmp_path / "worker-1.log").read_text().splitlines()
+    assert lines == [
+        "speedtronic: error: worker-1: alice/run not found (or not visible to this token): "
+        "create it with speedtronic hub init alice/run"
+    ]
+    assert [tuple(r) for r in stats["requests"]] == [(*ASK_REPO[:2], 404)]  # asked once
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def log_of(tmp_path: Path, node: str) -> str:
+    return (tmp_path / f"{node}.log").read_text()[-3000:]
