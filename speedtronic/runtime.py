@@ -78,12 +78,7 @@ def build_runtime(
     config = SpeedtronicConfig.load(config)
     check_seq_len(config)
     seed_everything(config.run.seed)
-    logger = MetricLogger(
-        console=console,
-        file=_in_output(config, config.logging.file),
-        json_file=_in_output(config, config.logging.json_file),
-        hooks=[*load_hooks(config.logging.hooks), *(hooks or [])],
-    )
+    logger = run_logger(config, console, hooks)
     device = resolve_device(config.run.device)
     precision = resolve_precision(config.precision.mode, device, logger.warn)
     emulated = emulation_warning(device, precision.mode)  # once per run: the probe is cached
@@ -161,11 +156,21 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         logger.close()
 
 
+def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLogger:
+    """The run's logger: console, text and JSONL files in the output dir, and the hooks."""
+    return MetricLogger(
+        console=console,
+        file=_in_output(config, config.logging.file),
+        json_file=_in_output(config, config.logging.json_file),
+        hooks=[*load_hooks(config.logging.hooks), *(hooks or [])],
+    )
+
+
 def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
     """A DumbDiLoCo master that does not train: it aggregates and publishes until done."""
     from speedtronic.distributed import setup
 
-    logger = MetricLogger(console=console, hooks=list(hooks or []))
+    logger = run_logger(config, console, hooks)
     try:
         seed_everything(config.run.seed)  # the same initial weights as every worker
         model = build_model(config.model.name, config.model.params, config.model.imports)

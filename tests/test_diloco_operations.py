@@ -156,3 +156,52 @@ def test_sync_wait_gives_up_at_its_deadline_and_goes_on_asynchronously(tmp_path)
     [boundary] = [p for e, p in log.events if e == "diloco_boundary"]
     assert boundary["installed"] is None and plugin.counters["uploads"] == 1
     plugin.on_train_end(trainer, None)
+
+
+class FailingPublish(LocalTransport):
+    """Publishes fail while ``down`` is set (e.g. the Hub gave up after its retries)."""
+
+    down = False
+
+    def publish(self, weights, step_count, consumed):
+        if self.down:
+            raise TransportError("503: retries ran out")
+        super().publish(weights, step_count, consumed)
+
+
+def upload_one(transport, move=-0.1):
+    net = model()
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=move)
+    trainer.train_step(worker, move=move)
+    worker.on_train_end(trainer, None)
+
+
+def test_a_failed_publish_is_published_by_the_next_poll_with_its_deletions(tmp_path):
+    transport = FailingPublish(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    upload_one(transport)
+    transport.down = True
+    assert loop.poll_safely() is None  # the round ran; its publish failed
+    assert loop.master.outer_step == 1 and len(transport.list_deltas()) == 1
+    transport.down = False
+    loop.poll_once()  # no new delta, no round: the pending publish goes out
+    assert json.loads((tmp_path / "repo" / STEP_COUNT).read_text())["outer_step"] == 1
+    assert transport.list_deltas() == []
+
+
+def test_a_delta_applied_already_is_deleted_when_it_shows_up_again(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    upload_one(transport)
+    [ref] = transport.list_deltas()
+    data = transport.read(ref.path, 1 << 20)
+    assert loop.poll_once().outer_step == 1 and transport.list_deltas() == []
+    transport.upload(ref.path, data)  # the same bytes again (a repeated upload)
+    assert loop.poll_once() is None and loop.counters["included"] == 1
+    upload_one(transport, move=-0.05)  # the next round deletes the duplicate with its own
+    loop.poll_once()
+    assert transport.list_deltas() == [] and loop.counters["included"] == 2

@@ -92,7 +92,8 @@ class MasterLoop:
         self.master: Master | None = None
         self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
         self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
-        self.unusable: list[str] = []  # paths of bad files to delete with the next publish
+        self.unusable: list[str] = []  # paths of settled files to delete with the next publish
+        self.unpublished = False  # a round whose publish failed; the next poll publishes it
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
         self.nodes: dict[str, dict[str, Any]] = {}  # node -> its newest accepted delta, for status
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
@@ -146,12 +147,23 @@ class MasterLoop:
         with self.lock:
             result = self.master.round(self.clock(), force=force)
         if result is None:
+            if self.unpublished:  # the last publish failed: the repo is behind the master
+                with self.lock:
+                    weights = {k: t.clone() for k, t in self.master.global_weights.items()}
+                self._publish(self.master.outer_step, weights)
             return None
         self._count_round(result)
-        consumed = [self.paths.pop(i) for i in result.consumed if i in self.paths]
-        self._save_and_publish(result.outer_step, result.weights, consumed + self.unusable)
-        self.unusable = []
+        self.unusable += [self.paths.pop(i) for i in result.consumed if i in self.paths]
+        self._publish(result.outer_step, result.weights)
         return result
+
+    def _publish(self, outer_step: int, weights: Tensors) -> None:
+        """Publish, deleting every settled file; if it fails, the next poll tries again."""
+        self.unpublished = True
+        self._save_and_publish(outer_step, weights, self.unusable)
+        for path in self.unusable:  # gone: a file uploaded there again is a new one
+            self.settled_versions.pop(path, None)
+        self.unusable, self.unpublished = [], False
 
     def _take(self, ref: DeltaRef) -> None:
         """Fetch, validate and offer one listed delta; anything wrong is logged and counted."""
@@ -170,8 +182,9 @@ class MasterLoop:
             self.counters["bytes_down"] += len(data)
             identity = delta_identity(node_id, seq, data)
             self.paths[identity] = ref.path
-            if self.master.seen(identity):
-                return  # e.g. a state saved but the publish that deletes it never happened
+            if self.master.seen(identity):  # e.g. saved, but the publish deleting it failed
+                self.unusable.append(ref.path)  # applied already: delete it with the next publish
+                return
             header, tensors = decode_delta(data, ref.path, self.master.global_weights)
             self.counters["found"] += 1
             if self.master.offer(ReceivedDelta(identity, header, tensors), self.clock()) == (

@@ -270,7 +270,8 @@ class WorkerPlugin:
         except (SpeedtronicError, OSError) as exc:
             self.counters["upload_failures"] += 1
             self._stop_if_permanent(exc)
-            self.logger.warn(f"diloco: upload of delta {seq} failed ({exc}); will retry")
+            if self.fatal is None:
+                self.logger.warn(f"diloco: upload of delta {seq} failed ({exc}); will retry")
             with self._lock:
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
                 self.seq, self.sending = seq - 1, None  # the name was not used: reuse it
