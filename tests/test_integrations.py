@@ -1,4 +1,7 @@
-"""TensorBoard / W&B hooks, driven by a real run with stand-in client modules."""
+"""TensorBoard / W&B hooks with stand-in client modules: what they are asked to do.
+
+These run without the ``logging`` extra; ``test_integrations_real.py`` checks the real files.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import types
 import pytest
 
 from speedtronic.errors import ConfigError
+from speedtronic.integrations import WandbHook
+from speedtronic.metrics import MetricLogger
 from speedtronic.runtime import train_from_config
 
 
@@ -38,31 +43,83 @@ def test_tensorboard_hook_by_name(tiny, monkeypatch):
 
 
 def test_wandb_hook_by_name(tiny, monkeypatch):
-    logged = []
+    logged, inits = [], []
 
     class Run:
-        def log(self, values, step):
-            logged.append((step, values))
+        def define_metric(self, name, step_metric=None):
+            logged.append(("metric", name, step_metric))
 
-        def finish(self):
-            logged.append("finished")
+        def log(self, values):
+            logged.append(values)
+
+        def finish(self, exit_code):
+            logged.append(("finished", exit_code))
+
+    def init(**kwargs):
+        inits.append(kwargs)
+        return Run()
 
     module = types.ModuleType("wandb")
-    module.init = lambda project, name, config: Run()
+    module.init = init
     monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
     tiny["logging"]["hooks"] = ["wandb"]
     train_from_config(tiny, console=False)
-    assert logged[-1] == "finished" and logged[0][0] == 1 and "train/loss" in logged[0][1]
+    [kwargs] = inits
+    assert kwargs["project"] == "speedtronic" and kwargs["name"] == "tiny"
+    assert kwargs["dir"] == tiny["run"]["output_dir"]  # no $WANDB_DIR: next to the run
+    assert kwargs["config"]["max_steps"] == 6
+    assert ("metric", "train/*", "train/step") in logged
+    rows = [row for row in logged if isinstance(row, dict)]
+    assert [row["train/step"] for row in rows] == [1, 2, 4, 6] and "train/loss" in rows[0]
+    assert logged[-1] == ("finished", 0)
 
 
-def test_missing_package_is_a_clear_error(tiny, monkeypatch):
+def test_wandb_hook_honours_wandb_dir_and_project(monkeypatch):
+    inits = []
+
+    class Run:
+        define_metric = staticmethod(lambda *args, **kwargs: None)
+
+    module = types.ModuleType("wandb")
+    module.init = lambda **kwargs: inits.append(kwargs) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.setenv("WANDB_DIR", "/elsewhere")
+    monkeypatch.setenv("WANDB_PROJECT", "mine")
+    WandbHook().on_event("run_start", {"name": "tiny", "output_dir": "/run"})
+    assert (inits[0]["dir"], inits[0]["project"]) == (None, "mine")  # wandb reads WANDB_DIR
+
+
+def test_missing_package_is_a_config_error_before_training(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
     tiny["logging"]["hooks"] = ["wandb"]
     events = []
-    result = train_from_config(tiny, console=False, hooks=[lambda e, p: events.append((e, p))])
+    with pytest.raises(ConfigError) as caught:
+        train_from_config(tiny, console=False, hooks=[lambda e, p: events.append(e)])
+    assert str(caught.value) == (
+        "logging.hooks: wandb needs the wandb package: pip install 'speedtronic[logging]'"
+    )
+    assert caught.value.hint is None and events == []  # one line; nothing ran
+
+
+def test_a_failing_hook_is_reported_and_disabled_never_fatal(monkeypatch):
+    module = types.ModuleType("wandb")
+
+    def init(**kwargs):
+        raise RuntimeError("api_key not configured")
+
+    module.init = init
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    events = []
+    logger = MetricLogger(console=False, hooks=[WandbHook(), lambda e, p: events.append((e, p))])
+    facts = {"name": "tiny", "model": "m", "params": 1, "device": "cpu", "precision": "fp32"}
+    facts.update(max_steps=1, batch_size=1, seq_len=1, accumulation_steps=1, output_dir="/run")
+    logger.log("run_start", facts)
+    logger.log("checkpoint", {"step": 1, "path": "/run/step-1"})
     warnings = [p["message"] for e, p in events if e == "warning"]
-    assert result.status == "completed"  # a broken hook is reported, never fatal
-    assert any("needs the 'wandb' package" in w for w in warnings)
+    assert len(warnings) == 1 and events[-1][0] == "checkpoint"  # reported once, then gone
+    assert "WandbHook failed and was disabled: RuntimeError: api_key" in warnings[0]
 
 
 def test_unknown_hook_name_is_rejected():
