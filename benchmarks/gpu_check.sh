@@ -135,7 +135,7 @@ if metrics.exists():
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
             "mfu": statistics.median(mfus) if mfus else None,
             "data_wait_share": statistics.median(r["data_wait_share"] for r in steady),
-            "memory_gb": steady[-1].get("memory_gb"),
+            "memory_bytes": steady[-1].get("memory_bytes"),
         }
         summary["train_gpt2_small"] = train
         mfu = train["mfu"]

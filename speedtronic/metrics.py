@@ -1,9 +1,13 @@
-"""Metrics: the ``MetricLogger`` event fan-out, its sinks, and the device peak-FLOPs table.
+"""Metrics: the ``MetricLogger`` event fan-out, its sinks, the JSON event record, and the
+device peak-FLOPs table.
 
 The engine reports everything as ``(event, payload)`` pairs: ``run_start``, ``train_step``,
-``eval``, ``checkpoint``, ``warning``, ``notice``, ``run_end``. Sinks write them (stdout
-lines, a text file, JSONL) and hooks receive them (callables ``hook(event, payload)`` or
-objects with ``on_event``). A hook that raises is reported once and disabled, never fatal.
+``eval``, ``checkpoint``, ``warning``, ``notice``, ``run_end`` and DumbDiLoCo's ``diloco_*``.
+Sinks write them (stdout lines, a text file, JSONL) and hooks receive them (callables
+``hook(event, payload)`` or objects with ``on_event``). A hook that raises is reported once
+and disabled, never fatal. ``event_record`` is the one JSON form of an event, versioned
+(``EVENT_SCHEMA_VERSION``, docs/events.md): the JSONL file and ``train --log-format json``
+both write it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +25,21 @@ from typing import IO, Any
 from speedtronic.errors import ConfigError
 
 Hook = Callable[[str, dict[str, Any]], None]
+
+# The JSON record's version (docs/events.md): bumped when a field is renamed, removed or changes
+# meaning or unit; adding events or fields keeps it.
+EVENT_SCHEMA_VERSION = 1
+ENVELOPE = ("event", "schema_version", "time")
+# Payload names that break the record's conventions (the unit last: _s, _bytes), renamed in
+# every record; hooks still receive the engine's names. memory_gb also becomes whole bytes.
+RENAMED = {
+    "memory_gb": "memory_bytes",
+    "bytes": "size_bytes",
+    "bytes_up": "uploaded_bytes",
+    "bytes_down": "downloaded_bytes",
+    "total_bytes_down": "total_downloaded_bytes",
+    "seconds": "elapsed_s",
+}
 
 # Dense peak TFLOPS per device for the autocast dtype (bf16/fp16) and for fp32 (TF32 on CUDA).
 # Vendor figures without sparsity. Matched by substring of the device name, first match wins.
@@ -53,7 +73,7 @@ class MetricLogger:
     """Fans events out to sinks and hooks.
 
     ``console``: print one plain line per ``train_step`` (and notices) to stdout.
-    ``file`` / ``json_file``: append text lines / JSON objects (one per event).
+    ``file`` / ``json_file``: append text lines / ``event_record`` JSON lines (one per event).
     ``hooks``: callables ``(event, payload)`` or objects with ``on_event(event, payload)``.
     """
 
@@ -70,6 +90,7 @@ class MetricLogger:
         self._text = _open_append(file)
         self.json_path = Path(json_file) if json_file is not None else None
         self._json = _open_append(json_file)
+        self._lock = threading.Lock()  # DumbDiLoCo logs from its threads too
         self.hooks: list[Hook] = [_as_callable(h) for h in hooks or []]
 
     def add_hook(self, hook: Any) -> None:
@@ -79,13 +100,13 @@ class MetricLogger:
         line = format_event(event, payload)
         if self.console and line:
             print(line, file=self.stream or sys.stdout, flush=True)
-        if self._text and line:
-            self._text.write(line + "\n")
-            self._text.flush()
-        if self._json:
-            record = {"event": event, "time": round(time.time(), 3), **payload}
-            self._json.write(json.dumps(record, default=_jsonable) + "\n")
-            self._json.flush()
+        with self._lock:
+            if self._text and line:
+                self._text.write(line + "\n")
+                self._text.flush()
+            if self._json:
+                self._json.write(record_line(event, payload) + "\n")
+                self._json.flush()
         for hook in list(self.hooks):
             try:
                 hook(event, payload)
@@ -131,6 +152,48 @@ class MetricLogger:
             if handle:
                 handle.close()
         self._text = self._json = None
+
+
+def event_record(event: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form of an event: ``event``, ``schema_version``, ``time`` (unix seconds), then
+    the payload with ``RENAMED`` names, non-finite numbers as null and tensors as numbers."""
+    record: dict[str, Any] = {
+        "event": event,
+        "schema_version": EVENT_SCHEMA_VERSION,
+        "time": round(time.time(), 3),
+    }
+    for key, value in payload.items():
+        name = RENAMED.get(key, key)
+        if name in ENVELOPE:
+            continue
+        value = _plain(value)
+        if key == "memory_gb" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = round(value * 1e9)
+        record[name] = value
+    return record
+
+
+def record_line(event: str, payload: dict[str, Any]) -> str:
+    """``event_record`` as one line of strict JSON (no NaN, no newline)."""
+    return json.dumps(event_record(event, payload), allow_nan=False)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy: non-finite floats -> None, tensor scalars -> numbers, other -> str."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):
+        try:
+            return _plain(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
 
 
 def format_event(event: str, payload: dict[str, Any]) -> str:
@@ -198,12 +261,6 @@ def _as_callable(hook: Any) -> Hook:
 def _name(hook: Hook) -> str:
     owner = getattr(hook, "__self__", None)
     return type(owner).__name__ if owner is not None else getattr(hook, "__name__", repr(hook))
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
 
 
 def _diloco_line(event: str, p: dict[str, Any]) -> str:

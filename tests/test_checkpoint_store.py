@@ -391,10 +391,10 @@ def test_inspect_path_reports_meta_tensors_and_config(tmp_path):
     assert second["param_count"] == 288
     assert second["dtypes"] == {"float32": 7, "int64": 1}
     assert second["params_by_module"] == {
-        "tok_emb": {"params": 128, "bytes": 512},
-        "blocks": {"params": 144, "bytes": 576},
-        "norm": {"params": 16, "bytes": 64},
-        "positions": {"params": 4, "bytes": 32},
+        "tok_emb": {"params": 128, "size_bytes": 512},
+        "blocks": {"params": 144, "size_bytes": 576},
+        "norm": {"params": 16, "size_bytes": 64},
+        "positions": {"params": 4, "size_bytes": 32},
     }
     assert second["tied"] == {"lm_head.weight": "tok_emb.weight"}
     assert second["config_facts"] == {

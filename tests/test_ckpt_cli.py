@@ -20,6 +20,7 @@ runner = CliRunner()
 def run_dir(tiny, tmp_path):
     """A run with checkpoints at steps 2, 4, 6 (latest), one damaged copy and one torn write."""
     tiny["checkpoint"] = {"interval": 2, "keep_last": 5}
+    tiny["logging"]["json_file"] = "metrics.jsonl"
     train_from_config(tiny, console=False)
     ckpts = tmp_path / "run" / "checkpoints"
     shutil.copytree(ckpts / "step_0000000002", ckpts / "step_0000000001")
@@ -44,7 +45,75 @@ def test_inspect_json_reports_every_checkpoint_with_status(run_dir):
     assert set(ok["dtypes"]) == {"float32"}
     assert set(ok["params_by_module"]) == {"tok_emb", "blocks", "norm"}
     assert sum(m["params"] for m in ok["params_by_module"].values()) == ok["param_count"]
+    assert sum(m["size_bytes"] for m in ok["params_by_module"].values()) == 4 * ok["param_count"]
     assert ok["config_facts"]["model"] == "reference_transformer"
+    assert report["schema_version"] == 1
+
+
+def test_inspect_shows_the_runs_loss_history(run_dir):
+    result = runner.invoke(app, ["ckpt", "inspect", str(run_dir), "--format", "json"])
+    history = json.loads(result.stdout)["history"]
+    assert history["path"] == str(run_dir / "metrics.jsonl") and not history["truncated"]
+    assert [p["step"] for p in history["losses"]] == [1, 2, 4, 6]
+    assert history["loss_points"] == 4 and history["last_loss_step"] == 6
+    assert history["first_loss"] == history["losses"][0]["loss"]
+    assert history["min_loss"] == min(p["loss"] for p in history["losses"])
+    assert len(history["loss_sparkline"]) == 4 and history["eval_loss_points"] == 0
+    for path in (run_dir, run_dir / "checkpoints" / "step_0000000004"):  # one checkpoint too
+        text = runner.invoke(app, ["ckpt", "inspect", str(path)]).stdout
+        assert "loss history from" in text and history["loss_sparkline"] in text
+    (run_dir / "metrics.jsonl").unlink()
+    result = runner.invoke(app, ["ckpt", "inspect", str(run_dir), "--format", "json"])
+    assert json.loads(result.stdout)["history"] is None
+    assert "loss history" not in runner.invoke(app, ["ckpt", "inspect", str(run_dir)]).stdout
+
+
+def jsonl(*records: dict | str) -> str:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+def test_history_keeps_the_last_run_and_survives_damage(tmp_path):
+    from speedtronic.history import read_history
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        jsonl(
+            {"event": "run_start"},
+            *({"event": "train_step", "step": s, "loss": 10.0 - s} for s in (1, 2, 3, 4)),
+            {"event": "eval", "step": 4, "eval_loss": 7.0},
+            '{"event": "train_step", "step": 5, "lo',  # cut by a kill
+            {"event": "notice", "message": "resumed from step 2"},
+            *({"event": "train_step", "step": s, "loss": 5.0 - s} for s in (3, 4)),
+            {"event": "train_step", "step": 5, "loss": None},  # non-finite, written as null
+            {"event": "eval", "step": 5, "eval_loss": 0.5},
+            "garbage",
+        )
+    )
+    history = read_history(path)
+    assert [(p["step"], p["loss"]) for p in history["losses"]] == [
+        (1, 9.0),
+        (2, 8.0),
+        (3, 2.0),
+        (4, 1.0),
+        (5, None),
+    ]
+    assert history["min_loss"] == 1.0 and history["min_loss_step"] == 4
+    assert history["last_loss"] is None and history["loss_sparkline"] == "█▇▂▁ "
+    assert history["eval_losses"] == [{"step": 5, "eval_loss": 0.5}]
+
+
+def test_history_of_a_huge_file_is_read_capped(tmp_path):
+    from speedtronic.history import MAX_POINTS, read_history
+
+    path = tmp_path / "m.jsonl"
+    records = ({"event": "train_step", "step": s, "loss": 1000.0 / s} for s in range(1, 20001))
+    path.write_text(jsonl(*records))
+    full = read_history(path)
+    assert full["loss_points"] == 20000 and len(full["losses"]) == MAX_POINTS
+    assert full["losses"][-1] == {"step": 20000, "loss": 0.05}
+    capped = read_history(path, max_bytes=path.stat().st_size // 4)
+    assert capped["truncated"] and capped["first_loss"] == 1000.0
+    assert capped["last_loss_step"] == 20000 and capped["loss_points"] < 20000 // 3
 
 
 def test_inspect_text_for_one_checkpoint_and_for_the_checkpoints_dir(run_dir):

@@ -49,6 +49,7 @@ def test_train_honours_overrides_and_prints_a_summary(tiny, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     assert "done: 4 steps" in result.stdout
+    assert "\nloss: " in result.stdout and " (min " in result.stdout  # the sparkline line
     assert "step 4/4" in result.stderr  # progress on stderr, data on stdout
     assert (out / "m.jsonl").exists()
 

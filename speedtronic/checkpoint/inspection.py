@@ -2,9 +2,10 @@
 
 Finds the checkpoints a path refers to (a run dir, a checkpoints root or one checkpoint),
 summarises each from meta.json and the safetensors header (step, tokens, loss, size,
-parameters per module, dtypes, config facts), optionally hashes them, and plans and applies
-pruning. Like ``layout``, it never imports torch. A path that names no checkpoints is a
-usage error (ConfigError), never a guess: prune deletes what its path resolves to.
+parameters per module, dtypes, config facts), optionally hashes them, adds the run's loss
+history when its metrics JSONL is next to the checkpoints, and plans and applies pruning.
+Like ``layout``, it never imports torch. A path that names no checkpoints is a usage error
+(ConfigError), never a guess: prune deletes what its path resolves to.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from speedtronic.checkpoint.layout import (
     verify_hashes,
 )
 from speedtronic.errors import CheckpointError, ConfigError
+from speedtronic.history import read_history
+
+# The version of inspect_path's document (``ckpt inspect --format json``).
+INSPECT_SCHEMA_VERSION = 1
 
 # safetensors dtype codes -> torch dtype names, for display only.
 _DTYPE_NAMES = {
@@ -158,14 +163,62 @@ def inspect_checkpoint(path: str | os.PathLike, verify: bool = False) -> dict:
 
 
 def inspect_path(path: str | os.PathLike, verify: bool = False) -> dict:
-    """``{"root", "latest", "verified", "checkpoints": [inspect_checkpoint(...), ...]}``."""
+    """``{"schema_version", "root", "latest", "verified", "checkpoints": [inspect_checkpoint
+    (...), ...], "history"}``; history is ``read_history`` of the run's metrics JSONL, or None
+    when none is found (``metrics_file``) or it cannot be read."""
     root, dirs = resolve_checkpoints(path)
+    metrics = metrics_file(root, dirs)
+    try:
+        history = read_history(metrics) if metrics else None
+    except OSError:
+        history = None
     return {
+        "schema_version": INSPECT_SCHEMA_VERSION,
         "root": str(root),
         "latest": _latest_or_none(root),
         "verified": verify,
         "checkpoints": [inspect_checkpoint(d, verify) for d in dirs],
+        "history": history,
     }
+
+
+def metrics_file(root: Path, dirs: list[Path]) -> Path | None:
+    """The metrics JSONL the run of these checkpoints wrote, if it is still there.
+
+    Its ``logging.json_file``, from the newest checkpoint whose meta.json records a config:
+    as is when absolute, else in the run's output dir, which is the checkpoints root's parent
+    in the default layout (or ``run.output_dir``, relative to here). Failing that, in the
+    default layout, the run dir's only ``*.jsonl`` file.
+    """
+    run_dir = root.parent if root.name == "checkpoints" else None
+    config = _stored_config(dirs)
+    logging, run = config.get("logging"), config.get("run")
+    name = logging.get("json_file") if isinstance(logging, dict) else None
+    output_dir = run.get("output_dir") if isinstance(run, dict) else None
+    candidates = []
+    if isinstance(name, str) and name:
+        if Path(name).is_absolute():
+            candidates.append(Path(name))
+        else:
+            if run_dir is not None:
+                candidates.append(run_dir / name)
+            if isinstance(output_dir, str) and output_dir:
+                candidates.append(Path(output_dir) / name)
+    elif run_dir is not None:
+        found = sorted(run_dir.glob("*.jsonl"))
+        candidates += found if len(found) == 1 else []
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _stored_config(dirs: list[Path]) -> dict:
+    for d in reversed(dirs):
+        try:
+            meta = json.loads((d / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, *JSON_ERRORS):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+            return meta["config"]
+    return {}
 
 
 def _summarise_tensors(header: dict) -> tuple[dict, dict]:
@@ -178,9 +231,9 @@ def _summarise_tensors(header: dict) -> tuple[dict, dict]:
         for dim in entry.get("shape", []):
             numel *= int(dim)
         begin, end = entry["data_offsets"]
-        module = by_module.setdefault(key.split(".", 1)[0], {"params": 0, "bytes": 0})
+        module = by_module.setdefault(key.split(".", 1)[0], {"params": 0, "size_bytes": 0})
         module["params"] += numel
-        module["bytes"] += int(end) - int(begin)
+        module["size_bytes"] += int(end) - int(begin)
         dtype = _DTYPE_NAMES.get(entry.get("dtype"), str(entry.get("dtype")).lower())
         dtypes[dtype] = dtypes.get(dtype, 0) + 1
     return by_module, dtypes

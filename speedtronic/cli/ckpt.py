@@ -2,7 +2,8 @@
 
 Both read only JSON and safetensors headers (``speedtronic.checkpoint.inspection``), never
 torch, so they answer instantly even for large checkpoints; ``inspect --verify`` adds the
-sha256 of every file (stdlib hashing, still no torch).
+sha256 of every file (stdlib hashing, still no torch). ``inspect`` also shows the run's loss
+history (a sparkline, first / last / min, eval losses) when its metrics JSONL is there.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def inspect(
     ),
     output_format: OutputFormat = format_option("tables"),
 ) -> None:
-    """Show step, tokens, loss, size, parameters and status of every checkpoint found."""
+    """Show step, tokens, loss, size, parameters and status of every checkpoint found.
+
+    With the run's metrics JSONL (logging.json_file) next to the checkpoints, also its loss
+    history: a sparkline, the first, last and lowest loss, and the eval losses.
+    """
     from speedtronic.checkpoint.inspection import inspect_path
 
     report = inspect_path(path, verify=verify)
@@ -43,6 +48,8 @@ def inspect(
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
     console.print(_overview(report))
+    if report["history"] is not None:
+        console.print(_history(report["history"]))
     if any(c["status"] == "unverified" for c in report["checkpoints"]):
         console.print(
             "unverified: files and sizes match meta.json, hashes not checked (use --verify)",
@@ -126,8 +133,35 @@ def _modules(entry: dict) -> Table:
     for column in ("module", "params", "bytes"):
         table.add_column(column, justify="left" if column == "module" else "right")
     for name, info in entry["params_by_module"].items():
-        table.add_row(name, _num(info["params"]), _size(info["bytes"]))
+        table.add_row(name, _num(info["params"]), _size(info["size_bytes"]))
     return table
+
+
+def _history(history: dict) -> Table:
+    """One row per series (loss, eval loss): sparkline, first, last, lowest, points."""
+    cut = " (long file: its start and its end read)" if history["truncated"] else ""
+    table = Table(title=f"loss history from {history['path']}{cut}", title_justify="left")
+    for column in ("series", "history", "first", "last", "min", "points"):
+        table.add_column(column, justify="left" if column in ("series", "history") else "right")
+    for label, name in (("loss", "loss"), ("eval loss", "eval_loss")):
+        if not history[f"{name}_points"]:
+            continue
+        low = history[f"min_{name}"]
+        table.add_row(
+            label,
+            history[f"{name}_sparkline"],
+            _loss(history[f"first_{name}"]),
+            f"{_loss(history[f'last_{name}'])} @ {history[f'last_{name}_step']}",
+            "-" if low is None else f"{low:.4f} @ {history[f'min_{name}_step']}",
+            _num(history[f"{name}_points"]),
+        )
+    if not table.rows:
+        table.add_row("-", "no train_step or eval records", "", "", "", "0")
+    return table
+
+
+def _loss(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.4f}"
 
 
 def _latest_entry(report: dict) -> dict | None:

@@ -1,33 +1,114 @@
-"""Progress rendering: a Rich live table on a terminal, plain lines otherwise. Never both.
+"""Progress rendering: a Rich live table on a terminal, plain lines otherwise, or JSON events.
 
-A display is a MetricLogger hook (``on_event``). Progress goes to stderr; the final summary
-line goes to stdout, where scripts read data.
+A display is a MetricLogger hook (``on_event``). In text mode progress goes to stderr and the
+final summary (with the loss sparkline) to stdout, where scripts read data. In JSON mode
+(``train --log-format json``) stdout carries only event records, one per line
+(docs/events.md), and everything meant for people goes to stderr.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections import deque
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from speedtronic.metrics import format_event
+from speedtronic.history import LossSeries
+from speedtronic.metrics import format_event, record_line
+
+# Events people read (stderr) rather than scripts (the JSON stream).
+HUMAN_EVENTS = ("warning", "notice")
 
 
-def make_display() -> Any:
+def make_display(log_format: str = "text") -> Any:
+    if log_format == "json":
+        return JsonEvents()
     return LiveTable() if sys.stderr.isatty() else PlainLines()
+
+
+class Losses:
+    """The run's train and eval loss history, for the sparkline lines of the summary."""
+
+    def __init__(self) -> None:
+        self.train, self.eval = LossSeries(), LossSeries()
+
+    def record(self, event: str, payload: dict[str, Any]) -> None:
+        if event == "train_step":
+            self.train.add(payload["step"], payload.get("loss"))
+        elif event == "eval":
+            self.eval.add(payload["step"], payload.get("eval_loss"))
+
+    def lines(self) -> list[str]:
+        """``loss ▇▅▃▂▁ 5.5436 -> 2.1023 (min ...)`` and the same for eval, when logged."""
+        pairs = (("loss", self.train), ("eval loss", self.eval))
+        return [f"{label}: {series.describe()}" for label, series in pairs if series.count]
+
+
+def print_summary(payload: dict[str, Any], losses: Losses, stream: IO[str]) -> None:
+    """The final summary: the ``done:`` line, then the loss (and eval loss) sparklines.
+
+    A stream that cannot encode the blocks (a Latin-1 locale) gets ``?`` in their place.
+    """
+    text = "\n".join([format_event("run_end", payload), *losses.lines()])
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "replace").decode(encoding, "replace")
+    except LookupError:  # an encoding Python does not know: leave it to print
+        pass
+    print(text, file=stream, flush=True)
 
 
 class PlainLines:
     """One line per event on stderr; the run summary on stdout."""
 
+    def __init__(self) -> None:
+        self.losses = Losses()
+
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        self.losses.record(event, payload)
+        if event == "run_end":
+            print_summary(payload, self.losses, sys.stdout)
+            return
         line = format_event(event, payload)
         if line:
-            print(line, file=sys.stdout if event == "run_end" else sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+class JsonEvents:
+    """``--log-format json``: every event but warnings and notices as one JSON line on
+    ``out`` (stdout); warnings, notices and the final summary as text on stderr.
+
+    Nothing follows ``run_end``, and lines from several threads never interleave.
+    """
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+        self.losses = Losses()
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        if event in HUMAN_EVENTS:
+            print(format_event(event, payload), file=sys.stderr, flush=True)
+            return
+        with self._lock:
+            if self.ended:
+                return
+            self.ended = event == "run_end"
+            self.out.write(record_line(event, payload) + "\n")
+            self.out.flush()
+        self.losses.record(event, payload)
+        if event == "run_end":
+            print_summary(payload, self.losses, sys.stderr)
 
     def close(self) -> None:
         return None
@@ -41,9 +122,11 @@ class LiveTable:
         self.rows: deque[dict[str, Any]] = deque(maxlen=rows)
         self.facts: dict[str, Any] = {}
         self.diloco: dict[str, Any] = {}  # the last boundary of a DumbDiLoCo node
+        self.losses = Losses()
         self.live: Live | None = None
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        self.losses.record(event, payload)
         if event == "run_start":
             self.facts = payload
             self.live = Live(self._render(), console=self.console, refresh_per_second=4)
@@ -66,7 +149,7 @@ class LiveTable:
             self.console.print(f"[{style}]{event}:[/] {payload['message']}", highlight=False)
         elif event == "run_end":
             self.close()
-            print(format_event(event, payload), flush=True)
+            print_summary(payload, self.losses, sys.stdout)
 
     def close(self) -> None:
         if self.live:
@@ -79,7 +162,10 @@ class LiveTable:
             f"{f.get('name')} - {f.get('model')} {f.get('params', 0) / 1e6:.2f}M params on "
             f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})"
         )
-        table = Table(title=title, title_justify="left", expand=False)
+        caption = "\n".join(self.losses.lines()) or None
+        table = Table(
+            title=title, title_justify="left", caption=caption, caption_justify="left", expand=False
+        )
         columns = ["step", "loss", "eval loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA"]
         diloco = bool(self.diloco)
         for column in columns + (["global", "uploads", "stall"] if diloco else []):

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import OutputFormat, format_option
+from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
 from speedtronic.errors import TransportError
 
 hub_app = typer.Typer(
@@ -91,7 +91,7 @@ def init(
         result = init_repo(client, public=public, allow_public=allow_public, dry_run=dry_run)
     report = result.to_dict()
     if output_format is OutputFormat.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_versioned(report), indent=2))
         return
     for line in result.actions + [f"note: {n}" for n in result.notes]:
         print(line)
@@ -120,7 +120,7 @@ def grant(
     with _explained(repo, "read"):
         result = grant_access(client, users)
     if output_format is OutputFormat.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(_versioned(result.to_dict()), indent=2))
     else:
         for access in result.users:
             print(f"{access.user}: {access.status.replace('_', ' ')}: {access.detail}")
@@ -153,7 +153,7 @@ def status(
         if watch is None:
             report = watcher.status()
             if as_json:
-                print(json.dumps(report, indent=2))
+                print(json.dumps(_versioned(report), indent=2))
             else:
                 _console().print(_view(report))
             return
@@ -166,7 +166,7 @@ def status(
 def _watch(watcher: Any, every: float, as_json: bool) -> None:
     if as_json:
         while True:
-            print(json.dumps(_attempt(watcher)), flush=True)
+            print(json.dumps(_versioned(_attempt(watcher))), flush=True)
             _sleep(every)
     console = _console()
     if not sys.stdout.isatty():  # a pipe gets one table per refresh
@@ -189,6 +189,11 @@ def _attempt(watcher: Any) -> dict[str, Any]:
         if getattr(exc, "permanent", False) or getattr(exc, "status", None) in (401, 403, 404):
             raise
         return {"repo_id": watcher.client.repo_id, "error": str(exc).splitlines()[0]}
+
+
+def _versioned(report: dict[str, Any]) -> dict[str, Any]:
+    """A --format json document: ``schema_version`` first, then the report."""
+    return {"schema_version": JSON_SCHEMA_VERSION, **report}
 
 
 def _console() -> Console:

@@ -31,6 +31,21 @@ def format_option(text_help: str) -> Any:
     )
 
 
+def log_format_option() -> Any:
+    """``--log-format text|json`` of ``train``: how a run reports while it runs."""
+    return typer.Option(
+        OutputFormat.text,
+        "--log-format",
+        help="Progress format: text (a live table or plain lines on stderr, the summary on "
+        "stdout) or json (stdout carries only JSON events, one per line, schema in "
+        "docs/events.md; people's text goes to stderr).",
+    )
+
+
+# Every --format json document carries this (and bumps it on a rename or removal).
+JSON_SCHEMA_VERSION = 1
+
+
 ConfigOpt = typer.Option(
     None,
     "--config",

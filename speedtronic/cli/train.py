@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
@@ -12,7 +13,15 @@ from typing import Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import ConfigOpt, OutputFormat, SetOpt, format_option, load_config
+from speedtronic.cli.options import (
+    JSON_SCHEMA_VERSION,
+    ConfigOpt,
+    OutputFormat,
+    SetOpt,
+    format_option,
+    load_config,
+    log_format_option,
+)
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
 
@@ -48,6 +57,7 @@ def train(
         "(distributed.repo_id).",
     ),
     overrides: list[str] | None = SetOpt,
+    log_format: OutputFormat = log_format_option(),
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
@@ -63,11 +73,16 @@ def train(
     from speedtronic.cli.display import make_display
     from speedtronic.runtime import train_from_config
 
-    display = make_display()
-    try:
-        result = train_from_config(cfg, hooks=[display], console=False)
-    finally:
-        display.close()
+    as_json = log_format is OutputFormat.json
+    display = make_display(log_format.value)  # before the redirect: it keeps the real stdout
+    # JSON mode: stdout carries only event lines; any other print goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        if as_json and cfg.distributed.enabled and not cfg.distributed.train_locally:
+            display.on_event("run_start", coordinator_facts(cfg))  # the engine logs none
+        try:
+            result = train_from_config(cfg, hooks=[display], console=False)
+        finally:
+            display.close()
     if result.status == "interrupted":
         saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
         again = shlex.join(["speedtronic", *[a for a in sys.argv[1:] if a != "--resume"]])
@@ -76,6 +91,22 @@ def train(
             file=sys.stderr,
         )
         raise typer.Exit(128 + (result.signal or signal.SIGINT))
+
+
+def coordinator_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
+    """run_start of a DumbDiLoCo master that only coordinates (it builds no trainer)."""
+    dist = cfg.distributed
+    return {
+        "name": cfg.run.name,
+        "model": cfg.model.name,
+        "max_steps": cfg.run.max_steps,
+        "output_dir": str(cfg.output_dir),
+        "role": dist.role,
+        "node_id": dist.resolved_node_id,
+        "repo": dist.repo,
+        "train_locally": False,
+        "outer_steps": dist.outer_steps,
+    }
 
 
 def validate(
@@ -96,7 +127,8 @@ def validate(
     cfg = load_config(config, list(overrides or []))
     facts = derived_facts(cfg, build=build)
     if output_format is OutputFormat.json:
-        print(json.dumps({"config": cfg.to_dict(), "facts": facts}, indent=2))
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
+        print(json.dumps(doc, indent=2))
         return
     print(cfg.to_yaml().rstrip())
     print("---")
@@ -107,7 +139,7 @@ def validate(
 def derived_facts(cfg: SpeedtronicConfig, build: bool = False) -> dict[str, Any]:
     """Facts that need torch: device and model problems are collected, not raised one by one."""
     from speedtronic.precision import resolve_device
-    from speedtronic.runtime import check_seq_len
+    from speedtronic.runtime import check_seq_len, load_hooks
 
     problems: list[str] = []
     facts: dict[str, Any] = {
@@ -123,6 +155,10 @@ def derived_facts(cfg: SpeedtronicConfig, build: bool = False) -> dict[str, Any]
         facts["device"] = str(resolve_device(cfg.run.device))
     except ConfigError as exc:
         problems.append(str(exc))
+    try:  # the built-in hooks only: they check their optional package (import paths run code)
+        load_hooks([h for h in cfg.logging.hooks if h in ("tensorboard", "wandb")])
+    except ConfigError as exc:
+        problems.extend(exc.problems)
     try:
         facts["parameters"], model = _parameter_fact(cfg, build)
         if cfg.distributed.enabled:
@@ -166,7 +202,7 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
     }
     if model is not None:
         params = parameters_of(model)
-        facts["diloco_bytes_per_delta"] = {
+        facts["diloco_delta_bytes"] = {
             encoding: expected_delta_bytes(params, encoding)
             for encoding in ("fp32", "bf16", "int8")
         }
