@@ -1,0 +1,1 @@
+complete --command speedtronic --no-files --arguments "(env _SPEEDTRONIC_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) speedtronic)" --condition "env _SPEEDTRONIC_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) speedtronic"
