@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,20 @@ def registered_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def importable_from_cwd() -> None:
+    """Let config-named modules next to where the command runs import, as with ``python -m``.
+
+    A console script's ``sys.path`` starts with its own bin directory, not the working
+    directory, so ``model.imports: [mymodels]`` beside the config would not be found. It
+    goes last, so a local file can never shadow an installed module (``random.py``, ``torch``).
+    """
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
+
+
 def import_modules(modules: list[str]) -> None:
+    importable_from_cwd()
     for module in modules:
         try:
             importlib.import_module(module)
@@ -50,6 +64,7 @@ def import_modules(modules: list[str]) -> None:
 def import_object(path: str, key: str) -> Any:
     """Resolve ``package.module:attr.sub``; failures name the config ``key``."""
     module_name, _, attr = path.partition(":")
+    importable_from_cwd()
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
