@@ -29,6 +29,7 @@ TORCH_FREE = (
     "speedtronic.cli.errors",
     "speedtronic.cli.options",
     "speedtronic.cli.hub",
+    "speedtronic.history",
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",
     "speedtronic.distributed.budget",
