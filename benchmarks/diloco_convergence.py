@@ -868,7 +868,8 @@ def check_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         a, checks = get["a"]["final"], {}
         if "c" in get:
             checks["c_not_worse_than_a"] = get["c"]["final"] <= a
-        sweep = [r for b, r in get.items() if b.startswith("c") and "sync" not in b]
+        # every DumbDiLoCo setting of 4 equal workers, sync_wait_s (the _sync arms) included
+        sweep = [r for b, r in get.items() if b.startswith("c")]
         if sweep:
             best = min(sweep, key=lambda r: r["final"])
             checks["best_c"] = best["arm"]
@@ -887,7 +888,7 @@ def check_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]], targets: dict[str, Any]) -> None:
     head = (
-        f"{'arm':<18}{'start':<6}{'final eval (per seed)':<28}{'mean':>8}{'vs a':>8}"
+        f"{'arm':<30}{'start':<6}{'final eval (per seed)':<28}{'mean':>8}{'vs a':>8}"
         f"{'vs c':>8}{'rise':>9}{'rounds':>7}{'stale':>6}{'AR/DiLoCo':>10}  status"
     )
     print(head)
@@ -906,7 +907,7 @@ def print_table(rows: list[dict[str, Any]], targets: dict[str, Any]) -> None:
         stale = f"{r['stale']:.0f}" if "stale" in r else "-"
         ratio = f"{r['allreduce_over_diloco']:.0f}x" if r["allreduce_over_diloco"] else "-"
         print(
-            f"{r['arm']:<18}{r['start']:<6}{seeds:<28}{mean:>8}{pct(r['vs_a_pct']):>8}"
+            f"{r['arm']:<30}{r['start']:<6}{seeds:<28}{mean:>8}{pct(r['vs_a_pct']):>8}"
             f"{pct(r['vs_c_pct']):>8}{rise:>9}{rounds:>7}{stale:>6}{ratio:>10}  "
             f"{','.join(r['status'])}"
         )
@@ -922,6 +923,7 @@ COLORS = {
     "c": "#1f77b4",
     "c4": "#17becf",
     "c4_sync": "#ff7f0e",
+    "c4_sync_keep": "#9467bd",
     "d": "#2ca02c",
     "e": "#d62728",
 }
@@ -1018,6 +1020,7 @@ def _label(base: str, run: dict[str, Any]) -> str:
         "a": "1 worker",
         "b": "data parallel, 4x batch",
         "c4_sync": "sync_wait_s: synchronous DiLoCo",
+        "c4_sync_keep": "sync_wait_s, inner AdamW kept (recommended)",
         "e": "uneven, naive async",
     }
     if base in names:
