@@ -6,6 +6,7 @@
 #   3. `speedtronic bench --quick --format json` for GPT-2 small (compile on and off), then
 #      benchmarks/matmul_check.py: its matmul peaks against a plain torch.mm loop (<= 15%)
 #   4. `speedtronic bench --quick --format json` on the default smoke config
+#   5. with 2+ GPUs: benchmarks/ddp_scaling.py, 1 rank against all of them (>= 90% per GPU at 8)
 #
 # Usage:   benchmarks/gpu_check.sh
 # Env:     OUT (default /tmp/gpu_check): small outputs (JSON, logs, summary) land here
@@ -95,6 +96,16 @@ if [[ ${STATUS[bench_gpt2_small]} == ok ]]; then
 fi
 
 stage bench_smoke 50 "$OUT/bench_smoke.json" speedtronic bench --quick --format json
+
+# 5. DDP scaling on every visible GPU (benchmarks/ddp_scaling.py): 1 rank against N, GPT-2 small;
+#    target >= 90% per GPU at 8 GPUs. Skipped with fewer than 2 GPUs (nothing to scale to).
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if ((NGPU >= 2)); then
+  stage ddp_scaling 240 "$OUT/ddp_scaling.txt" "$PY" benchmarks/ddp_scaling.py \
+    --config "$TRAIN_CONFIG" --ranks 1 "$NGPU" --steps 40 --warmup 15
+else
+  log "skip ddp_scaling: $NGPU GPU(s) visible, needs 2 or more"
+fi
 
 # ---- summary -----------------------------------------------------------------------------
 STAGES=""

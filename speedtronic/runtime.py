@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic import parallel
 from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
@@ -61,6 +62,7 @@ class Runtime:
             "tokens_per_step": cfg.tokens_per_step,
             "output_dir": str(cfg.output_dir),
             "compile": cfg.compile,
+            **({"world_size": cfg.world_size} if cfg.world_size > 1 else {}),
         }
 
 
@@ -77,9 +79,12 @@ def build_runtime(
     ``hooks`` receive metric events; ``plugins`` are Trainer plug-ins (see ``Trainer``)."""
     config = SpeedtronicConfig.load(config)
     check_seq_len(config)
-    seed_everything(config.run.seed)
+    seed_everything(config.run.seed)  # the same on every DDP rank: the same initial weights
+    world = parallel.world_from_env()
     logger = run_logger(config, console, hooks)
     device = resolve_device(config.run.device)
+    if world.active:
+        device = parallel.start_group(world, device, config.run.group_timeout_s)
     precision = resolve_precision(config.precision.mode, device, logger.warn)
     emulated = emulation_warning(device, precision.mode)  # once per run: the probe is cached
     if emulated:
@@ -93,7 +98,7 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
-    data, evaluation = _build_data(config, dataset, tokenizer, device, logger)
+    data, evaluation = _build_data(config, dataset, tokenizer, device, logger, world)
     plugins = [*evaluation, *(plugins or [])]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
@@ -102,15 +107,23 @@ def build_runtime(
         log_every=config.logging.every_steps,
         compile=config.compile,
         flops_per_token=flops_per_token(model, config.seq_len),
+        handle_signals=not world.active,  # a group stops on an agreed step (GroupHooks)
     )
-    if config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
+    if config.distributed.enabled and world.active:  # one node = one DDP group
+        plugins += parallel.node_plugins(config, world, model, device, logger)
+    elif config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
         from speedtronic.distributed.setup import coordinator_plugins
 
         plugins += coordinator_plugins(config, model, logger)
-    trainer = Trainer(model, optimizer, data, precision, options, scheduler, logger, plugins)
+    trained = parallel.wrap_model(model, device) if world.active else model
+    trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
     runtime.checkpoints = CheckpointPlugin(runtime)
     trainer.plugins.append(runtime.checkpoints)
+    if world.active:
+        runtime.checkpoints.group = parallel.attach(trainer, world, logger)
+    else:  # a DDP group's checkpoint resumes here too
+        trainer.plugins.append(parallel.FromGroup(data, logger))
     return runtime
 
 
@@ -120,10 +133,13 @@ def _build_data(
     tokenizer: Any,
     device: torch.device,
     logger: MetricLogger,
+    world: parallel.World,
 ) -> tuple[DataStream, list[EvalPlugin]]:
-    """The training stream, and the evaluation plug-in when a held-out set is configured."""
+    """The training stream (this rank's share), and the evaluation plug-in when a held-out
+    set is configured."""
     train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
-    loader = build_dataloader(config, dataset=train_set, device=device)
+    shard = (world.rank, world.size)
+    loader = build_dataloader(config, dataset=train_set, device=device, shard=shard)
     data = DataStream(loader, log=logger.notice)
     if eval_set is None or not config.data.eval_every:
         return data, []
@@ -154,10 +170,16 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         return result
     finally:
         logger.close()
+        parallel.end_group()
 
 
 def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLogger:
-    """The run's logger: console, text and JSONL files in the output dir, and the hooks."""
+    """The run's logger: console, text and JSONL files in the output dir, and the hooks.
+
+    In a DDP group only rank 0 reports: the other ranks' loggers print and write nothing.
+    """
+    if not parallel.is_main_process():
+        return MetricLogger(console=False)
     return MetricLogger(
         console=console,
         file=_in_output(config, config.logging.file),

@@ -10,8 +10,8 @@ the labels left to learn from) and the metrics only at the logging cadence; neve
 
 from __future__ import annotations
 
+import contextlib
 import math
-import random
 import resource
 import signal
 import sys
@@ -27,6 +27,7 @@ from torch import nn
 from speedtronic.errors import TrainingError
 from speedtronic.metrics import MetricLogger, peak_flops
 from speedtronic.precision import Precision
+from speedtronic.rng import rng_state, set_rng_state
 
 IGNORE_INDEX = -100
 
@@ -102,6 +103,9 @@ class Trainer:
         self._forward = self._maybe_compile(model) if options.compile else model
         self._compiled_ok = False
         self._peak = self._peak_flops()
+        # A DDP group's hooks (speedtronic.parallel); None in one process, which pays nothing.
+        self.parallel: Any = None
+        self.world = 1  # processes sharing each step: counters hold the global batch
 
     # ---- the loop --------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -156,6 +160,7 @@ class Trainer:
             window.wait += time.perf_counter() - t0
             samples, tokens = batch_size_of(batch)
             self._refuse_empty(tokens, labels_of(batch))
+            samples, tokens = samples * self.world, tokens * self.world
             window.samples += samples
             window.tokens += tokens
             self.samples += samples
@@ -172,14 +177,18 @@ class Trainer:
         """Loss, gradient norm, and the count of labels to learn from (None: not countable)."""
         device, non_blocking = self.precision.device, self.precision.device.type == "cuda"
         micro = [move_to(b, device, non_blocking) for b in micro]
-        counts = label_counts(micro)
-        weights = loss_weights(micro, counts)
+        counts, group = label_counts(micro), self.parallel
+        weights = group.loss_weights(micro, counts) if group else loss_weights(micro, counts)
         total = torch.zeros((), device=device)
-        for batch, weight in zip(micro, weights, strict=True):
-            with self.precision.autocast():
-                loss = extract_loss(call_model(self._forward, batch)).float() * weight
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        for i, (batch, weight) in enumerate(zip(micro, weights, strict=True)):
+            last = i == len(micro) - 1  # DDP: gradients sync on the last micro-step only
+            with group.micro_step(last) if group else contextlib.nullcontext():
+                with self.precision.autocast():
+                    loss = extract_loss(call_model(self._forward, batch)).float() * weight
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        if group:
+            total, counts = group.agree(total, counts)  # one loss and label count on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.options.grad_clip or math.inf
@@ -467,30 +476,3 @@ def memory_gb(device: torch.device) -> float | None:
 
 def _on_gpu(device: torch.device) -> bool:
     return device.type in ("cuda", "mps")
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss]
-    except ImportError:
-        pass
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint.layout import STATE_FILE
+from speedtronic.checkpoint.layout import STATE_FILE, step_dir_name
 from speedtronic.checkpoint.load import Checkpoint, NoUsableCheckpointError, load_latest
 from speedtronic.checkpoint.save import save_checkpoint
 from speedtronic.errors import CheckpointError, SpeedtronicError
@@ -51,6 +51,7 @@ class CheckpointPlugin:
         self.param_count = sum(p.numel() for p in runtime.model.parameters())
         self.saved_step: int | None = None
         self.last_path: Path | None = None
+        self.group: Any = None  # a DDP group (speedtronic.parallel): rank 0 writes, others wait
 
     def after_optimizer_step(self, trainer: Any) -> None:
         interval = self.config.interval
@@ -62,7 +63,12 @@ class CheckpointPlugin:
             self.save(trainer)
 
     def save(self, trainer: Any) -> Path:
-        runtime = self.runtime
+        runtime, group = self.runtime, self.group
+        state = trainer.state_dict()  # on every rank: a DDP group gathers each rank's RNG/data
+        if group is not None and not group.is_main:
+            group.saved()  # rank 0 writes; the others wait until the checkpoint is complete
+            self.saved_step, self.last_path = trainer.step, self.root / step_dir_name(trainer.step)
+            return self.last_path
         meta = {
             "run_id": self.run_id,
             "tokens": trainer.tokens,
@@ -75,12 +81,14 @@ class CheckpointPlugin:
             self.root,
             trainer.step,
             runtime.model.state_dict(),
-            trainer.state_dict(),
+            state,
             meta,
             keep_last=self.config.keep_last,
         )
         self.saved_step = trainer.step
         runtime.logger.log("checkpoint", {"step": trainer.step, "path": str(self.last_path)})
+        if group is not None:
+            group.saved()
         return self.last_path
 
 

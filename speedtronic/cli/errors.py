@@ -37,7 +37,13 @@ def debug_enabled() -> bool:
 
 
 def error_line(message: str) -> None:
-    print(f"speedtronic: error: {message}", file=sys.stderr, flush=True)
+    print(f"speedtronic: error: {rank_prefix()}{message}", file=sys.stderr, flush=True)
+
+
+def rank_prefix() -> str:
+    """``rank R of N: `` under torchrun (which rank failed is the first thing to know)."""
+    world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK")
+    return "" if world in ("", "1") or rank is None else f"rank {rank} of {world}: "
 
 
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,6 +74,12 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             first = str(exc).splitlines()[0] if str(exc) else ""
             error_line(f"{type(exc).__name__}: {first} (set SPEEDTRONIC_DEBUG=1 for the traceback)")
+            if type(exc).__name__.startswith("Dist"):  # torch.distributed: a peer went away
+                print(
+                    "hint: another rank failed or stopped answering (run.group_timeout_s); the "
+                    "first error above names it; restart the group with --resume",
+                    file=sys.stderr,
+                )
             raise typer.Exit(1) from None
 
     return wrapper

@@ -56,10 +56,19 @@ def train(
         help="The run's shared repo: a Hub repo id, or a directory path or file:// URL "
         "(distributed.repo_id).",
     ),
+    nproc_per_node: int | None = typer.Option(
+        None,
+        "--nproc-per-node",
+        min=1,
+        help="Train with this many processes on this machine (DDP, one per GPU): runs "
+        "torchrun --nproc-per-node N -m speedtronic train with the other options unchanged.",
+    ),
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
+    if nproc_per_node is not None:
+        exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
@@ -74,7 +83,8 @@ def train(
     from speedtronic.runtime import train_from_config
 
     as_json = log_format is OutputFormat.json
-    display = make_display(log_format.value)  # before the redirect: it keeps the real stdout
+    # Before the redirect: it keeps the real stdout. In a DDP group only rank 0 shows progress.
+    display = make_display(log_format.value) if _main_rank() else _Silent()
     # JSON mode: stdout carries only event lines; any other print goes to stderr.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         if as_json and cfg.distributed.enabled and not cfg.distributed.train_locally:
@@ -91,6 +101,40 @@ def train(
             file=sys.stderr,
         )
         raise typer.Exit(128 + (result.signal or signal.SIGINT))
+
+
+def exec_torchrun(nproc: int) -> None:
+    """Replace this process with torchrun running the same command on ``nproc`` ranks."""
+    import os
+
+    if os.environ.get("WORLD_SIZE"):
+        raise ConfigError("--nproc-per-node: already running under torchrun; drop the option")
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg == "--nproc-per-node" or arg.startswith("--nproc-per-node="):
+            skip = arg == "--nproc-per-node" and not skip
+            continue
+        args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc-per-node={nproc}", "-m", "speedtronic", *args]
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
+
+
+def _main_rank() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+class _Silent:
+    """The display of ranks other than 0: they show nothing."""
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def coordinator_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
@@ -113,6 +157,13 @@ def validate(
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = SetOpt,
     output_format: OutputFormat = format_option("the YAML and derived facts"),
+    world_size: int | None = typer.Option(
+        None,
+        "--world-size",
+        min=1,
+        help="Ranks (processes, e.g. GPUs) sharing each step, for the batch arithmetic; "
+        "default: WORLD_SIZE from the environment, else 1.",
+    ),
     build: bool = typer.Option(
         False,
         "--build",
@@ -125,7 +176,7 @@ def validate(
     Runs no code the config names unless --build is given: only registered models are built.
     """
     cfg = load_config(config, list(overrides or []))
-    facts = derived_facts(cfg, build=build)
+    facts = derived_facts(cfg, build=build, world_size=world_size)
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
         print(json.dumps(doc, indent=2))
@@ -136,18 +187,18 @@ def validate(
         print(f"# {key}: {value}")
 
 
-def derived_facts(cfg: SpeedtronicConfig, build: bool = False) -> dict[str, Any]:
+def derived_facts(
+    cfg: SpeedtronicConfig, build: bool = False, world_size: int | None = None
+) -> dict[str, Any]:
     """Facts that need torch: device and model problems are collected, not raised one by one."""
     from speedtronic.precision import resolve_device
     from speedtronic.runtime import check_seq_len, load_hooks
 
     problems: list[str] = []
-    facts: dict[str, Any] = {
-        "accumulation_steps": cfg.accumulation_steps,
-        "batch_size": cfg.batch_size,
-    }
+    facts: dict[str, Any] = {}
     try:
-        facts["tokens_per_optimizer_step"] = cfg.batch_size * check_seq_len(cfg)
+        facts.update(batch_facts(cfg, world_size or cfg.world_size))
+        facts["tokens_per_optimizer_step"] = facts["batch_size"] * check_seq_len(cfg)
     except ConfigError as exc:
         problems.extend(exc.problems)
     facts["output_dir"] = str(cfg.output_dir)
@@ -167,6 +218,23 @@ def derived_facts(cfg: SpeedtronicConfig, build: bool = False) -> dict[str, Any]
         problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems[0], problems=problems)
+    return facts
+
+
+def batch_facts(cfg: SpeedtronicConfig, world: int) -> dict[str, Any]:
+    """Accumulation and the global batch; with several ranks, the arithmetic behind them."""
+    accumulation = cfg.accumulation_for(world)
+    micro = cfg.data.micro_batch_size
+    facts: dict[str, Any] = {
+        "accumulation_steps": accumulation,
+        "batch_size": micro * accumulation * world,
+    }
+    if world > 1:
+        facts["world_size"] = world
+        facts["batch_arithmetic"] = (
+            f"target_batch_size {micro * accumulation * world} = micro_batch_size {micro} x "
+            f"world size {world} x accumulation {accumulation}"
+        )
     return facts
 
 

@@ -11,6 +11,7 @@ Pure Python + PyYAML: importing this package never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,13 +162,33 @@ class SpeedtronicConfig:
 
     # ---- derived facts -------------------------------------------------------------
     @property
+    def world_size(self) -> int:
+        """Processes sharing each optimizer step: torchrun's WORLD_SIZE, 1 without it."""
+        return world_size_from_env()
+
+    @property
     def accumulation_steps(self) -> int:
-        target = self.data.target_batch_size or self.data.micro_batch_size
-        return target // self.data.micro_batch_size
+        return self.accumulation_for(self.world_size)
+
+    def accumulation_for(self, world_size: int) -> int:
+        """Micro-steps per optimizer step when ``world_size`` ranks share the global batch.
+
+        ``data.target_batch_size`` is the global batch: each rank accumulates
+        target / (micro_batch_size x world_size) micro-batches.
+        """
+        micro = self.data.micro_batch_size
+        target = self.data.target_batch_size or micro * world_size
+        if target % (micro * world_size):
+            raise ConfigError(
+                f"data.target_batch_size: {target} must be a multiple of data.micro_batch_size"
+                f" x world size = {micro} x {world_size} = {micro * world_size}"
+            )
+        return target // (micro * world_size)
 
     @property
     def batch_size(self) -> int:
-        return self.data.micro_batch_size * self.accumulation_steps
+        """The global batch: samples per optimizer step over every rank."""
+        return self.data.micro_batch_size * self.accumulation_steps * self.world_size
 
     @property
     def seq_len(self) -> int:
@@ -198,6 +219,14 @@ class SpeedtronicConfig:
     @property
     def schedule_steps(self) -> int:
         return self.scheduler.total_steps or self.run.max_steps
+
+
+def world_size_from_env() -> int:
+    """WORLD_SIZE as torchrun sets it; a value that is not a positive integer is an error."""
+    text = os.environ.get("WORLD_SIZE", "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"WORLD_SIZE: must be a positive integer (got {text[:40]!r})")
+    return int(text)
 
 
 def _plain(value: Any) -> Any:

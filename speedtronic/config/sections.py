@@ -79,6 +79,7 @@ class RunConfig:
     device: str = "auto"
     max_steps: int = ranged(100, STEPS)
     output_dir: str | None = None  # None -> runs/<name>
+    group_timeout_s: float = ranged(600.0, "(0, 86400]")
 
     def check(self) -> list[str]:
         problems = []
@@ -347,6 +348,8 @@ DOCS: dict[str, str] = {
     "run.device": "where to train; auto: CUDA if visible, else MPS, else CPU",
     "run.max_steps": "optimizer steps in total: a global target that a resumed run continues to",
     "run.output_dir": "logs and checkpoints; null: runs/<name>",
+    "run.group_timeout_s": "seconds a DDP rank (torchrun) waits for the others in one "
+    "collective before the group gives up: a dead rank cannot hang the rest longer",
     "model.name": "a registered model, or an import path 'package.module:factory'",
     "model.imports": "modules imported first, so the @register_model in them runs",
     "data.source": "where samples come from; auto: text or tokens if that path is set, else "

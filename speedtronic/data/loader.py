@@ -7,6 +7,7 @@ iterator of micro-batches the trainer consumes, so a run can report and restore 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,27 +22,37 @@ from speedtronic.errors import DataError, SpeedtronicError
 
 
 class ResumableSampler(Sampler[int]):
-    """Seeded per-epoch order (shuffled or sequential) that can start mid-epoch."""
+    """Seeded per-epoch order (shuffled or sequential) that can start mid-epoch.
 
-    def __init__(self, length: int, shuffle: bool, seed: int):
+    With ``world > 1`` (DDP) every rank draws the same epoch order, cut to a multiple of
+    ``world``, and takes every ``world``-th index from ``rank``: no index twice, none missing,
+    and the ranks' micro-batches of one optimizer step together hold exactly the samples a
+    single process would use for that step. ``start`` counts within this rank's share.
+    """
+
+    def __init__(self, length: int, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
         self.length, self.shuffle, self.seed = length, shuffle, seed
+        self.rank, self.world = rank, world
+        self.usable = length - length % world  # the same cut on every rank
         self.epoch, self.start = 0, 0
 
     def set_position(self, epoch: int, start: int) -> None:
         self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[int]:
+        first = self.rank + self.start * self.world
         if not self.shuffle:
-            return iter(range(self.start, self.length))
+            return iter(range(first, self.usable, self.world))
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         dtype = torch.int32 if self.length < 2**31 else torch.int64
-        order = torch.randperm(self.length, generator=generator, dtype=dtype)[self.start :]
+        order = torch.randperm(self.length, generator=generator, dtype=dtype)
+        order = order[first : self.usable : self.world]
         # 4 bytes per block, handed out in chunks: a Python list of every index of a 2 GB
         # file would cost ~300 MB of RSS.
         return (i for chunk in order.split(1 << 16) for i in chunk.tolist())
 
     def __len__(self) -> int:
-        return self.length - self.start
+        return self.usable // self.world - self.start
 
 
 def build_datasets(
@@ -101,15 +112,19 @@ def build_dataloader(
     dataset: Dataset | None = None,
     tokenizer: Callable[[str], list[int]] | None = None,
     device: torch.device | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> DataLoader:
     """A DataLoader of micro-batches for ``config``; ``dataset`` replaces ``data.source``.
 
     Map-style datasets get a seeded ``ResumableSampler``; iterable datasets are read in
     their own order (no sampler shuffling). ``tokenizer`` (any ``str -> list[int]``) replaces
-    ``data.tokenizer`` for text sources.
+    ``data.tokenizer`` for text sources. ``shard=(rank, world)`` gives a DDP rank its share:
+    by index for map-style datasets, per-rank iteration for iterable ones (``shard_iterable``).
     """
-    data = config.data
+    data, (rank, world) = config.data, shard
     dataset = dataset if dataset is not None else build_datasets(config, tokenizer)[0]
+    if world > 1 and isinstance(dataset, IterableDataset):
+        dataset = shard_iterable(dataset, rank, world)
     pin = data.pin_memory if isinstance(data.pin_memory, bool) else _is_cuda(device)
     workers = data.num_workers
     kwargs: dict[str, Any] = dict(
@@ -130,8 +145,35 @@ def build_dataloader(
                 f"data: the dataset has {len(dataset)} samples (blocks), fewer than "
                 f"data.micro_batch_size={data.micro_batch_size}"
             )
-        kwargs["sampler"] = ResumableSampler(len(dataset), data.shuffle, config.data_seed)
+        sampler = ResumableSampler(len(dataset), data.shuffle, config.data_seed, rank, world)
+        kwargs["sampler"] = sampler
     return DataLoader(dataset, **kwargs)
+
+
+def shard_iterable(dataset: IterableDataset, rank: int, world: int) -> IterableDataset:
+    """This rank's share of an iterable dataset: its own ``set_shard`` when it has one (it
+    then reads only its part), else every ``world``-th item from ``rank``."""
+    set_shard = getattr(dataset, "set_shard", None)
+    if callable(set_shard):
+        set_shard(rank, world)
+        return dataset
+    return EveryNth(dataset, rank, world)
+
+
+class EveryNth(IterableDataset):
+    """Items ``rank, rank + world, ...`` of an iterable dataset; everything else (state_dict,
+    set_epoch) is the wrapped dataset's, so exact resume keeps working where it did."""
+
+    def __init__(self, dataset: IterableDataset, rank: int, world: int):
+        self.dataset, self.rank, self.world = dataset, rank, world
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.dataset), self.rank, None, self.world)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def build_eval_loader(

@@ -12,8 +12,9 @@ token is wasted).
 - ``TokenizedTextStream``: text with any other tokenizer. The file is cut into segments only
   after a newline followed by an ASCII non-space character, where pre-tokenizers split anyway,
   so per-segment tokenization equals whole-text tokenization. Worker ``w`` of ``W`` reads only
-  segments ``s % W == w``; each segment yields ``(len - 1) // T`` blocks (its tail is dropped),
-  so the set of blocks does not depend on the number of workers. A seeded shuffle buffer
+  segments ``s % W == w`` (under DDP: shard ``rank * W + w`` of ``world * W``); each segment
+  yields ``(len - 1) // T`` blocks (its tail is dropped), so the set of blocks does not depend
+  on the number of workers. A seeded shuffle buffer
   mixes blocks. It resumes by replay (exact, not instant): pre-tokenize big corpora with
   ``tokenize_file`` for instant resume.
 
@@ -328,6 +329,7 @@ class TokenizedTextStream(IterableDataset):
         self.bounds = segment_bounds(self.path, segment_bytes)
         self.segments = list(range(len(self.bounds) - 1))
         self.seed, self.shuffle_buffer, self.epoch = seed, shuffle_buffer, 0
+        self.rank, self.world = 0, 1  # DDP: this rank reads only its own segments
 
     def split(self, eval_fraction: float) -> tuple[TokenizedTextStream, TokenizedTextStream]:
         """The last segments held out for evaluation (a fixed rule)."""
@@ -345,11 +347,15 @@ class TokenizedTextStream(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def set_shard(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         seed = info.seed if info else self.seed * 1_000_003 + self.epoch
-        blocks = self._blocks(self.segments[worker::workers])
+        shard, shards = self.rank * workers + worker, self.world * workers
+        blocks = self._blocks(self.segments[shard::shards])
         if self.shuffle_buffer > 1:
             blocks = shuffled(blocks, self.shuffle_buffer, random.Random(seed))
         return (_block(b) for b in blocks)

@@ -1,0 +1,106 @@
+"""Helpers for the DDP tests: run a config on N CPU ranks (gloo), spawned with
+torch.multiprocessing, each rank reporting its losses and checkpoint into a directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StopAt:
+    name = "stop_at"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def after_optimizer_step(self, trainer):
+        return "stop" if trainer.step == self.step else None
+
+
+class DieAt:
+    """Kills its rank at a step, as a crash or an OOM would."""
+
+    name = "die_at"
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def after_optimizer_step(self, trainer):
+        if trainer.step == self.step and int(os.environ["RANK"]) == self.rank:
+            os._exit(3)
+
+
+class Spy:
+    """Records the rank's plug-ins and a checksum of its weights when training ends."""
+
+    name = "spy"
+
+    def __init__(self):
+        self.plugins, self.checksum = [], None
+
+    def on_train_end(self, trainer, result):
+        self.plugins = [p.name for p in trainer.plugins]
+        self.checksum = float(sum(p.detach().double().sum() for p in trainer.params))
+
+
+def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: dict) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    from speedtronic.runtime import train_from_config
+
+    losses: dict[int, float] = {}
+    notices: list[str] = []
+
+    def record(event, payload):
+        if event == "train_step":
+            losses[payload["step"]] = payload["loss"]
+        elif event in ("notice", "warning"):
+            notices.append(payload["message"])
+
+    spy = Spy()
+    plugins: list[Any] = [spy]
+    if extra.get("stop_at"):
+        plugins.append(StopAt(extra["stop_at"]))
+    if extra.get("die_at"):
+        plugins.append(DieAt(*extra["die_at"]))
+    result = train_from_config(config, console=False, hooks=[record], plugins=plugins)
+    report = {
+        "losses": losses,
+        "notices": notices,
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "status": result.status,
+        "checkpoint": result.checkpoint,
+        "plugins": spy.plugins,
+        "checksum": spy.checksum,
+    }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def run_ranks(config: dict, world: int, out: Path, **extra: Any) -> list[dict]:
+    """Train ``config`` on ``world`` CPU ranks; each rank's report (losses, steps, ...)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    args = (world, free_port(), config, str(out), extra)
+    mp.spawn(_rank_main, args=args, nprocs=world, join=True)
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]

@@ -1,0 +1,219 @@
+"""DDP under torchrun's environment, on CPU with gloo and 2 spawned ranks.
+
+A 2-rank run must be the single-process run with the same global batch (weights after N
+steps, losses per step); every rank reads its own share of the data (no duplicate, no
+missing sample); a 2-rank resume is exact; only rank 0 reports and writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ddp_support import free_port, run_ranks
+from torch.utils.data import IterableDataset
+
+from speedtronic.checkpoint import load_checkpoint
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.data.loader import EveryNth, ResumableSampler, shard_iterable
+from speedtronic.data.sources import TokenizedTextStream
+from speedtronic.errors import ConfigError
+from speedtronic.runtime import train_from_config
+
+
+@pytest.fixture
+def ddp_config(tiny):
+    config = copy.deepcopy(tiny)
+    config["data"] = {"micro_batch_size": 2, "target_batch_size": 8}
+    config["run"]["max_steps"] = 4
+    return config
+
+
+def weights(path):
+    return load_checkpoint(path).model_state
+
+
+def assert_close_weights(a, b, tol=1e-5):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=tol, atol=tol, msg=key)
+
+
+def single_process(config):
+    losses = {}
+
+    def record(event, payload):
+        if event == "train_step":
+            losses[str(payload["step"])] = payload["loss"]
+
+    return train_from_config(config, console=False, hooks=[record]), losses
+
+
+def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_path):
+    single, single_losses = single_process(ddp_config)
+    config = copy.deepcopy(ddp_config)
+    config["run"]["output_dir"] = str(tmp_path / "ddp")
+    rank0, rank1 = run_ranks(config, 2, tmp_path / "reports")
+    assert rank0["steps"] == rank1["steps"] == 4
+    assert rank0["tokens"] == single.tokens  # the global count, not one rank's
+    assert rank0["losses"].keys() == single_losses.keys()
+    for step, loss in single_losses.items():
+        assert rank0["losses"][step] == pytest.approx(loss, rel=1e-5)
+    assert rank1["losses"] == {}  # only rank 0 reports
+    assert_close_weights(weights(single.checkpoint), weights(rank0["checkpoint"]))
+
+
+def test_accumulation_is_derived_from_the_global_batch(ddp_config, monkeypatch):
+    cfg = SpeedtronicConfig.load(ddp_config)
+    assert [cfg.accumulation_for(w) for w in (1, 2, 4)] == [4, 2, 1]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert (cfg.accumulation_steps, cfg.batch_size) == (2, 8)
+    with pytest.raises(ConfigError, match=r"micro_batch_size x world size = 2 x 8 = 16"):
+        cfg.accumulation_for(8)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_map_style_sharding_has_no_duplicate_and_no_missing_sample(shuffle):
+    length, world, micro = 40, 2, 2
+    shares = [list(ResumableSampler(length, shuffle, 7, rank, world)) for rank in range(world)]
+    everything = sorted(i for share in shares for i in share)
+    assert everything == list(range(length))
+    # One optimizer step of the group holds exactly a single process's step.
+    single = list(ResumableSampler(length, shuffle, 7))
+    accumulation = 2
+    per_rank = micro * accumulation
+    for step in range(length // (per_rank * world)):
+        group = {i for s in shares for i in s[step * per_rank : (step + 1) * per_rank]}
+        step_size = per_rank * world
+        assert group == set(single[step * step_size : (step + 1) * step_size])
+
+
+def test_uneven_length_drops_the_same_tail_on_every_rank():
+    shares = [list(ResumableSampler(41, True, 3, rank, 2)) for rank in range(2)]
+    assert len(shares[0]) == len(shares[1]) == 20
+    assert not set(shares[0]) & set(shares[1])
+
+
+def test_text_stream_sharding_splits_segments(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i} of the corpus\n" for i in range(3000)), encoding="utf-8")
+
+    def blocks(rank, world):
+        stream = TokenizedTextStream(path, 8, lambda s: list(s.encode()), segment_bytes=4096)
+        shard_iterable(stream, rank, world)
+        return [tuple(b["input_ids"].tolist()) for b in stream]
+
+    whole = sorted(blocks(0, 1))
+    parts = [blocks(r, 2) for r in range(2)]
+    assert parts[0] and parts[1]
+    assert sorted(parts[0] + parts[1]) == whole
+
+
+class Counting(IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+    def state_dict(self):
+        return {"ok": 1}
+
+
+def test_user_iterables_are_read_every_nth_and_keep_their_state():
+    parts = [shard_iterable(Counting(), r, 3) for r in range(3)]
+    assert all(isinstance(p, EveryNth) for p in parts)
+    assert sorted(i for p in parts for i in p) == list(range(10))
+    assert parts[0].state_dict() == {"ok": 1}
+
+
+def test_two_rank_resume_is_exact(ddp_config, tmp_path):
+    ddp_config["run"]["max_steps"] = 6
+    straight = run_ranks(ddp_config, 2, tmp_path / "a")[0]
+    split = copy.deepcopy(ddp_config)
+    split["run"]["output_dir"] = str(tmp_path / "split")
+    first = run_ranks(split, 2, tmp_path / "b", stop_at=3)[0]
+    assert first["status"] == "stopped" and first["steps"] == 3
+    state = load_checkpoint(first["checkpoint"]).trainer_state
+    assert state["plugins"]["ddp"]["world_size"] == 2
+    assert len(state["plugins"]["ddp"]["ranks"]) == 2  # every rank's RNG and data position
+    split["checkpoint"] = {"resume": True}
+    second = run_ranks(split, 2, tmp_path / "c")[0]
+    assert second["steps"] == 6 and second["tokens"] == straight["tokens"]
+    assert {**first["losses"], **second["losses"]} == straight["losses"]
+    a, b = weights(straight["checkpoint"]), weights(second["checkpoint"])
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_with_another_world_size_says_so(ddp_config, tmp_path):
+    ddp_config["run"]["max_steps"] = 4
+    first = run_ranks(ddp_config, 2, tmp_path / "a", stop_at=2)[0]
+    assert first["steps"] == 2
+    ddp_config["checkpoint"] = {"resume": True}
+    notices = []
+    result = train_from_config(
+        ddp_config,
+        console=False,
+        hooks=[lambda e, p: notices.append(p.get("message", "")) if e == "notice" else None],
+    )
+    assert result.steps == 4
+    assert any("written by 2 rank(s), this run has 1" in n for n in notices)
+
+
+def test_diloco_node_of_two_ranks_only_rank_0_talks_to_the_repo(ddp_config, tmp_path):
+    repo = tmp_path / "repo"
+    ddp_config["distributed"] = {
+        "enabled": True,
+        "role": "master",
+        "node_id": "node-a",
+        "repo_id": str(repo),
+        "inner_steps": 2,
+        "poll_interval": 0.05,
+        "min_deltas": 1,
+        "max_wait_s": 0,
+        "sync_wait_s": 10,
+        "delta_dtype": "fp32",
+        "upload_timeout_s": 10,
+        "outer_lr": 0.5,  # the global differs from the node's own weights: it must travel
+    }
+    rank0, rank1 = run_ranks(ddp_config, 2, tmp_path / "reports")
+    assert "diloco" in rank0["plugins"] and "diloco_master" in rank0["plugins"]
+    assert not {"diloco", "diloco_master"} & set(rank1["plugins"])  # no transport on rank 1
+    counted = json.loads((repo / "global" / "step_count.json").read_text())
+    assert counted["outer_step"] >= 1  # the node's deltas reached the master
+    assert rank0["checksum"] == rank1["checksum"]  # installed globals reached every rank
+
+
+def test_a_dead_rank_takes_the_group_down_within_the_timeout(ddp_config, tmp_path):
+    """No launcher to kill the survivor: the group timeout and the broken link must."""
+    ddp_config["run"]["group_timeout_s"] = 20
+    ddp_config["run"]["max_steps"] = 50
+    port, started = free_port(), time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(rank), str(port), json.dumps(ddp_config)],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes[1] == 3, procs[1].stderr.read()[-2000:]  # the one that died
+    assert codes[0] != 0 and time.monotonic() - started < 60  # the survivor did not hang
+    assert procs[0].stderr.read().strip()  # and it said why
+
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK_SCRIPT = """
+import sys, json
+from ddp_support import _rank_main
+rank, port, config = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+_rank_main(rank, 2, port, config, ".", {"die_at": [1, 2]})  # cwd: the test's tmp_path
+"""
