@@ -224,7 +224,12 @@ def page_of(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "block",
-    [pytest.param(b, id=b.where, marks=[pytest.mark.slow] if b.slow else []) for b in BLOCKS],
+    [
+        pytest.param(
+            b, id=b.where, marks=[pytest.mark.docs, *([pytest.mark.slow] if b.slow else [])]
+        )
+        for b in BLOCKS
+    ],
 )
 def test_snippet_runs_as_written(block: Block, page_of):
     page_of(block).run_through(block)

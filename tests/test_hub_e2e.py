@@ -203,7 +203,9 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
 
     # Outer steps advanced, one per round, and the workers trained from the published globals
     rounds = master_rounds(tmp_path)  # (outer step, included, stale, rejected) per round
-    assert published["outer_step"] >= 2, log_of(tmp_path, "master")
+    # >= 1, not more: on a loaded machine every delta may arrive before the master's first
+    # round (seen once under load: one round holding all of them, correctly)
+    assert published["outer_step"] >= 1, log_of(tmp_path, "master")
     assert [r[0] for r in rounds] == list(range(1, published["outer_step"] + 1)), rounds
     logs = {w: (tmp_path / f"{w}.log").read_text() for w in WORKERS}
     assert all("starting from global outer step" in text for text in logs.values()), logs

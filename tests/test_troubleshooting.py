@@ -223,7 +223,7 @@ def run_block(block: Block, folder: Path, env: dict[str, str], setups: dict[str,
 def console_cases() -> list:
     cases = []
     for block in CONSOLE:
-        marks = [pytest.mark.slow] if "slow" in block.notes else []
+        marks = [pytest.mark.docs, *([pytest.mark.slow] if "slow" in block.notes else [])]
         cases.append(pytest.param(block, marks=marks, id=f"line{block.line}"))
     return cases
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "speedtronic")
 MUST_SHIP = ("speedtronic/defaults/smoke.yaml", "speedtronic/py.typed")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.docs]
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 240) -> str:
