@@ -28,7 +28,11 @@ def finite(value: Any) -> float | None:
     """``value`` as a float when it is a finite real number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        value = float(value)  # a 400-digit integer in a hand-edited file overflows here
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def downsample(values: Sequence[Any], width: int = WIDTH) -> list[float | None]:
@@ -58,7 +62,7 @@ def sparkline(values: Sequence[Any], width: int = WIDTH) -> str:
         return GAP * len(buckets)
     low, high = min(seen), max(seen)
     span = high - low
-    flat = span <= 1e-12 * max(1.0, abs(high))
+    flat = not math.isfinite(span) or span <= 1e-12 * max(1.0, abs(high))  # inf: +-1e308
     top = len(BLOCKS) - 1
     return "".join(
         GAP

@@ -111,6 +111,8 @@ class MetricLogger:
             try:
                 hook(event, payload)
             except Exception as exc:  # a broken hook must not end a training run
+                if hook not in self.hooks:
+                    continue  # already disabled (its warning's own log call, another thread)
                 self.hooks.remove(hook)
                 self.log(
                     "warning",
@@ -221,6 +223,8 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         return f"{event}: {payload['message']}"
     if event in ("diloco_boundary", "diloco_round"):
         return _diloco_line(event, payload)
+    if event == "run_start" and "params" not in payload:  # a master that only coordinates
+        return f"run {payload['name']}: DumbDiLoCo master on {payload.get('repo')}, no training"
     if event == "run_start":
         return (
             f"run {payload['name']}: {payload['model']} ({payload['params'] / 1e6:.2f}M params) "

@@ -87,12 +87,17 @@ def start_group(world: World, device: torch.device, timeout_s: float) -> torch.d
             world_size=world.size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        _CREATED.append(True)
     return device
 
 
+_CREATED: list[bool] = []  # whether start_group made the group (a caller's is left alone)
+
+
 def end_group() -> None:
-    if dist.is_initialized():
+    if _CREATED and dist.is_initialized():
         dist.destroy_process_group()
+        _CREATED.clear()
 
 
 def wrap_model(model: nn.Module, device: torch.device) -> DistributedDataParallel:
@@ -299,6 +304,13 @@ def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logge
         raise ConfigError(
             "distributed.train_locally: false trains nothing; launch such a master without "
             "torchrun (one process)"
+        )
+    # Other ranks wait in a collective while rank 0 waits on the repo: it must stay shorter
+    waits = max(config.distributed.sync_wait_s, config.distributed.upload_timeout_s)
+    if waits + 5 >= config.run.group_timeout_s:
+        raise ConfigError(
+            f"run.group_timeout_s: {config.run.group_timeout_s:g} s must exceed "
+            f"distributed.sync_wait_s / upload_timeout_s ({waits:g} s) by 5 s in a DDP group"
         )
     sync = NodeSync(world, model, config.distributed.reset_inner_optimizer, device)
     if not world.is_main:

@@ -12,13 +12,14 @@ standard library, so a config cannot call ``os:system`` and the like by surprise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from speedtronic.errors import ConfigError
@@ -40,23 +41,31 @@ def registered_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def importable_from_cwd() -> None:
-    """Let config-named modules next to where the command runs import, as with ``python -m``.
+@contextlib.contextmanager
+def importable_from_cwd(module: str) -> Iterator[None]:
+    """While importing ``module`` (named by the config), let it come from the working directory.
 
     A console script's ``sys.path`` starts with its own bin directory, not the working
-    directory, so ``model.imports: [mymodels]`` beside the config would not be found. It
-    goes last, so a local file can never shadow an installed module (``random.py``, ``torch``).
+    directory, so ``model.imports: [mymodels]`` beside the config would not be found, as it
+    is with ``python -m``. The directory goes last and only for the config's own modules, then
+    is removed: a local file never shadows an installed module or a library's optional import.
     """
     cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
+    add = module.split(".")[0] != "speedtronic" and "" not in sys.path and cwd not in sys.path
+    if add:
         sys.path.append(cwd)
+    try:
+        yield
+    finally:
+        if add and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 def import_modules(modules: list[str]) -> None:
-    importable_from_cwd()
     for module in modules:
         try:
-            importlib.import_module(module)
+            with importable_from_cwd(module):
+                importlib.import_module(module)
         except Exception as exc:  # any import failure is a config problem to the user
             raise ConfigError(f"model.imports: cannot import {module!r}: {exc}") from None
 
@@ -64,9 +73,9 @@ def import_modules(modules: list[str]) -> None:
 def import_object(path: str, key: str) -> Any:
     """Resolve ``package.module:attr.sub``; failures name the config ``key``."""
     module_name, _, attr = path.partition(":")
-    importable_from_cwd()
     try:
-        target: Any = importlib.import_module(module_name)
+        with importable_from_cwd(module_name):
+            target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
     except Exception as exc:  # ImportError, AttributeError, or the module failing to import

@@ -196,6 +196,7 @@ def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> Tra
     try:
         seed_everything(config.run.seed)  # the same initial weights as every worker
         model = build_model(config.model.name, config.model.params, config.model.imports)
+        logger.log("run_start", coordinator_facts(config))  # hooks open their runs on it
         done = setup.coordinate_only(config, model, logger)
         status = "interrupted" if done["signal"] else "completed"
         result = TrainResult(0, None, 0, 0, done["elapsed_s"], status, done["signal"])
@@ -203,6 +204,22 @@ def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> Tra
         return result
     finally:
         logger.close()
+
+
+def coordinator_facts(config: SpeedtronicConfig) -> dict[str, Any]:
+    """run_start of a DumbDiLoCo master that only coordinates (it builds no trainer)."""
+    dist = config.distributed
+    return {
+        "name": config.run.name,
+        "model": config.model.name,
+        "max_steps": config.run.max_steps,
+        "output_dir": str(config.output_dir),
+        "role": dist.role,
+        "node_id": dist.resolved_node_id,
+        "repo": dist.repo,
+        "train_locally": False,
+        "outer_steps": dist.outer_steps,
+    }
 
 
 def check_model(config: SpeedtronicConfig) -> nn.Module:

@@ -246,7 +246,8 @@ class Trainer:
         elapsed = max(time.perf_counter() - window.start, 1e-9)
         tokens_per_s = window.tokens / elapsed
         flops = self.options.flops_per_token
-        mfu = flops * tokens_per_s / self._peak if (flops and self._peak) else None
+        # tokens_per_s is the group's rate: divide by every rank's device peak
+        mfu = flops * tokens_per_s / (self._peak * self.world) if (flops and self._peak) else None
         self.logger.log(
             "train_step",
             {

@@ -205,3 +205,115 @@ def test_a_delta_applied_already_is_deleted_when_it_shows_up_again(tmp_path):
     upload_one(transport, move=-0.05)  # the next round deletes the duplicate with its own
     loop.poll_once()
     assert transport.list_deltas() == [] and loop.counters["included"] == 2
+
+
+class LostAnswers(LocalTransport):
+    """The first upload lands, but its answer is lost and the commit cannot be found."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.sent: list[tuple[str, bytes]] = []
+
+    def upload(self, path, data):
+        super().upload(path, data)
+        self.sent.append((path, data))
+        if len(self.sent) == 1:
+            raise TransportError("500 after landing")
+
+
+def maybe_landed(exc):
+    exc.maybe_landed = True
+    return exc
+
+
+def test_a_delta_that_may_have_landed_goes_again_as_the_same_bytes(tmp_path):
+    class Ambiguous(LostAnswers):
+        def upload(self, path, data):
+            try:
+                super().upload(path, data)
+            except TransportError as exc:
+                raise maybe_landed(exc) from None
+
+    transport = Ambiguous(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    net = model()
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=-0.1)
+    trainer.train_step(worker, move=-0.1)
+    assert wait_for(lambda: transport.sent)  # the first attempt landed; its answer was lost
+    trainer.train_step(worker, move=-0.1)  # the second delta must not be added into the first
+    trainer.train_step(worker, move=-0.1)
+    worker.on_train_end(trainer, None)
+    (first_path, first), (again_path, again) = transport.sent[:2]
+    assert (again_path, again) == (first_path, first)  # the same name, the same bytes
+    loop.poll_once(force=True)
+    assert loop.counters["included"] == 2  # the first once (not twice), and the second
+
+
+def test_a_delta_in_flight_at_a_checkpoint_is_resent_unchanged_after_a_resume(tmp_path):
+    class Hanging(LocalTransport):
+        release = threading.Event()
+
+        def upload(self, path, data):
+            self.release.wait()
+            super().upload(path, data)
+
+    transport = Hanging(tmp_path / "repo")
+    net = model()
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=-0.1)
+    trainer.train_step(worker, move=-0.1)
+    assert wait_for(lambda: worker.sending is not None)
+    state = worker.state_dict()  # the checkpoint: the delta is on its way
+    assert state["exact"]["seq"] == 1 and state["unsent"] is None
+    transport.release.set()
+    assert wait_for(lambda: worker.counters["uploads"] == 1)
+    worker._stop.set()
+    [ref] = transport.list_deltas()
+    landed = transport.read(ref.path, 1 << 20)
+    resumed = WorkerPlugin(settings(), model(), transport, Log())
+    resumed.load_state_dict(state)  # a crash, then a resume from that checkpoint
+    resumed.send_pending()
+    assert transport.read(ref.path, 1 << 20) == landed  # sent again, byte for byte
+
+
+def test_an_older_global_never_replaces_a_newer_one_waiting(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    net = model()
+    worker = WorkerPlugin(settings(), net, transport, Log())
+    worker.on_train_start(FakeTrainer(net))
+    upload_one(transport)
+    loop.poll_once()
+    worker.refresh()
+    assert worker.ready.outer_step == 1
+    worker.ready = worker.ready.__class__(5, worker.ready.weights, 0)  # a newer one arrived
+    worker.refresh()  # a slow poller with outer step 1
+    assert worker.ready.outer_step == 5
+    worker._stop.set()
+
+
+def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
+    class OneBad(LocalTransport):
+        def read(self, path, max_bytes):
+            if path.endswith("delta_00000001.safetensors") and "node-b" in path:
+                raise TransportError("503 on this file")
+            return super().read(path, max_bytes)
+
+    transport = OneBad(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    upload_one(transport)  # node-a
+    net = model()
+    other = WorkerPlugin(settings(node_id="node-b"), net, transport, Log())
+    trainer = FakeTrainer(net)
+    other.on_train_start(trainer)
+    trainer.train_step(other, move=-0.1)
+    trainer.train_step(other, move=-0.1)
+    other.on_train_end(trainer, None)
+    assert loop.poll_once().outer_step == 1  # node-b's file failed; node-a's still counted
+    assert loop.counters["included"] == 1

@@ -207,18 +207,14 @@ def test_diloco_outer_step_events_in_json(tiny, tmp_path):
 
 
 def test_coordinating_master_stream_starts_with_run_start(tiny, tmp_path, monkeypatch):
-    """A master that only coordinates logs no run_start itself: the stream adds one."""
-    import speedtronic.runtime as runtime
-    from speedtronic.trainer import TrainResult
+    """A master that only coordinates builds no trainer; it logs run_start itself."""
+    from speedtronic.distributed import setup
 
-    def fake_run(cfg, hooks, console):
-        hooks[0].on_event("diloco_publish", {"outer_step": 0, "bytes": 8, "seconds": 0.1})
-        result = TrainResult(0, None, 0, 0, 0.5)
-        hooks[0].on_event("run_end", {**result.__dict__, "outer_step": 0})
-        hooks[0].on_event("diloco_round", {"outer_step": 1})  # after run_end: not written
-        return result
+    def fake_coordinate(config, model, logger):
+        logger.log("diloco_publish", {"outer_step": 0, "bytes": 8, "seconds": 0.1})
+        return {"outer_step": 0, "elapsed_s": 0.5, "signal": None}
 
-    monkeypatch.setattr(runtime, "train_from_config", fake_run)
+    monkeypatch.setattr(setup, "coordinate_only", fake_coordinate)
     tiny["distributed"] = {"train_locally": False, "outer_steps": 3}
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(tiny))

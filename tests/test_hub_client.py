@@ -29,13 +29,9 @@ from speedtronic.distributed.budget import (
     estimate_calls_per_5min,
     estimate_commits_per_hour,
 )
-from speedtronic.distributed.hub import (
-    CommitConflict,
-    HubClient,
-    HubError,
-    RepoNotFound,
-    git_blob_oid,
-)
+from speedtronic.distributed.hub import HubClient
+from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub_files import git_blob_oid
 from speedtronic.errors import TransportError
 
 pytestmark = pytest.mark.hub
@@ -331,7 +327,8 @@ def test_oversize_is_refused_before_the_body_and_not_retried(emu, repo, make, sl
     with pytest.raises(HubError) as caught:
         calls(client, client.download, "global/latest.safetensors", rev, 4999)
     assert "5000 bytes, over the 4999 byte cap" in str(caught.value)
-    assert caught.value.permanent and sleeps == [] and client.budget.calls(60) == 1
+    # not retried, and not the node's end: a bad file in the repo, the next one may be fine
+    assert not caught.value.permanent and sleeps == [] and client.budget.calls(60) == 1
     assert client.download("global/latest.safetensors", rev, 5000) == b"w" * 5000
 
 
@@ -528,3 +525,22 @@ def test_the_token_is_never_in_a_message_repr_or_log_line(emu, repo, make, caplo
     assert logged and any("retrying" in line for line in logged)
     for text in messages + logged:
         assert SECRET not in text and READONLY not in text
+
+
+def test_a_commit_lost_on_its_last_attempt_is_looked_for_before_giving_up(emu, repo, make):
+    client = make(max_attempts=1)
+    before = len(emu.repo(REPO).commits)
+    emu.faults.add(500, method="POST", path_re="/commit/", after_apply=True)
+    head = client.commit({"nodes/b/delta_00000001.safetensors": b"d"}, [], "b: delta 1")
+    assert head == emu.repo(REPO).head.sha and len(emu.repo(REPO).commits) == before + 1
+
+
+def test_a_garbled_answer_is_retried_and_never_escapes_raw(make, sleeps):
+    client = make(max_attempts=2)
+
+    def garbled():  # e.g. a proxy's HTML page where JSON was expected
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+    with pytest.raises(HubError, match="unreadable answer") as caught:
+        client._run(client._op("cannot read"), garbled)
+    assert len(sleeps) == 1 and not caught.value.permanent  # retried, then a HubError

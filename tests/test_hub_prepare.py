@@ -9,7 +9,7 @@ import pytest
 from diloco_support import Log
 from hub_fake import FakeHub, FakeHubClient
 
-from speedtronic.distributed.hub import HubError, RepoNotFound
+from speedtronic.distributed.hub_errors import HubError, RepoNotFound
 from speedtronic.distributed.hub_transport import HubTransport
 
 REPO = "alice/run"

@@ -18,7 +18,8 @@ import pytest
 from hub_fake import FakeHub, FakeHubClient, hub_error
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed.hub import CommitConflict, HubError, git_blob_oid
+from speedtronic.distributed.hub_errors import CommitConflict, HubError
+from speedtronic.distributed.hub_files import git_blob_oid
 from speedtronic.distributed.hub_transport import MAX_PUBLISH_ATTEMPTS, HubTransport
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
 from speedtronic.distributed.transport import LocalTransport, open_transport

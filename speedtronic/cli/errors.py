@@ -74,7 +74,8 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             first = str(exc).splitlines()[0] if str(exc) else ""
             error_line(f"{type(exc).__name__}: {first} (set SPEEDTRONIC_DEBUG=1 for the traceback)")
-            if type(exc).__name__.startswith("Dist"):  # torch.distributed: a peer went away
+            peer = ("Dist", "gloo", "NCCL", "Connection closed by peer", "Timed out waiting")
+            if any(m in f"{type(exc).__name__} {first}" for m in peer):  # a peer went away
                 print(
                     "hint: another rank failed or stopped answering (run.group_timeout_s); the "
                     "first error above names it; restart the group with --resume",

@@ -87,8 +87,6 @@ def train(
     display = make_display(log_format.value) if _main_rank() else _Silent()
     # JSON mode: stdout carries only event lines; any other print goes to stderr.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        if as_json and cfg.distributed.enabled and not cfg.distributed.train_locally:
-            display.on_event("run_start", coordinator_facts(cfg))  # the engine logs none
         try:
             result = train_from_config(cfg, hooks=[display], console=False)
         finally:
@@ -135,22 +133,6 @@ class _Silent:
 
     def close(self) -> None:
         pass
-
-
-def coordinator_facts(cfg: SpeedtronicConfig) -> dict[str, Any]:
-    """run_start of a DumbDiLoCo master that only coordinates (it builds no trainer)."""
-    dist = cfg.distributed
-    return {
-        "name": cfg.run.name,
-        "model": cfg.model.name,
-        "max_steps": cfg.run.max_steps,
-        "output_dir": str(cfg.output_dir),
-        "role": dist.role,
-        "node_id": dist.resolved_node_id,
-        "repo": dist.repo,
-        "train_locally": False,
-        "outer_steps": dist.outer_steps,
-    }
 
 
 def validate(

@@ -88,7 +88,19 @@ def encode_delta(delta: dict[str, Tensor], header: DeltaHeader) -> bytes:
             tensors[key], tensors[key + SCALE_SUFFIX] = _quantize_int8(value)
         else:
             tensors[key] = value.to(_ENCODED_DTYPE[header.encoding])
-    return safetensors.torch.save(tensors, metadata=header.to_metadata())
+    return canonical(safetensors.torch.save(tensors, metadata=header.to_metadata()))
+
+
+def canonical(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header's keys sorted.
+
+    safetensors writes its header in hash-map order, which differs between calls, so the same
+    delta would get other bytes, and another identity (I1), each time it is encoded.
+    """
+    size = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + size]), sort_keys=True, separators=(",", ":"))
+    header += " " * (-len(header) % 8)  # keep the data aligned to 8 bytes, as safetensors does
+    return len(header).to_bytes(8, "little") + header.encode() + data[8 + size :]
 
 
 def decode_delta(

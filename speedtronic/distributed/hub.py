@@ -32,8 +32,8 @@ from huggingface_hub.hf_api import RepoFile
 
 from speedtronic.distributed.budget import Budget
 from speedtronic.distributed.hub_cache import DownloadCache
-from speedtronic.distributed.hub_files import HubCommit, HubFile, git_blob_oid  # noqa: F401
-from speedtronic.errors import TransportError
+from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub_files import HubCommit, HubFile
 
 T = TypeVar("T")
 log = logging.getLogger("speedtronic.hub")
@@ -41,27 +41,10 @@ _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
 _NETWORK = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 _TOKEN_HINT = "set HF_TOKEN to a valid token, or run: hf auth login"
 _WRITE_HINT = "use a token with write access to the repo (see: speedtronic hub grant)"
-# In every commit's description: after a lost answer the commit is looked for by it, since its
-# files may have changed since (a master that consumed a delta deleted it)
+# In each commit's description: a lost commit is looked for by it (its files may be gone since)
 COMMIT_ID_KEY = "speedtronic-commit-id"
 _LOOKUP_SKEW_S = 600.0  # how much older than the first attempt the history is searched
 _LOOKUP_PAGES = 10  # ... and at most this many pages of it (the commits endpoint pages by 50)
-
-
-class HubError(TransportError):
-    """A Hub request failed; ``permanent`` is False when only the retries ran out."""
-
-    def __init__(self, message: str, *, status=None, permanent: bool = True, hint=None):
-        super().__init__(message, hint)
-        self.status, self.permanent = status, permanent  # status: int | None
-
-
-class RepoNotFound(HubError):
-    """The repo does not exist, or the token cannot see it (private repos look absent)."""
-
-
-class CommitConflict(HubError):
-    """412: ``parent_commit`` is not the head of main any more."""
 
 
 class _Missing(HubError):
@@ -272,7 +255,17 @@ class HubClient:
             self.budget.count_commit()
             return sha
 
-        return self._run(op, attempt)
+        try:
+            return self._run(op, attempt)
+        except HubError as exc:
+            if not pin["lost"]:
+                raise
+            landed = self._run(self._op("cannot read"), lambda: self._landed(commit_id, started))[0]
+            if landed is None:  # still unknown: the caller must send these same bytes again
+                exc.maybe_landed = True
+                raise
+            self.budget.count_commit()
+            return landed
 
     def commits(self, since: float | None = None) -> list[HubCommit]:
         """main's commits, newest first; only those at or after ``since`` (pages stop there)."""
@@ -334,6 +327,7 @@ class HubClient:
     def _fetch(self, path: str, revision: str, max_bytes: int) -> bytes:
         url = hf_hub_url(self.repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = hf_utils.build_hf_headers(token=self._token, library_name="speedtronic")
+        headers["Accept-Encoding"] = "identity"  # Content-Length is then the body's true size
         session = hf_utils.get_session()
         with session.stream("GET", url, headers=headers, timeout=self.timeout_s) as response:
             hf_utils.hf_raise_for_status(response)
@@ -345,12 +339,10 @@ class HubClient:
                     data += chunk
                     if len(data) > max_bytes:
                         break
-        if max(len(data), size or 0) > max_bytes:
-            detail = (
-                f"{max(len(data), size or 0)} bytes, over the {max_bytes} byte cap; not downloaded"
-            )
+        if (found := max(len(data), size or 0)) > max_bytes:  # a bad file, not a bad node
+            detail = f"{found} bytes, over the {max_bytes} byte cap; not downloaded"
             raise HubError(
-                self._msg(_Op(f"{path} at {revision[:12]} in", self.repo_id), "size", detail)
+                self._msg(_Op(f"{path} at {revision[:12]} in", self.repo_id), 413, detail)
             )
         if size is not None and len(data) != size:
             raise _Transient(None, f"truncated download of {path}: {len(data)} of {size} bytes")
@@ -367,6 +359,7 @@ class HubClient:
     def _page_once(self, url: str, params) -> tuple[list, str | None]:
         """One page of a listing, and the URL of the next one (None at the end)."""
         headers = hf_utils.build_hf_headers(token=self._token, library_name="speedtronic")
+        headers["Accept-Encoding"] = "identity"  # Content-Length is then the body's true size
         session = hf_utils.get_session()
         r = session.get(url, params=params, headers=headers, timeout=self.timeout_s)
         hf_utils.hf_raise_for_status(r)
@@ -392,7 +385,7 @@ class HubClient:
         except _Transient as exc:
             message = self._msg(op, exc.status, exc.detail)
             message += f" (gave up after {self.max_attempts} attempts)"
-            raise HubError(message, status=exc.status, permanent=False) from exc
+            raise HubError(message, status=exc.status, maybe_landed=exc.ambiguous) from None
 
     def _attempt(self, op: _Op, fn: Callable[[], T]) -> T:
         _hook_session()
@@ -419,9 +412,13 @@ class HubClient:
             # thread's request: this one picked up the closed session and was never sent
             return _Transient(None, self._detail(f"{type(exc).__name__}: {exc}"))
         if isinstance(exc, hf_errors.LocalTokenNotFoundError):
-            return HubError(self._msg(op, None, "no token found"), hint=_TOKEN_HINT)
+            return HubError(self._msg(op, None, "no token found"), hint=_TOKEN_HINT, permanent=True)
         if isinstance(exc, (hf_errors.OfflineModeIsEnabled, hf_errors.HFValidationError)):
-            return HubError(self._msg(op, None, self._detail(str(exc))))
+            return HubError(self._msg(op, None, self._detail(str(exc))), permanent=True)
+        if isinstance(exc, (ValueError, KeyError, TypeError, httpx2.DecodingError)):
+            # a garbled answer (a proxy's HTML page, a cut body): retried; a commit may have landed
+            detail = self._detail(f"unreadable answer: {type(exc).__name__}: {exc}")
+            return _Transient(None, detail, ambiguous=op.write)
         return exc  # not a Hub failure: a bug to see, not to retry
 
     def _classify_http(self, exc: hf_errors.HfHubHTTPError, op: _Op) -> Exception:
@@ -436,14 +433,17 @@ class HubClient:
         if code == "RepoNotFound" or (status == 404 and code is None):  # user/org ops catch it
             hint = f"create it with: speedtronic hub init {self.repo_id}"
             message = self._msg(op, status, detail, "cannot find repo")
-            return RepoNotFound(message, status=status, hint=hint)
+            return RepoNotFound(message, status=status, hint=hint, permanent=True)
         if code == "EntryNotFound":
             return _Missing(self._msg(op, status, detail), status=status)
         what, hint = {
             401: ("token rejected by the Hub for", _TOKEN_HINT),
             403: ("token cannot write to" if op.write else "token cannot read", _WRITE_HINT),
         }.get(status, (None, None))
-        return HubError(self._msg(op, status, detail, what), status=status, hint=hint)
+        permanent = status in (400, 401, 403)  # a revision squashed away: read at a newer one
+        return HubError(
+            self._msg(op, status, detail, what), status=status, hint=hint, permanent=permanent
+        )
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception()
@@ -464,7 +464,8 @@ class HubClient:
 
     def _detail(self, text: str) -> str:
         first = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
-        return self._scrub(first if len(first) <= 200 else first[:197] + "...")
+        first = self._scrub(first)  # before cutting: a token across the cut would survive it
+        return first if len(first) <= 200 else first[:197] + "..."
 
     def _scrub(self, text: str) -> str:
         for secret in {self._token, get_token()} - {None, ""}:

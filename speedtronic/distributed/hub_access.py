@@ -20,18 +20,18 @@ WRITE_PERMISSION = "repo.write"
 def write_access_problem(whoami: dict[str, Any], repo_id: str) -> str | None:
     """Why the token behind ``whoami`` cannot write to ``repo_id``, or None if it may."""
     role = whoami.get("token_role")
-    namespace = repo_id.split("/", 1)[0]
+    namespace = repo_id.split("/", 1)[0].casefold()  # the Hub's names ignore case
     if role == "read":
         return "the token is read-only: create a write or fine-grained token"
     if role == "fineGrained":
         return _fine_grained_problem(whoami.get("fine_grained") or {}, repo_id, namespace)
-    if role == "write" and namespace != whoami.get("name"):
+    if role == "write" and namespace != str(whoami.get("name", "")).casefold():
         return _org_problem(whoami, namespace)
     return None
 
 
 def _org_problem(whoami: dict[str, Any], org: str) -> str | None:
-    roles = whoami.get("org_roles") or {}
+    roles = {name.casefold(): role for name, role in (whoami.get("org_roles") or {}).items()}
     if org not in roles:
         return f"{whoami.get('name')} is not a member of {org}"
     role = roles[org]
@@ -44,7 +44,7 @@ def _fine_grained_problem(grants: dict[str, Any], repo_id: str, namespace: str) 
     """Fine-grained tokens list permissions per entity (a repo, a user or an org)."""
     for scope in grants.get("scoped") or []:
         entity = scope.get("entity") or {}
-        covers = entity.get("name") in (repo_id, namespace)
+        covers = str(entity.get("name", "")).casefold() in (repo_id.casefold(), namespace)
         if covers and WRITE_PERMISSION in (scope.get("permissions") or []):
             return None
     if WRITE_PERMISSION in (grants.get("global") or []):

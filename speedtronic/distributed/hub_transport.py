@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedtronic.distributed.budget import cadence_warnings
-from speedtronic.distributed.hub import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
 from speedtronic.distributed.hub_files import git_blob_oid
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODES_DIR, STEP_COUNT, parse_delta_path
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef, parse_step_count
@@ -97,20 +97,27 @@ class HubTransport:
         from speedtronic.distributed.hub_admin import grant, init_repo
 
         who = f"{self.node_id}: " if self.node_id else ""
-        if self.client.visibility() is None:
-            if settings.role != "master":
-                raise RepoNotFound(  # one line, the advice in it: no hint line under it
-                    f"{who}{self.repo_id} not found (or not visible to this token): "
-                    f"create it with speedtronic hub init {self.repo_id}"
-                )
-            init_repo(self.client)
-            logger.notice(f"diloco master: created the private repo {self.repo_id}")
-        problem = write_access_problem(self.client.whoami(), self.repo_id)
-        if problem is not None:
-            raise HubError(f"{who}token cannot write to {self.repo_id}: {problem}", status=403)
-        if settings.role == "master" and settings.collaborators:
-            for line in grant(self.client, list(settings.collaborators)).instructions:
-                logger.warn(f"diloco master: {line}")
+        try:
+            if self.client.visibility() is None:
+                if settings.role != "master":
+                    raise RepoNotFound(  # one line, the advice in it: no hint line under it
+                        f"{who}{self.repo_id} not found (or not visible to this token): "
+                        f"create it with speedtronic hub init {self.repo_id}",
+                        permanent=True,
+                    )
+                init_repo(self.client)
+                logger.notice(f"diloco master: created the private repo {self.repo_id}")
+            problem = write_access_problem(self.client.whoami(), self.repo_id)
+            if problem is not None:
+                message = f"{who}token cannot write to {self.repo_id}: {problem}"
+                raise HubError(message, status=403, permanent=True)
+            if settings.role == "master" and settings.collaborators:
+                for line in grant(self.client, list(settings.collaborators)).instructions:
+                    logger.warn(f"diloco master: {line}")
+        except TransportError as exc:  # the Hub is down for now: training starts anyway (I5)
+            if getattr(exc, "permanent", False):
+                raise
+            logger.warn(f"diloco: could not check {self.repo_id} at start ({exc}); going on")
 
     def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
         """Where the configured cadence would exceed the Hub's budgets, naming the knob."""
@@ -164,7 +171,17 @@ class HubTransport:
                 revision = self._pins.get(path)
         if revision is None:
             revision = self._current_head()
-        return self.client.download(path, revision, max_bytes)
+        try:
+            return self.client.download(path, revision, max_bytes)
+        except HubError as exc:
+            if exc.status == 404:  # the pinned revision was squashed away: start afresh
+                self._forget()
+            raise
+
+    def _forget(self) -> None:
+        """Drop every cached head, listing, pin and step count (their revisions are gone)."""
+        with self._lock:
+            self._head, self._listing, self._pins, self._step = None, None, {}, None
 
     def read_step_count(self) -> dict[str, Any] | None:
         """``step_count.json`` at the current head; the cached value (1 call) if unchanged."""
@@ -207,6 +224,8 @@ class HubTransport:
         message = self._message(f"publish outer step {outer_step}")
         with self._lock:
             parent = self._head
+            # a retried commit of ours may land late: its step count is not another master's
+            self._own_step_oids.add(git_blob_oid(body))
         if parent is None:
             parent = self._current_head()
         for _ in range(MAX_PUBLISH_ATTEMPTS):
@@ -281,9 +300,8 @@ class HubTransport:
                 self._counts["squash_failures"] += 1
                 self._warnings.append(f"{self.repo_id}: history squash failed ({exc})")
             return
+        self._forget()  # squashing rewrites every commit: the revisions cached are gone
         with self._lock:
-            # Squashing rewrites every commit: the revisions cached and pinned are gone
-            self._head, self._listing, self._pins, self._step = None, None, {}, None
             self._counts["squashes"] += 1
 
     # ------------------------------------------------------------------ helpers

@@ -141,7 +141,12 @@ class MasterLoop:
         """Fetch new deltas, offer them, and run (and publish) a round if one is ready."""
         for ref in self.transport.list_deltas():
             if self.settled_versions.get(ref.path) != ref.version:
-                self._take(ref)
+                try:
+                    self._take(ref)
+                except (SpeedtronicError, OSError) as exc:  # one bad read stops no round
+                    if getattr(exc, "permanent", False):
+                        raise
+                    self.logger.warn(f"diloco master: cannot read {ref.path} ({exc}); next poll")
         if not force and self.clock() - self.last_publish < self.min_publish_interval_s:
             return None  # the offered deltas wait for the next poll's round
         with self.lock:

@@ -41,12 +41,19 @@ RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 
 @dataclass
 class Pending:
-    """A delta waiting for upload; deltas that could not be sent yet are added into it."""
+    """A delta waiting for upload; deltas that could not be sent yet are added into it.
+
+    ``seq`` and ``created_at`` are given at its first upload attempt (0 and "" before) and kept
+    from then on, so sending it again after a resume sends the very same bytes under the same
+    name, which the master counts once (I1).
+    """
 
     delta: dict[str, torch.Tensor]
     base_outer_step: int
     steps: int
     tokens: int
+    seq: int = 0
+    created_at: str = ""
 
 
 def parameters_of(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -102,6 +109,8 @@ class WorkerPlugin:
         self.seq = 0
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
+        self.exact: Pending | None = None  # may have landed: only these bytes may go again
+        self._fetching = threading.Lock()  # one refresh at a time (poller, boundary wait)
         self.ready: Ready | None = None  # a validated global newer than the base, to install
         self.counters = {"uploads": 0, "upload_failures": 0, "bytes_up": 0, "bytes_down": 0}
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
@@ -117,15 +126,17 @@ class WorkerPlugin:
         self._started = time.perf_counter()
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
-            self.seq = max([self.seq, *self._own_sequence_numbers()])  # never overwrite a delta
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        # New names start past every one this node used, also after the checkpoint: a reused
+        # name could be deleted unread by a master consuming the old file there (I1)
+        self.seq = max([self.seq, *self._own_sequence_numbers()])
         if not self.background:
             return
         for target in (self._upload_loop, self._poll_loop):
             thread = threading.Thread(target=target, name=f"diloco-{target.__name__}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        if self.outbox is not None:
+        if self._unsent():
             self._wake.set()
 
     def after_optimizer_step(self, trainer: Any) -> None:
@@ -194,7 +205,7 @@ class WorkerPlugin:
         self._wake.set()  # the uploader sends now
         while time.monotonic() < deadline and self.fatal is None:
             with self._lock:
-                sent = self.outbox is None and self.sending is None
+                sent = self.outbox is None and self.sending is None and self.exact is None
                 ready = self.ready
             if sent and ready is not None and ready.own_seq >= self.seq:
                 return True
@@ -241,16 +252,20 @@ class WorkerPlugin:
             self._wake.clear()
             if self.send_pending():
                 wait = RETRY_S[0]
-            if self.outbox is not None and not self._stop.is_set():
+            if self._unsent() and not self._stop.is_set():
                 self._stop.wait(wait)  # a failure: back off, then try again with what piled up
                 wait = min(wait * 2, RETRY_S[1])
                 self._wake.set()
 
     def send_pending(self) -> bool:
-        """Upload whatever is queued; True if the outbox is empty afterwards."""
+        """Upload whatever is queued; True if nothing is left to send afterwards."""
         while self._take_and_send():
             pass
-        return self.outbox is None
+        return not self._unsent()
+
+    def _unsent(self) -> bool:
+        with self._lock:
+            return self.outbox is not None or self.exact is not None
 
     def _take_and_send(self) -> bool:
         """Send the outbox; True on success. A failed delta goes back, folded with later ones.
@@ -258,23 +273,33 @@ class WorkerPlugin:
         Transports raise only when the file did not land, so folding cannot count it twice.
         """
         with self._lock:
-            if self.outbox is None:
+            was_exact = self.exact is not None
+            if was_exact:  # first: it may have landed, so it goes again unchanged
+                pending, self.exact = self.exact, None
+            elif self.outbox is not None:
+                pending, self.outbox = self.outbox, None
+            else:
                 return False
-            self.seq += 1
-            seq, pending, self.outbox = self.seq, self.outbox, None
+            if not pending.seq:  # its name and time, fixed from its first attempt on
+                self.seq += 1
+                stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                pending = replace(pending, seq=self.seq, created_at=stamp)
             self.sending = pending
-        header = self._header(seq, pending)
+        seq, header = pending.seq, self._header(pending)
         try:
             data = encode_delta(pending.delta, header)
             self.transport.upload(delta_path(self.node_id, seq), data)
-        except (SpeedtronicError, OSError) as exc:
+        except Exception as exc:  # anything: the uploader thread must outlive it (I5)
             self.counters["upload_failures"] += 1
             self._stop_if_permanent(exc)
             if self.fatal is None:
                 self.logger.warn(f"diloco: upload of delta {seq} failed ({exc}); will retry")
             with self._lock:
-                self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
-                self.seq, self.sending = seq - 1, None  # the name was not used: reuse it
+                self.sending = None
+                if was_exact or getattr(exc, "maybe_landed", False):
+                    self.exact = pending  # resent as is: the master counts it once
+                else:  # nothing landed: the name is still free for the sum with later ones
+                    self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
             return False
         with self._lock:
             self.sending = None
@@ -283,15 +308,15 @@ class WorkerPlugin:
         self.logger.log("diloco_upload", {"seq": seq, "bytes": len(data), "steps": header.steps})
         return True
 
-    def _header(self, seq: int, pending: Pending) -> DeltaHeader:
+    def _header(self, pending: Pending) -> DeltaHeader:
         return DeltaHeader(
             node_id=self.node_id,
-            seq=seq,
+            seq=pending.seq,
             base_outer_step=max(pending.base_outer_step, 0),
             steps=pending.steps,
             tokens=pending.tokens,
             encoding=self.config.delta_dtype,
-            created_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            created_at=pending.created_at,
         )
 
     def _poll_loop(self) -> None:
@@ -302,8 +327,9 @@ class WorkerPlugin:
     def refresh(self) -> None:
         """Download and validate a newer global, to be installed at the next boundary."""
         try:
-            self._fetch_newer_global()
-        except (SpeedtronicError, OSError, ValueError, BadDelta) as exc:
+            with self._fetching:
+                self._fetch_newer_global()
+        except Exception as exc:  # anything: the poller thread must outlive it (I5)
             self._stop_if_permanent(exc)
             self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
 
@@ -327,8 +353,9 @@ class WorkerPlugin:
             return  # a publish in flight: step_count and weights disagree until it ends
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
         own_seq = own_seq if type(own_seq) is int else -1
-        with self._lock:
-            self.ready = Ready(outer_step, weights, counted.get("fleet_tokens") or 0, own_seq)
+        with self._lock:  # never replace a newer global already waiting
+            if outer_step > (self.ready.outer_step if self.ready else self.base_outer_step):
+                self.ready = Ready(outer_step, weights, counted.get("fleet_tokens") or 0, own_seq)
 
     def _install_latest_global_now(self) -> None:
         """At start only: begin from the newest global, if the run has one."""
@@ -347,19 +374,22 @@ class WorkerPlugin:
             self.logger.notice(f"diloco: starting from global outer step {ready.outer_step}")
 
     def _own_sequence_numbers(self) -> list[int]:
-        """Numbers of this node's deltas still in the repo (a restart must not reuse them)."""
+        """Numbers this node used: its deltas in the repo and its latest the master accepted."""
         try:
             refs = self.transport.list_deltas()
+            counted = self.transport.read_step_count() or {}
         except (SpeedtronicError, OSError) as exc:
             if getattr(exc, "permanent", False):
                 raise
             self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
             return []
-        return [
+        accepted = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
+        listed = [
             parsed[1]
             for r in refs
             if (parsed := parse_delta_path(r.path)) and parsed[0] == self.node_id
         ]
+        return listed + ([accepted] if type(accepted) is int else [])
 
     def _max_weight_bytes(self) -> int:
         return expected_delta_bytes(self.base, "fp32") + (1 << 20)
@@ -370,7 +400,7 @@ class WorkerPlugin:
         self._wake.set()
         while time.monotonic() < deadline and self.fatal is None:
             with self._lock:
-                if self.outbox is None and self.sending is None:
+                if self.outbox is None and self.sending is None and self.exact is None:
                     return
             time.sleep(0.05)
         self.logger.warn("diloco: deltas still unsent at the end; they are in the checkpoint")
@@ -379,15 +409,16 @@ class WorkerPlugin:
 
     def state_dict(self) -> dict[str, Any]:
         with self._lock:
-            # A delta being sent now may land after this state is saved; keeping it here too
-            # would count it twice after a resume, so only the outbox is part of the state.
-            unsent = self.outbox
+            # A delta being sent now may land after this state is saved: it is kept as "exact",
+            # to be sent again unchanged after a resume, which the master then counts once.
+            unsent, exact = self.outbox, self.exact or self.sending
             return {
                 "base": {k: v.cpu() for k, v in (self.base or {}).items()},
                 "base_outer_step": self.base_outer_step,
                 "boundary": [self.boundary_step, self.boundary_tokens],
                 "seq": self.seq,
                 "unsent": None if unsent is None else pending_state(unsent),
+                "exact": None if exact is None else pending_state(exact),
                 "counters": dict(self.counters),
             }
 
@@ -397,8 +428,9 @@ class WorkerPlugin:
         self.base_outer_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
         self.seq = int(state["seq"])
-        unsent = state.get("unsent")
+        unsent, exact = state.get("unsent"), state.get("exact")
         self.outbox = None if unsent is None else Pending(**unsent)
+        self.exact = None if exact is None else Pending(**exact)
         self.counters.update(state.get("counters", {}))
 
 
@@ -420,4 +452,6 @@ def pending_state(pending: Pending) -> dict[str, Any]:
         "base_outer_step": pending.base_outer_step,
         "steps": pending.steps,
         "tokens": pending.tokens,
+        "seq": pending.seq,
+        "created_at": pending.created_at,
     }
