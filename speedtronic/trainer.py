@@ -186,7 +186,9 @@ class Trainer:
                 with self.precision.autocast():
                     loss = extract_loss(call_model(self._forward, batch)).float() * weight
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
+            # a micro-batch with no label to learn (weight 0) may have a NaN mean loss: 0 here
+            zero = torch.is_tensor(weight)  # a count-based weight: 0 for such a micro-batch
+            total += torch.where(weight > 0, loss.detach(), 0.0) if zero else loss.detach()
         if group:
             total, counts = group.agree(total, counts)  # one loss and label count on all ranks
         if self.scaler:

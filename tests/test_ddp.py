@@ -8,6 +8,7 @@ missing sample); a 2-rank resume is exact; only rank 0 reports and writes.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import subprocess
@@ -128,7 +129,35 @@ def test_user_iterables_are_read_every_nth_and_keep_their_state():
     parts = [shard_iterable(Counting(), r, 3) for r in range(3)]
     assert all(isinstance(p, EveryNth) for p in parts)
     assert sorted(i for p in parts for i in p) == list(range(10))
-    assert parts[0].state_dict() == {"ok": 1}
+    assert parts[0].state_dict() == {"inner": {"ok": 1}, "mid": True}
+
+
+class Positioned(torch.utils.data.IterableDataset):
+    """Resumes from the count of items it yielded (the documented contract)."""
+
+    def __init__(self):
+        self.pos = 0
+
+    def __iter__(self):
+        while self.pos < 100:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_rank_of_a_user_iterable_resumes_at_its_own_next_item(rank):
+    straight = list(itertools.islice(shard_iterable(Positioned(), rank, 3), 5))
+    first = shard_iterable(Positioned(), rank, 3)
+    read = list(itertools.islice(iter(first), 3))
+    resumed = shard_iterable(Positioned(), rank, 3)
+    resumed.load_state_dict(first.state_dict())
+    assert read + list(itertools.islice(iter(resumed), 2)) == straight
 
 
 def test_two_rank_resume_is_exact(ddp_config, tmp_path):

@@ -152,3 +152,20 @@ def test_emulated_precision_is_warned_once_at_start(tiny, monkeypatch):
     runtime.trainer.fit()
     assert probed == [("cpu", "bf16")]  # the resolved mode, probed once per run
     assert seen.count("precision.mode: bf16 is emulated on this CPU") == 1
+
+
+class MeanModel(TokenModel):
+    """Mean-reduced cross-entropy, as Hugging Face models compute it: NaN when all ignored."""
+
+    def forward(self, input_ids, labels):
+        logits = self.out(self.emb(input_ids)).flatten(0, 1)
+        return nn.functional.cross_entropy(logits, labels.flatten())
+
+
+def test_a_mean_loss_model_with_one_all_ignored_micro_batch_reports_a_finite_loss():
+    trainer = trainer_on([batch(ignored=True), batch()], accumulation=2)
+    trainer.model = trainer._forward = MeanModel()
+    trainer.params = list(trainer.model.parameters())
+    trainer.optimizer = torch.optim.AdamW(trainer.params, lr=0.1)
+    loss, _ = trainer.train_step()
+    assert torch.isfinite(loss) and float(loss) > 0 and trainer.step == 1

@@ -34,6 +34,8 @@ TORCH_FREE = (
     "speedtronic.distributed.transport",
     "speedtronic.distributed.budget",
     "speedtronic.distributed.hub_files",
+    "speedtronic.distributed.hub_errors",
+    "speedtronic.distributed.hub_transport",
     "speedtronic.distributed.hub_access",
     "speedtronic.distributed.hub_admin",
 )

@@ -161,19 +161,35 @@ def shard_iterable(dataset: IterableDataset, rank: int, world: int) -> IterableD
 
 
 class EveryNth(IterableDataset):
-    """Items ``rank, rank + world, ...`` of an iterable dataset; everything else (state_dict,
-    set_epoch) is the wrapped dataset's, so exact resume keeps working where it did."""
+    """Items ``rank, rank + world, ...`` of an iterable dataset; everything else (set_epoch) is
+    the wrapped dataset's. Its state is the wrapped one's plus whether this rank had read from
+    it: after its k-th item the wrapped dataset stands just past it, so a resume must skip the
+    ``world - 1`` items of the other ranks, not ``rank`` as at the start of an epoch."""
 
     def __init__(self, dataset: IterableDataset, rank: int, world: int):
         self.dataset, self.rank, self.world = dataset, rank, world
+        self._read, self._mid = 0, False  # items read this epoch; resumed mid-epoch
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.dataset), self.rank, None, self.world)
+        first = self.world - 1 if self._mid else self.rank
+        self._read, self._mid = 0, False
+        for item in itertools.islice(iter(self.dataset), first, None, self.world):
+            self._read += 1
+            yield item
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
-        return getattr(self.dataset, name)
+        inner = getattr(self.dataset, name)
+        if name == "state_dict":
+            return lambda: {"inner": inner(), "mid": self._read > 0}
+        if name == "load_state_dict":
+            return self._load_state_dict
+        return inner
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state["inner"])
+        self._mid = bool(state["mid"])
 
 
 def build_eval_loader(
