@@ -444,7 +444,7 @@ def test_a_request_on_a_shared_session_closed_under_it_is_retried(emu, repo, mak
         files = client.list_files("global", head)
     finally:
         hf_utils.get_session = real
-    assert [f.path for f in files] == ["global/step_count.json"] and len(sleeps) == 1
+    assert [f.path for f in files] == ["global/step_count.json"] and 1 <= len(sleeps) <= 2
 
 
 # -- permanent failures ----------------------------------------------------------------------------
@@ -544,3 +544,13 @@ def test_a_garbled_answer_is_retried_and_never_escapes_raw(make, sleeps):
     with pytest.raises(HubError, match="unreadable answer") as caught:
         client._run(client._op("cannot read"), garbled)
     assert len(sleeps) == 1 and not caught.value.permanent  # retried, then a HubError
+
+
+def test_a_session_the_library_makes_anew_still_carries_the_timeout_hooks(emu, repo, make):
+    from huggingface_hub import utils as hf_utils
+
+    make().head()
+    hf_utils.close_session()  # what the library does after a connection error in any thread
+    hooks = hf_utils.get_session().event_hooks
+    assert [h.__name__ for h in hooks["response"]] == ["_on_response"]
+    assert "_on_request" in [h.__name__ for h in hooks["request"]]

@@ -32,7 +32,13 @@ from huggingface_hub.hf_api import RepoFile
 
 from speedtronic.distributed.budget import Budget
 from speedtronic.distributed.hub_cache import DownloadCache
-from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub_errors import (
+    CommitConflict,
+    HubError,
+    RepoNotFound,
+    Transient,
+    commit_request,
+)
 from speedtronic.distributed.hub_files import HubCommit, HubFile
 
 T = TypeVar("T")
@@ -49,14 +55,6 @@ _LOOKUP_PAGES = 10  # ... and at most this many pages of it (the commits endpoin
 
 class _Missing(HubError):
     """404 EntryNotFound: no such path at that revision (callers answer None or [])."""
-
-
-class _Transient(Exception):
-    """Worth repeating; ``ambiguous``: a commit that may have landed, its answer lost."""
-
-    def __init__(self, status, detail: str, wait_s=None, ambiguous: bool = False):
-        super().__init__(detail)
-        self.status, self.detail, self.wait_s, self.ambiguous = status, detail, wait_s, ambiguous
 
 
 @dataclass(frozen=True)
@@ -88,12 +86,21 @@ def _on_response(response: httpx2.Response) -> None:
 
 
 def _hook_session() -> None:
-    """Hook the shared session (checked per attempt: it is re-made after forks and errors)."""
+    """Make every session the library creates (it makes new ones after connection errors and
+    forks) carry the hooks, through its client factory: one without them has no timeout."""
     with _HOOK_LOCK:
-        hooks = hf_utils.get_session().event_hooks
-        for kind, hook in (("request", _on_request), ("response", _on_response)):
-            if hook not in hooks[kind]:
-                hooks[kind].append(hook)
+        if not _LIBRARY_HOOKS:
+            hooks = hf_utils.get_session().event_hooks["request"]
+            _LIBRARY_HOOKS.extend(h for h in hooks if h is not _on_request)
+            hf_utils.set_client_factory(_hooked_client)  # the next get_session makes one
+
+
+_LIBRARY_HOOKS: list = []  # the library's own request hooks, kept in our sessions
+
+
+def _hooked_client() -> httpx2.Client:
+    hooks = {"request": [*_LIBRARY_HOOKS, _on_request], "response": [_on_response]}
+    return httpx2.Client(event_hooks=hooks, follow_redirects=True, timeout=None)
 
 
 class HubClient:
@@ -248,8 +255,8 @@ class HubClient:
             except Exception as exc:
                 err = self._classify(exc, op)
                 if isinstance(err, CommitConflict) and pin["lost"]:  # ours, landing late?
-                    err = _Transient(412, "the head moved", ambiguous=True)
-                if isinstance(err, _Transient) and err.ambiguous:
+                    err = Transient(412, "the head moved", ambiguous=True)
+                if isinstance(err, Transient) and err.ambiguous:
                     pin["lost"] = pin["check"] = True
                 raise err from exc
             self.budget.count_commit()
@@ -345,7 +352,7 @@ class HubClient:
                 self._msg(_Op(f"{path} at {revision[:12]} in", self.repo_id), 413, detail)
             )
         if size is not None and len(data) != size:
-            raise _Transient(None, f"truncated download of {path}: {len(data)} of {size} bytes")
+            raise Transient(None, f"truncated download of {path}: {len(data)} of {size} bytes")
         return bytes(data)
 
     def _pages(self, op: _Op, url: str, params) -> Iterator[list]:
@@ -375,14 +382,14 @@ class HubClient:
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.max_attempts),
             wait=self._wait,
-            retry=tenacity.retry_if_exception_type(_Transient),
+            retry=tenacity.retry_if_exception_type(Transient),
             sleep=self._sleep,
             before_sleep=lambda state: self._log_retry(op, state),
             reraise=True,
         )
         try:
             return retrying(self._attempt, op, fn)
-        except _Transient as exc:
+        except Transient as exc:
             message = self._msg(op, exc.status, exc.detail)
             message += f" (gave up after {self.max_attempts} attempts)"
             raise HubError(message, status=exc.status, maybe_landed=exc.ambiguous) from None
@@ -398,19 +405,19 @@ class HubClient:
             _ACTIVE.reset(token)
 
     def _classify(self, exc: Exception, op: _Op) -> Exception:
-        """The exception to raise for ``exc``: ``_Transient`` (retry) or a ``HubError``."""
-        if isinstance(exc, (_Transient, HubError)):
+        """The exception to raise for ``exc``: ``Transient`` (retry) or a ``HubError``."""
+        if isinstance(exc, (Transient, HubError)):
             return exc
         if isinstance(exc, hf_errors.HfHubHTTPError) and exc.response is not None:
             return self._classify_http(exc, op)
         if isinstance(exc, _NETWORK):
             sent = not isinstance(exc, _NOT_SENT)
             detail = self._detail(f"{type(exc).__name__}: {exc}")
-            return _Transient(None, detail, ambiguous=op.write and sent and _commit_request(exc))
+            return Transient(None, detail, ambiguous=op.write and sent and commit_request(exc))
         if isinstance(exc, RuntimeError) and "client has been closed" in str(exc):
             # huggingface_hub closes its shared session after a connection error in any
             # thread's request: this one picked up the closed session and was never sent
-            return _Transient(None, self._detail(f"{type(exc).__name__}: {exc}"))
+            return Transient(None, self._detail(f"{type(exc).__name__}: {exc}"))
         if isinstance(exc, hf_errors.LocalTokenNotFoundError):
             return HubError(self._msg(op, None, "no token found"), hint=_TOKEN_HINT, permanent=True)
         if isinstance(exc, (hf_errors.OfflineModeIsEnabled, hf_errors.HFValidationError)):
@@ -418,7 +425,7 @@ class HubClient:
         if isinstance(exc, (ValueError, KeyError, TypeError, httpx2.DecodingError)):
             # a garbled answer (a proxy's HTML page, a cut body): retried; a commit may have landed
             detail = self._detail(f"unreadable answer: {type(exc).__name__}: {exc}")
-            return _Transient(None, detail, ambiguous=op.write)
+            return Transient(None, detail, ambiguous=op.write)
         return exc  # not a Hub failure: a bug to see, not to retry
 
     def _classify_http(self, exc: hf_errors.HfHubHTTPError, op: _Op) -> Exception:
@@ -426,8 +433,8 @@ class HubClient:
         status, code = response.status_code, response.headers.get("X-Error-Code")
         detail = self._detail(exc.server_message or str(exc))
         if status in (408, 429) or status >= 500:
-            ambiguous = op.write and status >= 500 and _commit_request(exc)
-            return _Transient(status, detail, _server_wait(response), ambiguous)
+            ambiguous = op.write and status >= 500 and commit_request(exc)
+            return Transient(status, detail, _server_wait(response), ambiguous)
         if status == 412:
             return CommitConflict(self._msg(op, status, detail, "commit conflict on"), status=412)
         if code == "RepoNotFound" or (status == 404 and code is None):  # user/org ops catch it
@@ -447,13 +454,13 @@ class HubClient:
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception()
-        if isinstance(exc, _Transient) and exc.wait_s is not None:
+        if isinstance(exc, Transient) and exc.wait_s is not None:
             # What the server asked for, plus a little jitter so nodes do not return together.
             return min(exc.wait_s + random.uniform(0.0, 1.0), self.max_backoff_s)
         return self._backoff(state)
 
     def _log_retry(self, op: _Op, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception()  # a _Transient: only those are retried
+        exc = state.outcome.exception()  # a Transient: only those are retried
         msg, n = self._msg(op, exc.status, exc.detail), state.attempt_number
         log.info("%s (attempt %d of %d); retrying", msg, n, self.max_attempts)
 
@@ -477,15 +484,6 @@ def _hub_file(entry: RepoFile) -> HubFile:
     modified = entry.last_commit.date.timestamp() if entry.last_commit else None
     sha256 = entry.lfs.sha256 if entry.lfs else None
     return HubFile(entry.path, entry.size, entry.blob_id, sha256, modified)
-
-
-def _commit_request(exc: Exception) -> bool:
-    """Whether the failed request was the commit POST (or unknown): only that can land."""
-    response = getattr(exc, "response", None)  # HfHubHTTPError's own .request is never set
-    try:
-        return "/commit/" in str((response if response is not None else exc).request.url)
-    except (AttributeError, RuntimeError):
-        return True
 
 
 def _server_wait(response: httpx2.Response) -> float | None:

@@ -30,3 +30,21 @@ class RepoNotFound(HubError):
 
 class CommitConflict(HubError):
     """412: ``parent_commit`` is not the head of main any more."""
+
+
+class Transient(Exception):
+    """Inside ``HubClient`` only: worth repeating; ``ambiguous``: a commit that may have landed,
+    its answer lost."""
+
+    def __init__(self, status, detail: str, wait_s=None, ambiguous: bool = False):
+        super().__init__(detail)
+        self.status, self.detail, self.wait_s, self.ambiguous = status, detail, wait_s, ambiguous
+
+
+def commit_request(exc: Exception) -> bool:
+    """Whether the failed request was the commit POST (or unknown): only that can land."""
+    response = getattr(exc, "response", None)  # HfHubHTTPError's own .request is never set
+    try:
+        return "/commit/" in str((response if response is not None else exc).request.url)
+    except (AttributeError, RuntimeError):
+        return True
