@@ -184,7 +184,9 @@ class GroupHooks:
                 "(press Ctrl-C again to abort at once)"
             )
 
-    def on_train_end(self, trainer: Any, result: Any) -> None:
+    def restore_signals(self) -> None:
+        """After the run, final checkpoint included (a signal during it must not kill the
+        save, as in one process): the handlers from before training."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}

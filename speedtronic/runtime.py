@@ -169,6 +169,8 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         logger.log("run_end", dict(result.__dict__))
         return result
     finally:
+        if trainer.parallel is not None:
+            trainer.parallel.restore_signals()
         logger.close()
         parallel.end_group()
 

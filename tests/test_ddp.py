@@ -246,3 +246,14 @@ from ddp_support import _rank_main
 rank, port, config = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 _rank_main(rank, 2, port, config, ".", {"die_at": [1, 2]})  # cwd: the test's tmp_path
 """
+
+
+def test_too_little_text_for_the_ranks_is_a_clear_error(tmp_path):
+    from speedtronic.data.sources import TokenizedTextStream
+    from speedtronic.errors import DataError
+
+    path = tmp_path / "small.txt"
+    path.write_text("hello world " * 100)  # 1.2 KB: one segment
+    stream = TokenizedTextStream(path, 8, lambda text: list(text.encode()))
+    with pytest.raises(DataError, match=r"data.text_path: 1 segment\(s\) of text for 2 ranks"):
+        stream.set_shard(1, 2)

@@ -348,6 +348,11 @@ class TokenizedTextStream(IterableDataset):
         self.epoch = epoch
 
     def set_shard(self, rank: int, world: int) -> None:
+        if len(self.segments) < world:  # a rank with no segment would read nothing at all
+            raise DataError(
+                f"{self.key}: {len(self.segments)} segment(s) of text for {world} ranks; "
+                "a file of a few KB is one segment: use more text, or fewer ranks"
+            )
         self.rank, self.world = rank, world
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
