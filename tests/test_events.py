@@ -285,3 +285,38 @@ def test_summary_survives_a_stream_without_the_blocks(encoding):
     assert raw.getvalue().decode(encoding).splitlines()[1] == "loss: ?? 2.0000 -> 1.0000 " + (
         "(min 1.0000 at step 2)"
     )
+
+
+def test_output_below_python_never_reaches_the_event_stream(tiny, tmp_path):
+    """A hook (or a C extension, a child process) writing to descriptor 1 itself."""
+    (tmp_path / "noisy_hook.py").write_text(
+        "import os\n\ndef hook(event, payload):\n    os.write(1, b'not json\\n')\n"
+    )
+    tiny["logging"]["hooks"] = ["noisy_hook:hook"]
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    command = [sys.executable, "-m", "speedtronic", "train", "-c", str(config)]
+    command += ["--max-steps", "2", "--log-format", "json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert [r["event"] for r in parse_stream(done.stdout)][-1] == "run_end"
+    assert "not json" in done.stderr
+
+
+def test_a_reader_closing_the_stream_stops_the_run_cleanly(tiny, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    script = (
+        f"{sys.executable} -m speedtronic train -c {config} --max-steps 100000 "
+        f"--log-format json --output-dir {tmp_path / 'out'} | head -n 1"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert json.loads(done.stdout)["event"] == "run_start"
+    assert "the event stream's reader closed it; stopping" in done.stderr
+    assert list((tmp_path / "out").glob("*/step_*")), done.stderr  # stopped with a checkpoint

@@ -8,6 +8,7 @@ final summary (with the loss sparkline) to stdout, where scripts read data. In J
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections import deque
@@ -24,9 +25,9 @@ from speedtronic.metrics import format_event, record_line
 HUMAN_EVENTS = ("warning", "notice")
 
 
-def make_display(log_format: str = "text") -> Any:
+def make_display(log_format: str = "text", out: IO[str] | None = None) -> Any:
     if log_format == "json":
-        return JsonEvents()
+        return JsonEvents(out)
     return LiveTable() if sys.stderr.isatty() else PlainLines()
 
 
@@ -104,8 +105,14 @@ class JsonEvents:
             if self.ended:
                 return
             self.ended = event == "run_end"
-            self.out.write(record_line(event, payload) + "\n")
-            self.out.flush()
+            try:
+                self.out.write(record_line(event, payload) + "\n")
+                self.out.flush()
+            except BrokenPipeError:  # the reader went away (| head): stop as on SIGPIPE
+                self.ended = True
+                print("speedtronic: the event stream's reader closed it; stopping", file=sys.stderr)
+                signal.raise_signal(signal.SIGTERM)  # a clean stop, with its checkpoint
+                return
         self.losses.record(event, payload)
         if event == "run_end":
             print_summary(payload, self.losses, sys.stderr)

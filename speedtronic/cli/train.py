@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import typer
 
@@ -83,10 +85,10 @@ def train(
     from speedtronic.runtime import train_from_config
 
     as_json = log_format is OutputFormat.json
-    # Before the redirect: it keeps the real stdout. In a DDP group only rank 0 shows progress.
-    display = make_display(log_format.value) if _main_rank() else _Silent()
-    # JSON mode: stdout carries only event lines; any other print goes to stderr.
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+    # JSON mode: stdout carries only event lines; any other output goes to stderr.
+    with events_stdout() if as_json else contextlib.nullcontext(sys.stdout) as out:
+        # In a DDP group only rank 0 shows progress.
+        display = make_display(log_format.value, out) if _main_rank() else _Silent()
         try:
             result = train_from_config(cfg, hooks=[display], console=False)
         finally:
@@ -133,6 +135,36 @@ class _Silent:
 
     def close(self) -> None:
         pass
+
+
+@contextlib.contextmanager
+def events_stdout() -> Iterator[IO[str]]:
+    """The event stream: the real stdout, while everything else written there goes to stderr.
+
+    Python's prints are redirected; when stdout is a real file descriptor, descriptor 1 itself
+    points at stderr for the run too, so C extensions and child processes cannot slip a line
+    into the stream, and the events go to a duplicate of the original.
+    """
+    try:
+        real = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a test runner's in-memory stdout
+        real = False
+    if not real:
+        out = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            yield out
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    events = os.fdopen(os.dup(saved), "w", buffering=1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield events
+    finally:
+        events.close()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def validate(
