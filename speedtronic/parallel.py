@@ -259,25 +259,31 @@ class NodeSync:
     """DumbDiLoCo with DDP: one node = one group, and only rank 0 runs the node's plug-ins
     (transport, uploads, polls, master work; the pseudo-gradient once per node).
 
-    After every step rank 0 says (one broadcast of a scalar) which global outer step its
-    weights come from; when that changes, it broadcasts the weights it installed and every
-    other rank resets its inner optimizer as rank 0 did. Placed after the DiLoCo plug-ins
-    and before the checkpoint one, on every rank.
+    At start and at every boundary (every ``inner_steps``, which every rank counts: rank 0's
+    worker installs only there) rank 0 says, in one broadcast of a scalar, which global outer
+    step its weights come from; when that changed, it broadcasts the weights it installed and
+    every other rank resets its inner optimizer as rank 0 did. Between boundaries: nothing, not
+    even a host sync. Placed after the DiLoCo plug-ins and before the checkpoint one.
     """
 
     name = "ddp_node"
 
-    def __init__(self, world: World, model: nn.Module, reset_optimizer: bool, device: Any):
-        self.world, self.model, self.reset = world, model, reset_optimizer
-        self.device = device
+    def __init__(self, world: World, model: nn.Module, settings: Any, device: Any):
+        self.world, self.model, self.device = world, model, device
+        self.reset, self.inner_steps = settings.reset_inner_optimizer, settings.inner_steps
         self.worker: Any = None  # rank 0: the node's WorkerPlugin
         self.outer_step = -2  # the installed global's outer step as rank 0 last announced it
+        self.boundary: int | None = None  # the step of the last boundary (the worker's too)
 
     def on_train_start(self, trainer: Any) -> None:
+        if self.boundary is None:
+            self.boundary = trainer.step
         self._follow(trainer, at_start=True)
 
     def after_optimizer_step(self, trainer: Any) -> None:
-        self._follow(trainer, at_start=False)
+        if trainer.step - self.boundary >= self.inner_steps:
+            self.boundary = trainer.step
+            self._follow(trainer, at_start=False)
 
     def _follow(self, trainer: Any, at_start: bool) -> None:
         installed = self.worker.base_outer_step if self.worker is not None else 0
@@ -294,10 +300,12 @@ class NodeSync:
             trainer.optimizer.state.clear()  # as rank 0's worker did when it installed
 
     def state_dict(self) -> dict[str, Any]:
-        return {"outer_step": self.outer_step}
+        return {"outer_step": self.outer_step, "boundary": self.boundary}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.outer_step = int(state["outer_step"])
+        boundary = state.get("boundary")
+        self.boundary = None if boundary is None else int(boundary)
 
 
 def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logger: Any) -> list:
@@ -314,7 +322,7 @@ def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logge
             f"run.group_timeout_s: {config.run.group_timeout_s:g} s must exceed "
             f"distributed.sync_wait_s / upload_timeout_s ({waits:g} s) by 5 s in a DDP group"
         )
-    sync = NodeSync(world, model, config.distributed.reset_inner_optimizer, device)
+    sync = NodeSync(world, model, config.distributed, device)
     if not world.is_main:
         return [sync]  # no transport here: only rank 0 talks to the repo
     from speedtronic.distributed.setup import coordinator_plugins

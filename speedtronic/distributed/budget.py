@@ -26,7 +26,7 @@ KEEP_S = 3600.0  # the longest window anyone asks about; older timestamps are dr
 # Calls behind each estimate, measured against the emulator (see tests/test_hub_client.py):
 POLL_CALLS = 2  # an idle poll: head(), then a listing only if the head moved
 UPLOAD_CALLS = 3  # a delta: preupload + commit by the worker, one download by the master
-PUBLISH_COMMIT_CALLS = 2  # the master's publish commit: preupload + commit
+PUBLISH_COMMIT_CALLS = 3  # a publish: paths-info (deletes, other master), preupload, commit
 GLOBAL_READ_CALLS = 2  # each worker reads step_count.json and the weights of a new global
 
 

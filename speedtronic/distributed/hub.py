@@ -456,7 +456,7 @@ class HubClient:
         exc = state.outcome.exception()
         if isinstance(exc, Transient) and exc.wait_s is not None:
             # What the server asked for, plus a little jitter so nodes do not return together.
-            return min(exc.wait_s + random.uniform(0.0, 1.0), self.max_backoff_s)
+            return min(exc.wait_s, self.max_backoff_s) + random.uniform(0.0, 1.0)
         return self._backoff(state)
 
     def _log_retry(self, op: _Op, state: tenacity.RetryCallState) -> None:

@@ -40,7 +40,7 @@ from speedtronic.distributed.outer import (
 )
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODE_ID_RE, parse_delta_path
 from speedtronic.distributed.transport import DeltaRef, Transport
-from speedtronic.errors import SpeedtronicError
+from speedtronic.errors import SpeedtronicError, TransportError
 
 Tensors = dict[str, torch.Tensor]
 
@@ -319,6 +319,12 @@ class MasterPlugin:
         self.loop.poll_safely(force=True)  # what arrived while training ended
         if self.loop.fatal is not None:
             raise self.loop.fatal
+        if self.loop.unpublished:  # saved in state_dir, not in the repo: never exit 0 on that
+            raise TransportError(
+                f"diloco master: outer step {self.loop.master.outer_step} is saved in "
+                f"{self.loop.state_dir} but could not be published",
+                hint="start the master again (--resume): it publishes it first",
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """A copy of the master state, for a node whose state_dir is lost; never the newest."""
