@@ -317,3 +317,15 @@ def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
     other.on_train_end(trainer, None)
     assert loop.poll_once().outer_step == 1  # node-b's file failed; node-a's still counted
     assert loop.counters["included"] == 1
+
+
+def test_a_master_whose_final_round_stays_unpublished_does_not_end_quietly(tmp_path):
+    from speedtronic.distributed.master import MasterPlugin
+
+    transport = FailingPublish(tmp_path / "repo")
+    plugin = MasterPlugin(master_loop(tmp_path, transport, Log()))
+    plugin.on_train_start(None)  # publishes the initial global
+    transport.down = True  # from now on every publish fails
+    upload_one(transport)
+    with pytest.raises(TransportError, match="saved in .* but could not be published"):
+        plugin.on_train_end(None, None)
