@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import OutputFormat, format_option
+from speedtronic.cli.options import OutputFormat, count_text, format_option, size_text
 from speedtronic.errors import ConfigError
 
 ckpt_app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True)
@@ -88,8 +88,8 @@ def prune(
         return
     verb = "would delete" if dry_run else "will delete"
     for item in plan:
-        print(f"{verb} {item['path']} ({_size(item['size_bytes'])})")
-    print(f"total: {len(plan)} checkpoint(s), {_size(sum(i['size_bytes'] for i in plan))}")
+        print(f"{verb} {item['path']} ({size_text(item['size_bytes'])})")
+    print(f"total: {len(plan)} checkpoint(s), {size_text(sum(i['size_bytes'] for i in plan))}")
     if dry_run:
         return
     if not yes:
@@ -115,13 +115,13 @@ def _overview(report: dict) -> Table:
             c["name"],
             "*" if c["is_latest"] else "",
             status,
-            _num(c["step"]),
-            _num(c["tokens"]),
-            _num(c["samples"]),
+            count_text(c["step"]),
+            count_text(c["tokens"]),
+            count_text(c["samples"]),
             "-" if c["loss"] is None else f"{c['loss']:.4f}",
             (c["created_at"] or "-")[:19],
-            _size(c["size_bytes"]),
-            _num(c["param_count"]),
+            size_text(c["size_bytes"]),
+            count_text(c["param_count"]),
         )
     return table
 
@@ -133,7 +133,7 @@ def _modules(entry: dict) -> Table:
     for column in ("module", "params", "bytes"):
         table.add_column(column, justify="left" if column == "module" else "right")
     for name, info in entry["params_by_module"].items():
-        table.add_row(name, _num(info["params"]), _size(info["size_bytes"]))
+        table.add_row(name, count_text(info["params"]), size_text(info["size_bytes"]))
     return table
 
 
@@ -153,7 +153,7 @@ def _history(history: dict) -> Table:
             _loss(history[f"first_{name}"]),
             f"{_loss(history[f'last_{name}'])} @ {history[f'last_{name}_step']}",
             "-" if low is None else f"{low:.4f} @ {history[f'min_{name}_step']}",
-            _num(history[f"{name}_points"]),
+            count_text(history[f"{name}_points"]),
         )
     if not table.rows:
         table.add_row("-", "no train_step or eval records", "", "", "", "0")
@@ -169,18 +169,6 @@ def _latest_entry(report: dict) -> dict | None:
     entries = [c for c in report["checkpoints"] if c["status"] in ("ok", "unverified")]
     latest = [c for c in entries if c["is_latest"]]
     return (latest or entries[-1:] or [None])[0]
-
-
-def _num(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
-def _size(size: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
 
 
 def register(app: typer.Typer) -> None:

@@ -22,7 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
+from speedtronic.cli.options import (
+    JSON_SCHEMA_VERSION,
+    OutputFormat,
+    count_text,
+    format_option,
+    size_text,
+)
 from speedtronic.errors import TransportError
 
 hub_app = typer.Typer(
@@ -213,7 +219,7 @@ def _view(report: dict[str, Any]) -> Any:
     )
     lines = [
         f"[bold]{report['repo_id']}[/]  outer step {step}, {published}",
-        f"size {_size(report['size_bytes'])}; commits in the last hour "
+        f"size {size_text(report['size_bytes'])}; commits in the last hour "
         f"{report['commits_1h']}/{report['commits_limit_1h']}; API calls by this command "
         f"{report['api_calls_5min']} in 5 min (account limit {report['api_calls_limit_5min']})",
     ]
@@ -227,9 +233,9 @@ def _view(report: dict[str, Any]) -> Any:
             str(n["pending_deltas"]),
             _ago(n["newest_pending_age_s"]),
             _ago(n["last_delta_age_s"]),
-            _num(n["base_outer_step"]),
-            _num(n["staleness_steps"]),
-            _num(n["tokens"]),
+            count_text(n["base_outer_step"]),
+            count_text(n["staleness_steps"]),
+            count_text(n["tokens"]),
         )
     notes = [f"[yellow]{p}[/]" for p in report["problems"]]
     body = table if report["nodes"] else "no node has uploaded a delta yet"
@@ -246,20 +252,6 @@ def _ago(seconds: float | None) -> str:
     return (
         f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
     )
-
-
-def _num(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
-def _size(size: int | None) -> str:
-    if size is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
 
 
 def register(app: typer.Typer) -> None:

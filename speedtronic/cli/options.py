@@ -69,3 +69,19 @@ def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file")
     return SpeedtronicConfig.from_file(path, overrides)
+
+
+def count_text(value: int | None) -> str:
+    """A count for a table: thousands separated, ``-`` when unknown."""
+    return "-" if value is None else f"{value:,}"
+
+
+def size_text(size: float | None) -> str:
+    """Bytes for a table: B, KB, MB or GB; ``-`` when unknown."""
+    if size is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"

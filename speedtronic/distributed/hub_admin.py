@@ -16,16 +16,19 @@ from typing import Any
 
 from speedtronic.config.sections import is_hub_user_name
 from speedtronic.distributed.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
+from speedtronic.distributed.hub_access import WRITE_ROLES
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT, parse_delta_path
-from speedtronic.distributed.transport import HUB_REPO_RE, parse_step_count
+from speedtronic.distributed.transport import (
+    MAX_STEP_COUNT_BYTES,
+    is_hub_repo_id,
+    parse_step_count,
+)
 from speedtronic.errors import ConfigError, TransportError
 
 README = "README.md"
 # init rewrites only READMEs that carry this line, so a README a person wrote is never replaced
 README_MARKER = "<!-- written by `speedtronic hub init`: delete this line to keep your edits -->"
 MAX_README_BYTES = 1 << 20
-MAX_STEP_COUNT_BYTES = 64 << 10
-WRITE_ROLES = ("admin", "write")  # org roles that may write to every repo of the org
 MEMBERS_URL = "https://huggingface.co/organizations/{org}/members"
 TOKENS_URL = "https://huggingface.co/settings/tokens"
 NEW_ORG_URL = "https://huggingface.co/organizations/new"
@@ -33,7 +36,7 @@ NEW_ORG_URL = "https://huggingface.co/organizations/new"
 
 def check_repo_id(repo_id: str) -> str:
     """``repo_id`` if it is a Hub ``owner/name``; ConfigError (exit 2) otherwise."""
-    if not HUB_REPO_RE.fullmatch(repo_id) or ".." in repo_id or "--" in repo_id:
+    if not is_hub_repo_id(repo_id):
         raise ConfigError(
             f"{repo_id!r} is not a Hugging Face Hub repo id: use owner/name, e.g. my-org/my-run"
         )

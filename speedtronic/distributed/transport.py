@@ -202,7 +202,7 @@ def open_transport(repo: str, settings: Any = None) -> Transport:
         return LocalTransport(repo[len("file://") :])
     if is_local_repo(repo):
         return LocalTransport(Path(repo).expanduser())
-    if not HUB_REPO_RE.fullmatch(repo) or ".." in repo or "--" in repo:
+    if not is_hub_repo_id(repo):
         raise TransportError(
             f"{repo!r} is neither a directory nor a Hugging Face Hub repo id (owner/name)",
             hint="set distributed.repo_id to my-org/my-run, or to a path or file:// URL",
@@ -246,6 +246,11 @@ def hub_max_backoff_s() -> float | None:
     if not 0 < value <= 3600:
         raise ConfigError(f"{MAX_BACKOFF_ENV}: must be seconds in (0, 3600] (got {raw[:40]!r})")
     return value
+
+
+def is_hub_repo_id(repo: str) -> bool:
+    """``owner/name`` as the Hub spells repo ids (no ``..``, no ``--``)."""
+    return bool(HUB_REPO_RE.fullmatch(repo)) and ".." not in repo and "--" not in repo
 
 
 def is_local_repo(repo: str) -> bool:
