@@ -18,6 +18,23 @@ from speedtronic.distributed.worker import WorkerPlugin
 from speedtronic.errors import TransportError
 
 
+def worker_on(transport, log=None, **overrides):
+    """A started worker plug-in over a one-weight model, and its fake trainer."""
+    net = model()
+    worker = WorkerPlugin(settings(**overrides), net, transport, log or Log())
+    trainer = FakeTrainer(net)
+    worker.on_train_start(trainer)
+    return worker, trainer
+
+
+def upload_one(transport, move=-0.1, tokens=10, **overrides):
+    """One inner loop of 2 steps (inner_steps), then the end of training: one delta."""
+    worker, trainer = worker_on(transport, **overrides)
+    trainer.train_step(worker, move=move, tokens=tokens)
+    trainer.train_step(worker, move=move, tokens=tokens)
+    worker.on_train_end(trainer, None)
+
+
 class NoAccess(TransportError):
     permanent = True
 
@@ -80,23 +97,15 @@ def test_the_master_waits_min_publish_interval_between_publishes(tmp_path):
     loop.clock = lambda: now[0]
     loop.start()  # publishes the initial global at t=0: a commit like any other
 
-    def one_delta():
-        net = model()
-        worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
-        worker.on_train_start(trainer)
-        trainer.train_step(worker, move=-0.1)
-        trainer.train_step(worker, move=-0.1)
-        worker.on_train_end(trainer, None)
-
-    one_delta()
+    upload_one(transport)
     assert loop.poll_once() is None
     now[0] = 60.0
     assert loop.poll_once().outer_step == 1
-    one_delta()
+    upload_one(transport)
     now[0] = 119.0
     assert loop.poll_once() is None  # too soon: the delta waits, offered
     assert loop.poll_once(force=True).outer_step == 2  # the final round is never held back
-    one_delta()
+    upload_one(transport)
     now[0] = 180.0
     assert loop.poll_once().outer_step == 3
 
@@ -105,12 +114,7 @@ def test_the_step_count_summarises_each_nodes_latest_delta(tmp_path):
     transport = LocalTransport(tmp_path / "repo")
     loop = master_loop(tmp_path, transport, Log())
     loop.start()
-    net = model()
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
-    trainer.train_step(worker, tokens=7)
-    trainer.train_step(worker, tokens=7)
-    worker.on_train_end(trainer, None)
+    upload_one(transport, move=-0.25, tokens=7)
     loop.poll_once()
     counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())
     node = counted["nodes"]["node-a"]
@@ -167,15 +171,6 @@ class FailingPublish(LocalTransport):
         if self.down:
             raise TransportError("503: retries ran out")
         super().publish(weights, step_count, consumed)
-
-
-def upload_one(transport, move=-0.1):
-    net = model()
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
-    trainer.train_step(worker, move=move)
-    trainer.train_step(worker, move=move)
-    worker.on_train_end(trainer, None)
 
 
 def test_a_failed_publish_is_published_by_the_next_poll_with_its_deletions(tmp_path):
@@ -237,9 +232,7 @@ def test_a_delta_that_may_have_landed_goes_again_as_the_same_bytes(tmp_path):
     transport = Ambiguous(tmp_path / "repo")
     loop = master_loop(tmp_path, transport, Log())
     loop.start()
-    net = model()
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
+    worker, trainer = worker_on(transport)
     trainer.train_step(worker, move=-0.1)
     trainer.train_step(worker, move=-0.1)
     assert wait_for(lambda: transport.sent)  # the first attempt landed; its answer was lost
@@ -261,9 +254,7 @@ def test_a_delta_in_flight_at_a_checkpoint_is_resent_unchanged_after_a_resume(tm
             super().upload(path, data)
 
     transport = Hanging(tmp_path / "repo")
-    net = model()
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
+    worker, trainer = worker_on(transport)
     trainer.train_step(worker, move=-0.1)
     trainer.train_step(worker, move=-0.1)
     assert wait_for(lambda: worker.sending is not None)
@@ -308,13 +299,7 @@ def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
     loop = master_loop(tmp_path, transport, Log())
     loop.start()
     upload_one(transport)  # node-a
-    net = model()
-    other = WorkerPlugin(settings(node_id="node-b"), net, transport, Log())
-    trainer = FakeTrainer(net)
-    other.on_train_start(trainer)
-    trainer.train_step(other, move=-0.1)
-    trainer.train_step(other, move=-0.1)
-    other.on_train_end(trainer, None)
+    upload_one(transport, node_id="node-b")
     assert loop.poll_once().outer_step == 1  # node-b's file failed; node-a's still counted
     assert loop.counters["included"] == 1
 

@@ -54,11 +54,10 @@ class HubTransport:
         *,
         min_publish_interval_s: float = 60.0,
         squash_every: int = 0,
-        node_id: str | None = None,
     ):
         self.client = client
         self.repo_id: str = client.repo_id
-        self.node_id = node_id if node_id is not None else getattr(client, "node_id", "") or ""
+        self.node_id: str = client.node_id or ""  # names its commits and errors
         self.min_publish_interval_s = min_publish_interval_s
         self.squash_every = squash_every
         self._lock = threading.Lock()  # guards everything below; never held during a request
