@@ -10,22 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
+from test_resume import StopAt
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class StopAt:
-    name = "stop_at"
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def after_optimizer_step(self, trainer):
-        return "stop" if trainer.step == self.step else None
 
 
 class DieAt:
