@@ -311,10 +311,12 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _serve
 
     def _drop(self, req: Request) -> None:
-        self.close_connection = True
         self.emu.record(req.method, req.path, 0)
+        self.close_connection = True
 
     def _answer(self, req, status, headers, payload, truncate=False) -> None:
+        # Recorded before the answer goes out: a client that has its answer may count at once.
+        self.emu.record(req.method, req.path, status)
         self.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(payload))}.items():
             self.send_header(key, value)
@@ -323,7 +325,6 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload[: len(payload) // 2] if truncate else payload)
         self.wfile.flush()
         self.close_connection = self.close_connection or truncate
-        self.emu.record(req.method, req.path, status)
 
 
 class Server(ThreadingHTTPServer):
