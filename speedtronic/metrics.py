@@ -40,6 +40,9 @@ RENAMED = {
     "total_bytes_down": "total_downloaded_bytes",
     "seconds": "elapsed_s",
 }
+# logging.level filters the plain lines (console, text file); JSONL and hooks get every event.
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+EVENT_LEVELS = {"warning": LEVELS["warning"]}  # every other event is info
 
 # Dense peak TFLOPS per device for the autocast dtype (bf16/fp16) and for fp32 (TF32 on CUDA).
 # Vendor figures without sparsity. Matched by substring of the device name, first match wins.
@@ -75,6 +78,7 @@ class MetricLogger:
     ``console``: print one plain line per ``train_step`` (and notices) to stdout.
     ``file`` / ``json_file``: append text lines / ``event_record`` JSON lines (one per event).
     ``hooks``: callables ``(event, payload)`` or objects with ``on_event(event, payload)``.
+    ``level``: the least level (``LEVELS``) a plain line needs to be printed or written.
     """
 
     def __init__(
@@ -84,8 +88,10 @@ class MetricLogger:
         json_file: str | Path | None = None,
         hooks: list[Any] | None = None,
         stream: IO[str] | None = None,
+        level: str = "info",
     ):
         self.console = console
+        self.min_level = LEVELS[level]
         self.stream = stream
         self._text = _open_append(file)
         self.json_path = Path(json_file) if json_file is not None else None
@@ -97,7 +103,7 @@ class MetricLogger:
         self.hooks.append(_as_callable(hook))
 
     def log(self, event: str, payload: dict[str, Any]) -> None:
-        line = format_event(event, payload)
+        line = format_event(event, payload) if shown_at(event, self.min_level) else ""
         if self.console and line:
             print(line, file=self.stream or sys.stdout, flush=True)
         with self._lock:
@@ -154,6 +160,11 @@ class MetricLogger:
             if handle:
                 handle.close()
         self._text = self._json = None
+
+
+def shown_at(event: str, min_level: int) -> bool:
+    """Whether ``event``'s plain line passes a ``logging.level`` of ``min_level``."""
+    return EVENT_LEVELS.get(event, LEVELS["info"]) >= min_level
 
 
 def event_record(event: str, payload: dict[str, Any]) -> dict[str, Any]:

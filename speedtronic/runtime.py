@@ -187,6 +187,7 @@ def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLo
         file=_in_output(config, config.logging.file),
         json_file=_in_output(config, config.logging.json_file),
         hooks=[*load_hooks(config.logging.hooks), *(hooks or [])],
+        level=config.logging.level,
     )
 
 

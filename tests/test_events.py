@@ -110,6 +110,27 @@ def test_jsonl_file_holds_the_same_records(tmp_path):
     assert all(list(r)[:3] == ENVELOPE for r in records) and records[1]["message"] == "careful"
 
 
+def test_logging_level_filters_the_plain_lines_not_the_records(tmp_path):
+    text, records = tmp_path / "log.txt", tmp_path / "m.jsonl"
+    logger = MetricLogger(console=False, file=text, json_file=records, level="warning")
+    logger.log("checkpoint", {"step": 2, "path": "p", "seconds": 0.1})
+    logger.warn("careful")
+    logger.close()
+    assert text.read_text().splitlines() == ["warning: careful"]
+    assert [json.loads(r)["event"] for r in records.open()] == ["checkpoint", "warning"]
+
+
+def test_cli_at_logging_level_warning_prints_no_step_lines_but_the_summary(tiny, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    args = ["train", "-c", str(config), "--max-steps", "2"]
+    quiet = CliRunner().invoke(app, [*args, "--set", "logging.level=warning"])
+    loud = CliRunner().invoke(app, [*args, "--set", "run.output_dir=" + str(tmp_path / "b")])
+    assert quiet.exit_code == 0 and loud.exit_code == 0, quiet.output + loud.output
+    assert "step 2/2" in loud.stderr and "step 2/2" not in quiet.stderr
+    assert "done: 2 steps" in quiet.stdout
+
+
 # ---- a real run ---------------------------------------------------------------------------
 
 

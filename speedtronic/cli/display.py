@@ -19,16 +19,20 @@ from rich.live import Live
 from rich.table import Table
 
 from speedtronic.history import LossSeries
-from speedtronic.metrics import format_event, record_line
+from speedtronic.metrics import LEVELS, format_event, record_line, shown_at
 
 # Events people read (stderr) rather than scripts (the JSON stream).
 HUMAN_EVENTS = ("warning", "notice")
 
 
-def make_display(log_format: str = "text", out: IO[str] | None = None) -> Any:
+def make_display(log_format: str = "text", out: IO[str] | None = None, level: str = "info") -> Any:
+    """JSON events (every event, whatever the level), else the live table on a terminal, or
+    plain lines. Above ``info`` only warnings are worth showing: plain lines, filtered."""
     if log_format == "json":
         return JsonEvents(out)
-    return LiveTable() if sys.stderr.isatty() else PlainLines()
+    if sys.stderr.isatty() and LEVELS[level] <= LEVELS["info"]:
+        return LiveTable()
+    return PlainLines(level)
 
 
 class Losses:
@@ -66,17 +70,18 @@ def print_summary(payload: dict[str, Any], losses: Losses, stream: IO[str]) -> N
 
 
 class PlainLines:
-    """One line per event on stderr; the run summary on stdout."""
+    """One line per event of ``level`` or above on stderr; the run summary on stdout."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: str = "info") -> None:
         self.losses = Losses()
+        self.min_level = LEVELS[level]
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         self.losses.record(event, payload)
         if event == "run_end":
             print_summary(payload, self.losses, sys.stdout)
             return
-        line = format_event(event, payload)
+        line = format_event(event, payload) if shown_at(event, self.min_level) else ""
         if line:
             print(line, file=sys.stderr, flush=True)
 

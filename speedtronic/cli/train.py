@@ -88,7 +88,8 @@ def train(
     # JSON mode: stdout carries only event lines; any other output goes to stderr.
     with events_stdout() if as_json else contextlib.nullcontext(sys.stdout) as out:
         # In a DDP group only rank 0 shows progress.
-        display = make_display(log_format.value, out) if _main_rank() else _Silent()
+        level = cfg.logging.level
+        display = make_display(log_format.value, out, level) if _main_rank() else _Silent()
         try:
             result = train_from_config(cfg, hooks=[display], console=False)
         finally:

@@ -390,7 +390,7 @@ DOCS: dict[str, str] = {
     "checkpoint.interval": "optimizer steps between saves; 0: only at the end",
     "checkpoint.keep_last": "newest complete checkpoints kept; null: keep all",
     "checkpoint.resume": "continue from the newest good checkpoint (as --resume)",
-    "logging.level": "accepted but not used yet: every event is shown",
+    "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
     "logging.every_steps": "optimizer steps between log lines",
