@@ -3,12 +3,16 @@
 Each evaluation reads the same first ``eval_batches`` batches of the held-out set, under
 ``torch.no_grad`` and ``model.eval()``, then puts the model back in train mode and restores
 every RNG stream, so a run with evaluation trains bit-identically to one without.
+
+In a DDP group each rank computes every ``world``-th of those batches and ``sum_across``
+adds the ranks' sums: the same figure as one process, in 1/world of the time.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,8 +31,17 @@ from speedtronic.trainer import (
 class EvalPlugin:
     name = "eval"
 
-    def __init__(self, loader: Any, every: int, batches: int):
+    def __init__(
+        self,
+        loader: Any,
+        every: int,
+        batches: int,
+        shard: tuple[int, int] = (0, 1),
+        sum_across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.loader, self.every, self.batches = loader, every, batches
+        self.rank, self.world = shard
+        self.sum_across = sum_across  # the group's all-reduce (sum); None: one process
 
     def after_optimizer_step(self, trainer: Any) -> None:
         if trainer.step % self.every == 0 or trainer.step == trainer.options.max_steps:
@@ -57,7 +70,9 @@ class EvalPlugin:
         device = trainer.precision.device
         total = torch.zeros((), device=device)  # float32: MPS has no float64
         count = torch.zeros((), device=device)
-        for batch in itertools.islice(self.loader, self.batches):
+        for index, batch in enumerate(itertools.islice(self.loader, self.batches)):
+            if index % self.world != self.rank:
+                continue  # another rank's batch
             batch = move_to(batch, device, non_blocking=device.type == "cuda")
             with trainer.precision.autocast():
                 loss = extract_loss(call_model(trainer.model, batch)).float()
@@ -66,5 +81,7 @@ class EvalPlugin:
             weight = (labels != IGNORE_INDEX).sum() if integer else torch.ones((), device=device)
             total += loss * weight
             count += weight
+        if self.sum_across is not None:
+            total, count = self.sum_across(torch.stack([total, count]))
         tokens = int(count)
         return float(total / max(tokens, 1)), tokens

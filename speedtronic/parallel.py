@@ -117,6 +117,12 @@ def wrap_model(model: nn.Module, device: torch.device) -> DistributedDataParalle
     )
 
 
+def sum_across(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over every rank of the group (every rank must call this)."""
+    dist.all_reduce(tensor)
+    return tensor
+
+
 class GroupHooks:
     """The Trainer's ``parallel`` hooks and a plug-in (signals, rank state in checkpoints)."""
 

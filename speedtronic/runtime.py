@@ -144,7 +144,9 @@ def _build_data(
     if eval_set is None or not config.data.eval_every:
         return data, []
     eval_loader = build_eval_loader(config, eval_set, device)
-    return data, [EvalPlugin(eval_loader, config.data.eval_every, config.data.eval_batches)]
+    every, batches = config.data.eval_every, config.data.eval_batches
+    reduce = parallel.sum_across if world.active else None
+    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)]
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:

@@ -59,11 +59,14 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
     from speedtronic.runtime import train_from_config
 
     losses: dict[int, float] = {}
+    evals: dict[int, float] = {}
     notices: list[str] = []
 
     def record(event, payload):
         if event == "train_step":
             losses[payload["step"]] = payload["loss"]
+        elif event == "eval":
+            evals[payload["step"]] = (payload["eval_loss"], payload["eval_tokens"])
         elif event in ("notice", "warning"):
             notices.append(payload["message"])
 
@@ -76,6 +79,7 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
     result = train_from_config(config, console=False, hooks=[record], plugins=plugins)
     report = {
         "losses": losses,
+        "evals": evals,
         "notices": notices,
         "steps": result.steps,
         "tokens": result.tokens,

@@ -47,14 +47,17 @@ def assert_close_weights(a, b, tol=1e-5):
         torch.testing.assert_close(a[key], b[key], rtol=tol, atol=tol, msg=key)
 
 
-def single_process(config):
-    losses = {}
+def single_process(config, event="train_step"):
+    """The run's result, and each step's loss (or, for ``eval``, its eval loss and tokens)."""
+    logged = {}
 
-    def record(event, payload):
-        if event == "train_step":
-            losses[str(payload["step"])] = payload["loss"]
+    def record(name, payload):
+        if name == event == "train_step":
+            logged[str(payload["step"])] = payload["loss"]
+        elif name == event == "eval":
+            logged[str(payload["step"])] = [payload["eval_loss"], payload["eval_tokens"]]
 
-    return train_from_config(config, console=False, hooks=[record]), losses
+    return train_from_config(config, console=False, hooks=[record]), logged
 
 
 def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_path):
@@ -69,6 +72,44 @@ def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_
         assert rank0["losses"][step] == pytest.approx(loss, rel=1e-5)
     assert rank1["losses"] == {}  # only rank 0 reports
     assert_close_weights(weights(single.checkpoint), weights(rank0["checkpoint"]))
+
+
+def test_ranks_share_the_evaluation_and_report_the_single_process_figure(ddp_config, tmp_path):
+    """3 eval batches on 2 ranks (2 + 1): summed across ranks, the same loss and token count."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps {i % 7}\n" for i in range(2000)))
+    ddp_config["model"]["vocab_size"] = 256
+    ddp_config["data"].update(text_path=str(text), eval_fraction=0.1, eval_every=2)
+    ddp_config["data"]["eval_batches"] = 3
+    _, single = single_process(ddp_config, "eval")
+    ddp_config["run"]["output_dir"] = str(tmp_path / "ddp")
+    rank0, _ = run_ranks(ddp_config, 2, tmp_path / "reports")
+    assert single.keys() == rank0["evals"].keys() == {"2", "4"}
+    for step, (loss, tokens) in single.items():
+        assert rank0["evals"][step] == [pytest.approx(loss, rel=1e-5), tokens]
+
+
+def test_a_rank_evaluates_every_nth_batch_and_sums_with_the_others():
+    import contextlib
+    from types import SimpleNamespace
+
+    from speedtronic.evaluation import EvalPlugin
+
+    class Loss(torch.nn.Module):
+        seen: list[int] = []
+
+        def forward(self, value):  # a batch is one number: its loss, and its id
+            self.seen.append(int(value))
+            return value.float().mean()
+
+    precision = SimpleNamespace(device=torch.device("cpu"), autocast=contextlib.nullcontext)
+    logger = SimpleNamespace(log=lambda event, payload: None)
+    trainer = SimpleNamespace(model=Loss(), precision=precision, logger=logger, step=1)
+    batches = [torch.tensor([float(i)]) for i in range(7)]
+    others = torch.tensor([0 + 3 + 2, 3.0])  # ranks 0 and 2: batches 0, 3 and 2 (sum, count)
+    plugin = EvalPlugin(batches, 1, 5, shard=(1, 3), sum_across=lambda t: t + others)
+    assert plugin.evaluate(trainer)["eval_loss"] == 2.0  # the mean of batches 0..4
+    assert Loss.seen == [1, 4]
 
 
 def test_accumulation_is_derived_from_the_global_batch(ddp_config, monkeypatch):
