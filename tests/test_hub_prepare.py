@@ -9,8 +9,10 @@ import pytest
 from diloco_support import Log
 from hub_fake import FakeHub, FakeHubClient
 
+from speedtronic.distributed.budget import Budget
 from speedtronic.distributed.hub_errors import HubError, RepoNotFound
 from speedtronic.distributed.hub_transport import HubTransport
+from speedtronic.distributed.protocol import delta_path
 
 REPO = "alice/run"
 
@@ -70,3 +72,27 @@ def test_cadence_warnings_name_the_knob():
     warnings = transport(hub).cadence_warnings(busy, step_time_s=0.5)
     assert any("distributed.poll_interval" in w for w in warnings), warnings
     assert transport(hub).cadence_warnings(settings("worker"), step_time_s=0.5) == []
+
+
+def test_the_master_warns_once_an_hour_when_the_fleet_commits_near_the_limit():
+    """The start-up estimate cannot know the fleet; the deltas the master sees arrive can."""
+    now = [0.0]
+    hub = FakeHub(clock=lambda: now[0])
+    client = FakeHubClient(REPO, node_id="master-1", hub=hub, budget=Budget(lambda: now[0]))
+    master = HubTransport(client)
+    master.prepare(settings("master"), Log())
+    master.list_deltas()  # what is there at start is not counted as arrivals
+    for seq in range(12):  # 2 nodes, one delta each a minute: 120 commits an hour
+        for name in ("a", "b"):
+            hub.push(REPO, {delta_path(name, seq): b"d"}, [], "delta")
+        now[0] += 60.0
+        master.list_deltas()
+        if seq < 8:  # up to 16 deltas in 10 minutes: 96 an hour, under the warning at 102
+            assert master.take_warnings() == [], seq
+    [warning] = master.take_warnings() + master.take_warnings()
+    assert "120 commits an hour (120 deltas, 0 of this master's)" in warning
+    assert "raise distributed.inner_steps from 500 to at least 586" in warning
+    now[0] += 3600.0
+    hub.push(REPO, {delta_path("a", 99): b"d"}, [], "delta")
+    master.list_deltas()
+    assert master.take_warnings() == []  # an hour later the pace is gone, and so is the line

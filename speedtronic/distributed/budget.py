@@ -5,7 +5,9 @@ The Hugging Face Hub answers 429 beyond about 128 commits an hour on one repo, a
 ``Budget`` counts what this process spent in sliding windows (thread-safe: the uploader,
 poller and master threads share one) so the transport can report it as metrics;
 ``cadence_warnings`` estimates what a configured run will spend and says, in one line per
-budget, which knob to turn. Stdlib only, no I/O: both are plain, testable arithmetic.
+budget, which knob to turn; ``observed_commit_warning`` does the same from the commits the
+master sees arriving, once the fleet's real size and pace are known. Stdlib only, no I/O:
+all are plain, testable arithmetic.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Budget:
     """Sliding-window counters of API calls and commits, in ``clock`` seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.time):
-        self._clock = clock
+        self.clock = clock
         self._lock = threading.Lock()
         self._calls: deque[float] = deque()
         self._commits: deque[float] = deque()
@@ -53,6 +55,11 @@ class Budget:
         """Commits in the last ``window_s`` seconds (at most the last hour is kept)."""
         return self._count(self._commits, window_s)
 
+    def commits_per_hour(self) -> float:
+        """The commit rate: the last hour's count, or the last 10 minutes' pace if higher (a
+        fleet that just sped up is seen before a whole hour of it has passed)."""
+        return float(max(self.commits(3600.0), self.commits(600.0) * 6))
+
     def snapshot(self) -> dict:
         return {
             "hub_calls_5min": self.calls(300.0),
@@ -62,13 +69,13 @@ class Budget:
 
     def _add(self, stamps: deque[float]) -> None:
         with self._lock:
-            now = self._clock()
+            now = self.clock()
             stamps.append(now)
             self._prune(stamps, now)
 
     def _count(self, stamps: deque[float], window_s: float) -> int:
         with self._lock:
-            now = self._clock()
+            now = self.clock()
             self._prune(stamps, now)
             cutoff = now - window_s
             # Newest on the right; walking from there touches only the window's stamps.
@@ -194,4 +201,29 @@ def _call_warning(calls: float, nodes: int, poll_interval_s: float) -> str:
         f"Hub API budget: {nodes} worker(s) and the master would make about {calls:.0f} API "
         f"calls per 5 minutes, over {cap:.0f} ({WARN_FRACTION:.0%} of the "
         f"{HUB_CALLS_PER_5_MIN} a free account gets, shared by all its nodes); {knob}"
+    )
+
+
+def observed_commit_warning(
+    *, deltas_per_hour: float, publishes_per_hour: float, inner_steps: int
+) -> str | None:
+    """A line naming the knob when the repo's observed commit rate nears the Hub's limit.
+
+    Deltas arrive at a rate proportional to 1 / inner_steps; publishes (and squashes) take
+    their share first, the deltas must fit in the rest.
+    """
+    cap = HUB_COMMITS_PER_HOUR * WARN_FRACTION
+    total = deltas_per_hour + publishes_per_hour
+    if total <= cap:
+        return None
+    room = cap - publishes_per_hour
+    if room > 0 and deltas_per_hour > 0:
+        need = math.ceil(inner_steps * deltas_per_hour / room)
+        knob = f"raise distributed.inner_steps from {inner_steps} to at least {need}"
+    else:
+        knob = "raise distributed.min_publish_interval_s"
+    return (
+        f"the repo is taking {total:.0f} commits an hour ({deltas_per_hour:.0f} deltas, "
+        f"{publishes_per_hour:.0f} of this master's); the Hub refuses beyond about "
+        f"{HUB_COMMITS_PER_HOUR} an hour per repo: {knob}"
     )

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from speedtronic.distributed.budget import cadence_warnings
+from speedtronic.distributed.budget import Budget, cadence_warnings, observed_commit_warning
 from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
 from speedtronic.distributed.hub_files import git_blob_oid
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODES_DIR, STEP_COUNT, parse_delta_path
@@ -27,6 +27,7 @@ from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef, pa
 from speedtronic.errors import TransportError
 
 MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
+RATE_WARNING_EVERY_S = 3600.0  # an observed-rate warning is repeated at most this often
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class HubTransport:
         self._step: StepCountRead | None = None
         self._own_step_oids: set[str] = set()  # step_count.json versions read or published here
         self._warnings: list[str] = []
+        # The commit rate as the master sees it: deltas first listed here (1 commit each, its
+        # own local worker's too) and its publishes and squashes
+        self._arrivals, self._publishes = Budget(client.budget.clock), Budget(client.budget.clock)
+        self._inner_steps: int | None = None  # known after prepare()
+        self._rate_warned_at: float | None = None
         self._counts = dict.fromkeys(
             ("uploads", "publishes", "publish_conflicts", "squashes", "squash_failures"), 0
         )
@@ -81,10 +87,27 @@ class HubTransport:
         return {**self.client.budget.snapshot(), **counts}
 
     def take_warnings(self) -> list[str]:
-        """One-line warnings (failed squashes) since the last call, for the caller to log."""
+        """One-line warnings (failed squashes, a commit rate near the Hub's limit) since the
+        last call, for the caller to log."""
+        rate = self._rate_warning()
         with self._lock:
-            taken, self._warnings = self._warnings, []
+            taken, self._warnings = self._warnings + ([rate] if rate else []), []
         return taken
+
+    def _rate_warning(self) -> str | None:
+        """The master's view of the fleet: the deltas it saw arrive plus its own publishes."""
+        now, last = self._arrivals.clock(), self._rate_warned_at
+        if self._inner_steps is None or (last is not None and now - last < RATE_WARNING_EVERY_S):
+            return None
+        message = observed_commit_warning(
+            deltas_per_hour=self._arrivals.commits_per_hour(),
+            publishes_per_hour=self._publishes.commits_per_hour(),
+            inner_steps=self._inner_steps,
+        )
+        if message:
+            self._rate_warned_at = now
+            return f"{self.repo_id}: {message}"
+        return None
 
     # ------------------------------------------------------------------ start-up
 
@@ -96,6 +119,7 @@ class HubTransport:
         from speedtronic.distributed.hub_admin import grant, init_repo
 
         who = f"{self.node_id}: " if self.node_id else ""
+        self._inner_steps = settings.inner_steps
         try:
             if self.client.visibility() is None:
                 if settings.role != "master":
@@ -155,6 +179,10 @@ class HubTransport:
             key=lambda r: r.path,
         )
         with self._lock:
+            if self._listing is not None:  # the first listing holds the past, not arrivals
+                before = {r.path for r in self._listing[1]}
+                for _ in (r for r in refs if r.path not in before):
+                    self._arrivals.count_commit()
             self._listing = (head, refs)
             self._pins = {r.path: head for r in refs}
         return list(refs)
@@ -285,6 +313,7 @@ class HubTransport:
                 self._listing = (head, [r for r in self._listing[1] if r.path not in gone])
                 self._pins = {p: rev for p, rev in self._pins.items() if p not in gone}
             self._counts["publishes"] += 1
+        self._publishes.count_commit()
 
     def _squash_if_due(self, outer_step: int) -> None:
         with self._lock:
@@ -300,6 +329,7 @@ class HubTransport:
                 self._warnings.append(f"{self.repo_id}: history squash failed ({exc})")
             return
         self._forget()  # squashing rewrites every commit: the revisions cached are gone
+        self._publishes.count_commit()
         with self._lock:
             self._counts["squashes"] += 1
 
