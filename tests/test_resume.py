@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -197,14 +198,21 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny, tmp_path):
     assert result.steps == 6 and result.tokens == 6 * 8 * 16
 
 
-@pytest.mark.parametrize("resume_model", [{"d_model": 64}])
-def test_resume_with_another_model_is_a_clear_error(tiny, resume_model):
+@pytest.mark.parametrize(
+    ("resume_model", "why"),
+    [
+        ({"d_model": 64}, r"of another shape \(e\.g\. tok_emb\.weight is \[.*, 32\] there"),
+        ({"n_layer": 3}, r": \d+ tensor\(s\) missing \(e\.g\. blocks\.1\.[a-z_.]+\)$"),
+    ],
+)
+def test_resume_with_another_model_is_a_clear_error(tiny, resume_model, why):
     from speedtronic.errors import CheckpointError
 
     run(tiny)
     tiny["model"].update(resume_model)
-    with pytest.raises(CheckpointError, match="does not fit this model"):
+    with pytest.raises(CheckpointError, match="does not fit this model: ") as caught:
         run(tiny, resume=True)
+    assert re.search(why, str(caught.value)), caught.value
 
 
 class DropoutLM(torch.nn.Module):

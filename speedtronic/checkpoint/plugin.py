@@ -92,6 +92,28 @@ class CheckpointPlugin:
         return self.last_path
 
 
+def state_mismatch(model: dict[str, Any], saved: dict[str, Any]) -> str:
+    """How a saved state dict differs from the model's, in one line ("" when it does not):
+    counts of missing, unexpected and reshaped tensors, each with its first example."""
+    missing = [k for k in model if k not in saved]
+    unexpected = [k for k in saved if k not in model]
+    reshaped = [
+        f"{k} is {list(saved[k].shape)} there, {list(model[k].shape)} here"
+        for k in model
+        if k in saved and hasattr(saved[k], "shape") and saved[k].shape != model[k].shape
+    ]
+    parts = [
+        f"{len(found)} {what} (e.g. {found[0]})"
+        for what, found in (
+            ("tensor(s) missing", missing),
+            ("unexpected tensor(s)", unexpected),
+            ("tensor(s) of another shape", reshaped),
+        )
+        if found
+    ]
+    return "; ".join(parts)
+
+
 def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
     """Load the newest good checkpoint into ``runtime``; return its step, or None if none.
 
@@ -111,8 +133,9 @@ def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
     try:
         runtime.model.load_state_dict(checkpoint.model_state, strict=True)
     except RuntimeError as exc:
+        why = state_mismatch(runtime.model.state_dict(), checkpoint.model_state)
         raise CheckpointError(
-            f"checkpoint {path} does not fit this model: {str(exc).splitlines()[0]}",
+            f"checkpoint {path} does not fit this model: {why or str(exc).splitlines()[0]}",
             hint="resume with the config the checkpoint was written with",
         ) from None
     _restore_trainer(runtime.trainer, checkpoint)
