@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, TrainingError
 from speedtronic.rng import set_rng_state
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -100,11 +100,14 @@ def end_group() -> None:
         _CREATED.clear()
 
 
-def wrap_model(model: nn.Module, device: torch.device) -> DistributedDataParallel:
+def wrap_model(
+    model: nn.Module, device: torch.device, find_unused: bool = False
+) -> DistributedDataParallel:
     """DDP over ``model``: gradients averaged across ranks in buckets during backward.
 
     Buffers are not re-broadcast every forward (every rank builds them identically from
-    the same seed); models with running statistics keep them per rank.
+    the same seed); models with running statistics keep them per rank. ``find_unused``:
+    DDP looks for parameters the step's graph did not reach (``run.find_unused_parameters``).
     """
     # torch >= 2.13 renames the option (and warns about the old name)
     params = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -113,7 +116,18 @@ def wrap_model(model: nn.Module, device: torch.device) -> DistributedDataParalle
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         gradient_as_bucket_view=True,
+        find_unused_parameters=find_unused,
         **{buffers: False},
+    )
+
+
+def explain(exc: RuntimeError) -> TrainingError | None:
+    """DDP's error for parameters that got no gradient, as one line naming the config key."""
+    if "find_unused_parameters=True" not in str(exc):
+        return None
+    return TrainingError(
+        "the model has parameters that got no gradient in a step, which DDP refuses by "
+        "default: set run.find_unused_parameters: true (or use every parameter in the loss)"
     )
 
 

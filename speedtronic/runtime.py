@@ -115,7 +115,8 @@ def build_runtime(
         from speedtronic.distributed.setup import coordinator_plugins
 
         plugins += coordinator_plugins(config, model, logger)
-    trained = parallel.wrap_model(model, device) if world.active else model
+    find_unused = config.run.find_unused_parameters
+    trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
     runtime.checkpoints = CheckpointPlugin(runtime)
@@ -165,7 +166,13 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
                 f"already at step {trainer.step} of max_steps "
                 f"{trainer.options.max_steps}; nothing to do"
             )
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except RuntimeError as exc:
+            explained = parallel.explain(exc)
+            if explained is None:
+                raise
+            raise explained from exc
         last = runtime.checkpoints.last_path
         result.checkpoint = str(last) if last else None
         logger.log("run_end", dict(result.__dict__))

@@ -45,6 +45,17 @@ class Spy:
         self.checksum = float(sum(p.detach().double().sum() for p in trainer.params))
 
 
+def with_unused_branch(**params: Any) -> Any:
+    """The reference model plus a layer its loss never uses (a skipped branch, as in MoE)."""
+    import torch
+
+    from speedtronic.registry import build_model
+
+    model = build_model("reference_transformer", params)
+    model.unused_branch = torch.nn.Linear(4, 4)
+    return model
+
+
 def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: dict) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -76,7 +87,11 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
         plugins.append(StopAt(extra["stop_at"]))
     if extra.get("die_at"):
         plugins.append(DieAt(*extra["die_at"]))
-    result = train_from_config(config, console=False, hooks=[record], plugins=plugins)
+    try:
+        result = train_from_config(config, console=False, hooks=[record], plugins=plugins)
+    except Exception as exc:  # reported for the test to read: a spawned rank's traceback is not
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"error": repr(exc)}))
+        return
     report = {
         "losses": losses,
         "evals": evals,

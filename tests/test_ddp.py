@@ -112,6 +112,16 @@ def test_a_rank_evaluates_every_nth_batch_and_sums_with_the_others():
     assert Loss.seen == [1, 4]
 
 
+def test_a_parameter_without_gradient_names_run_find_unused_parameters(ddp_config, tmp_path):
+    ddp_config["model"]["name"] = "ddp_support:with_unused_branch"
+    ddp_config["run"]["output_dir"] = str(tmp_path / "refused")
+    refused = run_ranks(ddp_config, 2, tmp_path / "refused-reports")
+    assert all("set run.find_unused_parameters: true" in r["error"] for r in refused), refused
+    ddp_config["run"].update(find_unused_parameters=True, output_dir=str(tmp_path / "found"))
+    found = run_ranks(ddp_config, 2, tmp_path / "found-reports")
+    assert [r["steps"] for r in found] == [4, 4]
+
+
 def test_accumulation_is_derived_from_the_global_batch(ddp_config, monkeypatch):
     cfg = SpeedtronicConfig.load(ddp_config)
     assert [cfg.accumulation_for(w) for w in (1, 2, 4)] == [4, 2, 1]

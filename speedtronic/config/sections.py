@@ -80,6 +80,7 @@ class RunConfig:
     max_steps: int = ranged(100, STEPS)
     output_dir: str | None = None  # None -> runs/<name>
     group_timeout_s: float = ranged(600.0, "(0, 86400]")
+    find_unused_parameters: bool = False  # DDP only
 
     def check(self) -> list[str]:
         problems = []
@@ -350,6 +351,8 @@ DOCS: dict[str, str] = {
     "run.output_dir": "logs and checkpoints; null: runs/<name>",
     "run.group_timeout_s": "seconds a DDP rank (torchrun) waits for the others in one "
     "collective before the group gives up: a dead rank cannot hang the rest longer",
+    "run.find_unused_parameters": "DDP: allow parameters that get no gradient in a step "
+    "(a model with branches it may skip); costs a graph walk per step",
     "model.name": "a registered model, or an import path 'package.module:factory'",
     "model.imports": "modules imported first, so the @register_model in them runs",
     "data.source": "where samples come from; auto: text or tokens if that path is set, else "
