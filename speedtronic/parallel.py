@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import inspect
 import os
 import signal
@@ -95,9 +96,13 @@ _CREATED: list[bool] = []  # whether start_group made the group (a caller's is l
 
 
 def end_group() -> None:
+    """Leave the group this process made. The group object itself lives on in the DDP
+    wrapper's reducer; collecting it here, not at interpreter exit, matters: gloo's threads
+    dying during finalization abort the process (SIGABRT after a successful run)."""
     if _CREATED and dist.is_initialized():
         dist.destroy_process_group()
         _CREATED.clear()
+        gc.collect()
 
 
 def wrap_model(

@@ -155,6 +155,15 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
     config = SpeedtronicConfig.load(config)
     if config.distributed.enabled and not config.distributed.train_locally:
         return coordinate_only(config, kwargs.get("hooks"), kwargs.get("console", True))
+    try:
+        return _train(config, **kwargs)
+    finally:
+        # _train's frame is gone: only reference cycles still hold the DDP wrapper, and through
+        # it the group, which end_group frees while the interpreter is whole
+        parallel.end_group()
+
+
+def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
     runtime = build_runtime(config, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     try:
@@ -181,7 +190,6 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()
         logger.close()
-        parallel.end_group()
 
 
 def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLogger:

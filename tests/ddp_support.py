@@ -3,6 +3,7 @@ torch.multiprocessing, each rank reporting its losses and checkpoint into a dire
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -65,6 +66,7 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
         MASTER_PORT=str(port),
     )
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     from speedtronic.runtime import train_from_config
@@ -89,10 +91,16 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
         plugins.append(DieAt(*extra["die_at"]))
     try:
         result = train_from_config(config, console=False, hooks=[record], plugins=plugins)
-    except Exception as exc:  # reported for the test to read: a spawned rank's traceback is not
+    except Exception as exc:
+        if not extra.get("report_errors"):
+            raise
+        # the error as this rank's report, for the test to read (spawn keeps only the first)
         Path(out, f"rank{rank}.json").write_text(json.dumps({"error": repr(exc)}))
         return
+    # A wrapper still alive now would take gloo's threads into interpreter shutdown (SIGABRT)
+    ddp_alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
     report = {
+        "ddp_alive": ddp_alive,
         "losses": losses,
         "evals": evals,
         "notices": notices,

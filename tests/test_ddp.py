@@ -71,6 +71,7 @@ def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_
     for step, loss in single_losses.items():
         assert rank0["losses"][step] == pytest.approx(loss, rel=1e-5)
     assert rank1["losses"] == {}  # only rank 0 reports
+    assert rank0["ddp_alive"] == rank1["ddp_alive"] == 0  # the group is gone before exit
     assert_close_weights(weights(single.checkpoint), weights(rank0["checkpoint"]))
 
 
@@ -115,7 +116,7 @@ def test_a_rank_evaluates_every_nth_batch_and_sums_with_the_others():
 def test_a_parameter_without_gradient_names_run_find_unused_parameters(ddp_config, tmp_path):
     ddp_config["model"]["name"] = "ddp_support:with_unused_branch"
     ddp_config["run"]["output_dir"] = str(tmp_path / "refused")
-    refused = run_ranks(ddp_config, 2, tmp_path / "refused-reports")
+    refused = run_ranks(ddp_config, 2, tmp_path / "refused-reports", report_errors=True)
     assert all("set run.find_unused_parameters: true" in r["error"] for r in refused), refused
     ddp_config["run"].update(find_unused_parameters=True, output_dir=str(tmp_path / "found"))
     found = run_ranks(ddp_config, 2, tmp_path / "found-reports")
