@@ -95,11 +95,16 @@ def start_group(world: World, device: torch.device, timeout_s: float) -> torch.d
 _CREATED: list[bool] = []  # whether start_group made the group (a caller's is left alone)
 
 
+def owns_group() -> bool:
+    """Whether this process made the group it is in (and so ends it)."""
+    return bool(_CREATED) and dist.is_initialized()
+
+
 def end_group() -> None:
     """Leave the group this process made. The group object itself lives on in the DDP
     wrapper's reducer; collecting it here, not at interpreter exit, matters: gloo's threads
     dying during finalization abort the process (SIGABRT after a successful run)."""
-    if _CREATED and dist.is_initialized():
+    if owns_group():
         dist.destroy_process_group()
         _CREATED.clear()
         gc.collect()

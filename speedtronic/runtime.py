@@ -5,6 +5,7 @@ metrics and the Trainer. ``build_runtime`` assembles; ``train_from_config`` runs
 from __future__ import annotations
 
 import random
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,10 +158,23 @@ def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
         return coordinate_only(config, kwargs.get("hooks"), kwargs.get("console", True))
     try:
         return _train(config, **kwargs)
+    except BaseException as exc:
+        if parallel.owns_group():  # a failed rank's traceback would keep the wrapper alive
+            _clear_locals(exc)
+        raise
     finally:
         # _train's frame is gone: only reference cycles still hold the DDP wrapper, and through
         # it the group, which end_group frees while the interpreter is whole
         parallel.end_group()
+
+
+def _clear_locals(exc: BaseException | None) -> None:
+    """Drop the locals of the frames in ``exc``'s tracebacks and its causes' (the lines stay)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:

@@ -57,6 +57,10 @@ def with_unused_branch(**params: Any) -> Any:
     return model
 
 
+def ddp_objects(cls: type) -> int:
+    return sum(isinstance(o, cls) for o in gc.get_objects())
+
+
 def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: dict) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -95,10 +99,11 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
         if not extra.get("report_errors"):
             raise
         # the error as this rank's report, for the test to read (spawn keeps only the first)
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"error": repr(exc)}))
+        report = {"error": repr(exc), "ddp_alive": ddp_objects(DistributedDataParallel)}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
         return
     # A wrapper still alive now would take gloo's threads into interpreter shutdown (SIGABRT)
-    ddp_alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    ddp_alive = ddp_objects(DistributedDataParallel)
     report = {
         "ddp_alive": ddp_alive,
         "losses": losses,

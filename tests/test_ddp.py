@@ -118,6 +118,7 @@ def test_a_parameter_without_gradient_names_run_find_unused_parameters(ddp_confi
     ddp_config["run"]["output_dir"] = str(tmp_path / "refused")
     refused = run_ranks(ddp_config, 2, tmp_path / "refused-reports", report_errors=True)
     assert all("set run.find_unused_parameters: true" in r["error"] for r in refused), refused
+    assert [r["ddp_alive"] for r in refused] == [0, 0]  # a failed rank frees its group too
     ddp_config["run"].update(find_unused_parameters=True, output_dir=str(tmp_path / "found"))
     found = run_ranks(ddp_config, 2, tmp_path / "found-reports")
     assert [r["steps"] for r in found] == [4, 4]
