@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ class EvalPlugin:
             self.evaluate(trainer)
 
     def evaluate(self, trainer: Any) -> dict[str, float]:
+        started = time.perf_counter()
         rng = rng_state()
         trainer.model.eval()
         try:
@@ -61,6 +63,7 @@ class EvalPlugin:
             "eval_loss": loss,
             "eval_ppl": math.exp(min(loss, 50.0)),
             "eval_tokens": tokens,
+            "eval_s": time.perf_counter() - started,
         }
         trainer.logger.log("eval", payload)
         return payload

@@ -174,6 +174,7 @@ def test_train_log_format_json_process(tiny, tmp_path):
     assert [r["step"] for r in of(records, "checkpoint")] == [2, 4]
     assert [r["step"] for r in of(records, "eval")] == [2, 4]
     assert all(r["eval_loss"] > 0 and r["eval_tokens"] > 0 for r in of(records, "eval"))
+    assert all(r["eval_s"] > 0 for r in of(records, "eval"))
     start, step, end = records[0], of(records, "train_step")[-1], records[-1]
     assert start["max_steps"] == 4 and start["tokens_per_step"] == 128 and start["params"] > 0
     assert step["memory_bytes"] > 0 and step["tokens"] == 4 * 128 and "memory_gb" not in step
