@@ -76,7 +76,7 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
     from speedtronic.runtime import train_from_config
 
     losses: dict[int, float] = {}
-    evals: dict[int, float] = {}
+    evals: dict[int, tuple[float, int]] = {}
     notices: list[str] = []
 
     def record(event, payload):
