@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import shlex
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,3 +47,18 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gpu tier: needs a CUDA device")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> Path:
+    """A folder with a ``speedtronic`` to put on PATH: it runs this checkout with this
+    interpreter (for shell completion scripts and documented console commands)."""
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path_factory.mktemp("bin")
+    script = folder / "speedtronic"
+    script.write_text(
+        f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}} "
+        f'exec {shlex.quote(sys.executable)} -m speedtronic "$@"\n'
+    )
+    script.chmod(0o755)
+    return folder

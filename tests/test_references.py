@@ -16,7 +16,6 @@ import inspect
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -137,19 +136,6 @@ def test_every_command_and_option_is_in_cli_md():
 
 
 # ---- the completion scripts complete --------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    """A ``speedtronic`` on PATH that runs this checkout (the scripts call it at each TAB)."""
-    folder = tmp_path_factory.mktemp("bin")
-    script = folder / "speedtronic"
-    script.write_text(
-        f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} "
-        f'exec {shlex.quote(sys.executable)} -m speedtronic "$@"\n'
-    )
-    script.chmod(0o755)
-    return folder
 
 
 def shell(program: str, script: str, shim: Path) -> str:

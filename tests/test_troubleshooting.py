@@ -22,7 +22,6 @@ import functools
 import importlib.util
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -146,19 +145,6 @@ def test_every_quoted_message_is_a_message_of_the_code(line, message):
 
 
 # ---- the console examples still print them -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    """A ``speedtronic`` on PATH that runs this checkout with this interpreter."""
-    folder = tmp_path_factory.mktemp("bin")
-    script = folder / "speedtronic"
-    script.write_text(
-        f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}} "
-        f'exec {shlex.quote(sys.executable)} -m speedtronic "$@"\n'
-    )
-    script.chmod(0o755)
-    return folder
 
 
 @pytest.fixture(scope="module")
