@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_diloco_e2e import CONFIG
+from test_diloco_e2e import CONFIG, log_of, wait_until
 
 from speedtronic.distributed.budget import estimate_commits_per_hour
 from speedtronic.distributed.hub import HubClient, RepoNotFound
@@ -301,16 +301,3 @@ def test_a_worker_on_a_missing_repo_is_told_to_run_hub_init(tmp_path):
         "create it with speedtronic hub init alice/run"
     ]
     assert [tuple(r) for r in stats["requests"]] == [(*ASK_REPO[:2], 404)]  # asked once
-
-
-def wait_until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def log_of(tmp_path: Path, node: str) -> str:
-    return (tmp_path / f"{node}.log").read_text()[-3000:]
