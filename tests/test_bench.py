@@ -208,6 +208,11 @@ def quick_run(tmp_path_factory):
     return result, json.loads(result.stdout), seconds
 
 
+def low_precision_extras(doc: dict) -> set[str]:
+    """The dtypes a bench probes beyond fp32 and bf16 on this CPU: fp16 where it has the ISA."""
+    return {"fp16"} if doc["device"]["capabilities"]["fp16"] else set()
+
+
 def test_quick_bench_document_matches_the_schema(quick_run):
     _, doc, _ = quick_run
     check(doc, SCHEMA)
@@ -220,7 +225,9 @@ def test_quick_bench_document_matches_the_schema(quick_run):
     assert measured[0] == "fp32" and sorted(measured + skipped) == ["bf16", "fp32"]
     assert all(doc["probe"][mode]["emulated"] for mode in skipped)
     assert doc["peaks"]["matmul"]["fp32"] and doc["peaks"]["matmul"]["bf16"]
-    assert set(doc["probe"]) == {"fp32", "bf16"} and doc["probe"]["fp32"]["slowdown_vs_fp32"] == 1
+    # fp16 is probed only where the CPU has fp16 arithmetic (AVX512-FP16, AMX-FP16)
+    assert set(doc["probe"]) == {"fp32", "bf16"} | low_precision_extras(doc)
+    assert doc["probe"]["fp32"]["slowdown_vs_fp32"] == 1
     assert doc["peaks"]["matmul"]["tf32"] is None  # TF32 is a CUDA thing
     assert doc["peaks"]["vendor_tflops"] == {"fp32": None, "low_precision": None}
     assert doc["compile"]["enabled"] is False and doc["compile"]["speedup"] is None
@@ -265,6 +272,7 @@ def test_quick_bench_verdicts_cover_every_line(quick_run):
     _, doc, _ = quick_run
     rows = {v["row"] for v in doc["verdicts"]}
     expected = {"device", "matmul.fp32", "matmul.bf16", "memory_copy", "model.fp32"}
+    expected |= {f"matmul.{mode}" for mode in low_precision_extras(doc)}
     assert expected | {"model.bf16", "overhead", "data", "checkpoint", "compile"} == rows
     assert {v["level"] for v in doc["verdicts"]} <= {"ok", "info", "warn"}
 
@@ -276,8 +284,9 @@ def test_quick_bench_is_quick_and_reports_progress_on_stderr(quick_run):
     if min(shares) >= 0.9:  # on a busy machine threads wait for each other: no time limit then
         assert seconds < 30  # ~15 s on 2 idle cores
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("bench [1/8] device facts")
-    assert any(line.startswith("bench [8/8] ") for line in lines)
+    stages = 8 + len(low_precision_extras(doc))  # one matmul stage per probed dtype
+    assert lines[0].startswith(f"bench [1/{stages}] device facts")
+    assert any(line.startswith(f"bench [{stages}/{stages}] ") for line in lines)
     assert "bench [" not in result.stdout  # progress never mixes into the data
 
 
