@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed import hub_admin
-from speedtronic.distributed.budget import Budget
+from speedtronic.distributed.hub import admin as hub_admin
+from speedtronic.distributed.hub.budget import Budget
 from speedtronic.errors import ConfigError, TransportError
 
 READ_ONLY = {"whoami", "visibility", "head", "list_files", "download", "storage_bytes", "commits"}

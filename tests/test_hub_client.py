@@ -21,7 +21,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 import pytest
 from hub_emulator import HubEmulator, git_blob_id
 
-from speedtronic.distributed.budget import (
+from speedtronic.distributed.hub.budget import (
     HUB_CALLS_PER_5_MIN,
     HUB_COMMITS_PER_HOUR,
     Budget,
@@ -29,9 +29,9 @@ from speedtronic.distributed.budget import (
     estimate_calls_per_5min,
     estimate_commits_per_hour,
 )
-from speedtronic.distributed.hub import HubClient
-from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
-from speedtronic.distributed.hub_files import git_blob_oid
+from speedtronic.distributed.hub.client import HubClient
+from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.errors import TransportError
 
 pytestmark = pytest.mark.hub

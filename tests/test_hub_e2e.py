@@ -28,8 +28,8 @@ import pytest
 import yaml
 from test_diloco_e2e import CONFIG, log_of, wait_until
 
-from speedtronic.distributed.budget import estimate_commits_per_hour
-from speedtronic.distributed.hub import HubClient, RepoNotFound
+from speedtronic.distributed.hub.budget import estimate_commits_per_hour
+from speedtronic.distributed.hub.client import HubClient, RepoNotFound
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT
 
 TESTS = Path(__file__).parent

@@ -9,9 +9,9 @@ import pytest
 from diloco_support import Log
 from hub_fake import FakeHub, FakeHubClient
 
-from speedtronic.distributed.budget import Budget
-from speedtronic.distributed.hub_errors import HubError, RepoNotFound
-from speedtronic.distributed.hub_transport import HubTransport
+from speedtronic.distributed.hub.budget import Budget
+from speedtronic.distributed.hub.errors import HubError, RepoNotFound
+from speedtronic.distributed.hub.transport import HubTransport
 from speedtronic.distributed.protocol import delta_path
 
 REPO = "alice/run"

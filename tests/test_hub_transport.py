@@ -18,11 +18,12 @@ import pytest
 from hub_fake import FakeHub, FakeHubClient, hub_error
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed.hub_errors import CommitConflict, HubError
-from speedtronic.distributed.hub_files import git_blob_oid
-from speedtronic.distributed.hub_transport import MAX_PUBLISH_ATTEMPTS, HubTransport
+from speedtronic.distributed.hub.errors import CommitConflict, HubError
+from speedtronic.distributed.hub.files import git_blob_oid
+from speedtronic.distributed.hub.transport import MAX_PUBLISH_ATTEMPTS, HubTransport
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
-from speedtronic.distributed.transport import LocalTransport, open_transport
+from speedtronic.distributed.repos import open_transport
+from speedtronic.distributed.transport import LocalTransport
 from speedtronic.errors import ConfigError, TransportError
 
 REPO = "my-org/run"
@@ -488,7 +489,7 @@ def test_open_transport_refuses_what_is_neither_a_directory_nor_a_repo_id(repo):
 def test_directory_transports_never_import_huggingface_hub(tmp_path):
     code = (
         "import sys\n"
-        "from speedtronic.distributed.transport import open_transport\n"
+        "from speedtronic.distributed.repos import open_transport\n"
         f"open_transport({str(tmp_path)!r}).list_deltas()\n"
         "assert 'huggingface_hub' not in sys.modules\n"
     )

@@ -21,7 +21,7 @@ from test_cli_hub import emu, step_count  # noqa: F401 - emu is a fixture
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
-from speedtronic.distributed import hub_admin
+from speedtronic.distributed.hub import admin as hub_admin
 from speedtronic.runtime import train_from_config
 
 runner = CliRunner()

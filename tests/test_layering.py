@@ -13,6 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "speedtronic"
 MAX_LINES = 500
+MAX_CLASS_LINES = 250  # a class a reader holds in their head; split one that grows past it
 # Modules that must import neither torch nor safetensors, directly or through the package.
 TORCH_FREE = (
     "speedtronic",
@@ -32,12 +33,14 @@ TORCH_FREE = (
     "speedtronic.history",
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",
-    "speedtronic.distributed.budget",
-    "speedtronic.distributed.hub_files",
-    "speedtronic.distributed.hub_errors",
-    "speedtronic.distributed.hub_transport",
-    "speedtronic.distributed.hub_access",
-    "speedtronic.distributed.hub_admin",
+    "speedtronic.distributed.repos",
+    "speedtronic.distributed.hub.names",
+    "speedtronic.distributed.hub.budget",
+    "speedtronic.distributed.hub.files",
+    "speedtronic.distributed.hub.errors",
+    "speedtronic.distributed.hub.transport",
+    "speedtronic.distributed.hub.access",
+    "speedtronic.distributed.hub.admin",
 )
 HEAVY = ("torch", "safetensors", "huggingface_hub", "numpy")
 
@@ -77,9 +80,28 @@ def test_only_cli_imports_typer_and_rich():
     assert not {k: v for k, v in offenders.items() if v}
 
 
-def test_only_the_hub_transport_imports_huggingface_hub():
+HUB_PACKAGE = "speedtronic.distributed.hub"
+COMPOSITION_ROOT = "speedtronic.distributed.repos"
+
+
+def in_hub_package(name: str) -> bool:
+    return name == HUB_PACKAGE or name.startswith(HUB_PACKAGE + ".")
+
+
+def test_only_the_hub_package_imports_huggingface_hub():
     users = {n for n in MODULES if any(top(i) == "huggingface_hub" for i in imports_of(n))}
-    assert users <= {"speedtronic.distributed.hub"}
+    assert users and all(in_hub_package(n) for n in users), sorted(users)
+
+
+def test_the_distributed_core_speaks_only_to_the_transport_interface():
+    """Outside ``distributed/hub/``, only the composition root may name a Hub module."""
+    offenders = {
+        name: sorted(i for i in imports_of(name) if in_hub_package(resolve(i)))
+        for name in MODULES
+        if not in_hub_package(name) and name != COMPOSITION_ROOT
+        if name.startswith("speedtronic.") and not name.startswith("speedtronic.cli")
+    }
+    assert not {k: v for k, v in offenders.items() if v}
 
 
 def resolve(imported: str) -> str:
@@ -131,6 +153,32 @@ def test_no_import_cycles_between_concerns():
             if target in MODULES and package_of(target) != package_of(name):
                 graph.setdefault(package_of(name), set()).add(package_of(target))
     assert not find_cycle(graph), f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, function-level imports included."""
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        targets = {resolve(i) for i in imports_of(name)} - {name}
+        graph[name] = {t for t in targets if t in MODULES and not is_ancestor(t, name)}
+    return graph
+
+
+def is_ancestor(package: str, name: str) -> bool:
+    """``from speedtronic import errors`` in a submodule names the package, not a cycle."""
+    return name.startswith(package + ".")
+
+
+def test_no_import_cycles_between_modules_even_inside_functions():
+    cycle = find_cycle(module_graph())
+    assert not cycle, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_module_cycle_check_sees_function_level_imports(tmp_path):
+    source = "def f():\n    from speedtronic.b import x\n"
+    tree = ast.parse(source)
+    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert found == {"speedtronic.b"}  # ast.walk, as imports_of uses, reaches function bodies
 
 
 def test_cli_command_modules_do_not_import_the_root_app():

@@ -1,6 +1,6 @@
 """``speedtronic hub init | grant | status``: set up, share and watch a Hub run repo.
 
-The logic lives in ``speedtronic.distributed.hub_admin`` (over ``HubClient``); this module
+The logic lives in ``speedtronic.distributed.hub.admin`` (over ``HubClient``); this module
 parses options, builds the client (token from ``HF_TOKEN`` or the standard login, endpoint
 from ``HF_ENDPOINT``) and renders results as text, Rich tables or JSON. The Hub modules are
 imported inside the commands so ``speedtronic --help`` loads neither huggingface_hub nor torch.
@@ -40,8 +40,8 @@ _sleep = time.sleep  # tests replace it to end a --watch
 
 
 def _client(repo: str) -> Any:
-    from speedtronic.distributed.hub import HubClient
-    from speedtronic.distributed.hub_admin import check_repo_id
+    from speedtronic.distributed.hub.admin import check_repo_id
+    from speedtronic.distributed.hub.client import HubClient
 
     # HF_ENDPOINT passed explicitly: huggingface_hub reads it only once, at import
     return HubClient(check_repo_id(repo), endpoint=os.environ.get("HF_ENDPOINT") or None)
@@ -90,7 +90,7 @@ def init(
 
     Exit codes: 0 done, 1 Hub error or public repo refused, 2 bad usage.
     """
-    from speedtronic.distributed.hub_admin import init_repo
+    from speedtronic.distributed.hub.admin import init_repo
 
     client = _client(repo)
     with _explained(repo, "write"):
@@ -120,7 +120,7 @@ def grant(
 
     Exit codes: 0 all can write, 3 a manual step remains (printed), 1 error, 2 bad usage.
     """
-    from speedtronic.distributed.hub_admin import grant as grant_access
+    from speedtronic.distributed.hub.admin import grant as grant_access
 
     client = _client(repo)
     with _explained(repo, "read"):
@@ -151,7 +151,7 @@ def status(
 
     Exit codes: 0 shown (Ctrl-C ends --watch with 0), 1 Hub error, 2 bad usage.
     """
-    from speedtronic.distributed.hub_admin import RepoWatcher
+    from speedtronic.distributed.hub.admin import RepoWatcher
 
     watcher = RepoWatcher(_client(repo))
     as_json = output_format is OutputFormat.json

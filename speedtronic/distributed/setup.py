@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 
 from speedtronic.distributed.master import MasterLoop, MasterPlugin
-from speedtronic.distributed.transport import Transport, open_transport
+from speedtronic.distributed.repos import open_transport
+from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker import WorkerPlugin, parameters_of, snapshot
 
 

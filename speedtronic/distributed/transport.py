@@ -3,8 +3,9 @@
 A transport moves bytes between a node and the run's repo (layout in ``protocol``): uploads of
 deltas, a listing of ``nodes/`` only, reads of listed files, a cheap read of the published
 outer step, and the master's publish of new global weights. ``LocalTransport`` implements it
-over a directory (NFS, a synced folder, or several processes on one machine); the Hugging Face
-Hub one is ``hub_transport.HubTransport``, which ``open_transport`` picks for a Hub repo id.
+over a directory (NFS, a synced folder, or several processes on one machine); the other
+implementations live in their own packages (``hub/``), and ``repos.open_transport``, the one
+composition root, picks one from the repo spec: this module knows none of them.
 Everything read from the repo is untrusted: links and non-regular files are skipped, reads are
 capped, and what comes back is data for ``codec`` to validate.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +27,9 @@ from speedtronic.distributed.protocol import (
     STEP_COUNT,
     parse_delta_path,
 )
-from speedtronic.errors import ConfigError, TransportError
+from speedtronic.errors import TransportError
 
 MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
-# Caps the waits of a node's Hub client between attempts (default 60 s); for tests against a
-# local Hub emulator (docs/hub.md), never against the real Hub and its rate-limit resets
-MAX_BACKOFF_ENV = "SPEEDTRONIC_HUB_MAX_BACKOFF_S"
-# A Hub repo id: owner/name, each 1-96 of the characters the Hub allows
-HUB_REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
 @dataclass(frozen=True)
@@ -189,70 +184,3 @@ def parse_step_count(data: bytes) -> dict[str, Any]:
     if not isinstance(value, dict) or type(value.get("outer_step")) is not int:
         raise TransportError(f"{STEP_COUNT} has no integer outer_step")
     return value
-
-
-def open_transport(repo: str, settings: Any = None) -> Transport:
-    """A directory path or ``file://`` URL -> LocalTransport; anything else is a Hub repo id.
-
-    ``settings`` (the ``distributed`` config section, or anything with some of its fields:
-    node_id, token, cache_dir, min_publish_interval_s, squash_every) configures the Hub
-    transport. Nothing is contacted here: the first call on the transport is the first request.
-    """
-    if repo.startswith("file://"):
-        return LocalTransport(repo[len("file://") :])
-    if is_local_repo(repo):
-        return LocalTransport(Path(repo).expanduser())
-    if not is_hub_repo_id(repo):
-        raise TransportError(
-            f"{repo!r} is neither a directory nor a Hugging Face Hub repo id (owner/name)",
-            hint="set distributed.repo_id to my-org/my-run, or to a path or file:// URL",
-        )
-    return _hub_transport(repo, settings)
-
-
-def _hub_transport(repo: str, settings: Any) -> Transport:
-    # Imported here so that shared-directory runs never load huggingface_hub
-    from speedtronic.distributed.hub import HubClient
-    from speedtronic.distributed.hub_transport import HubTransport
-
-    def setting(name: str, default: Any) -> Any:
-        value = getattr(settings, name, None)
-        return default if value is None else value
-
-    backoff = hub_max_backoff_s()
-    client = HubClient(
-        repo,
-        token=setting("token", None),
-        node_id=setting("node_id", None) or getattr(settings, "resolved_node_id", ""),
-        cache_dir=setting("cache_dir", None),
-        **({} if backoff is None else {"max_backoff_s": backoff}),
-    )
-    return HubTransport(
-        client,
-        min_publish_interval_s=float(setting("min_publish_interval_s", 60.0)),
-        squash_every=int(setting("squash_every", 0)),
-    )
-
-
-def hub_max_backoff_s() -> float | None:
-    """``$SPEEDTRONIC_HUB_MAX_BACKOFF_S`` in seconds, None when unset."""
-    raw = os.environ.get(MAX_BACKOFF_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise ConfigError(f"{MAX_BACKOFF_ENV}: must be seconds in (0, 3600] (got {raw[:40]!r})")
-    return value
-
-
-def is_hub_repo_id(repo: str) -> bool:
-    """``owner/name`` as the Hub spells repo ids (no ``..``, no ``--``)."""
-    return bool(HUB_REPO_RE.fullmatch(repo)) and ".." not in repo and "--" not in repo
-
-
-def is_local_repo(repo: str) -> bool:
-    """Paths start with '/', '.', '~' or 'file://', or name an existing directory."""
-    return repo.startswith(("/", ".", "~", "file://")) or Path(repo).is_dir()

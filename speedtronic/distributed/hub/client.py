@@ -30,16 +30,16 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
-from speedtronic.distributed.budget import Budget
-from speedtronic.distributed.hub_cache import DownloadCache
-from speedtronic.distributed.hub_errors import (
+from speedtronic.distributed.hub.budget import Budget
+from speedtronic.distributed.hub.cache import DownloadCache
+from speedtronic.distributed.hub.errors import (
     CommitConflict,
     HubError,
     RepoNotFound,
     Transient,
     commit_request,
 )
-from speedtronic.distributed.hub_files import HubCommit, HubFile
+from speedtronic.distributed.hub.files import HubCommit, HubFile
 
 T = TypeVar("T")
 log = logging.getLogger("speedtronic.hub")

@@ -19,9 +19,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from speedtronic.distributed.budget import Budget, cadence_warnings, observed_commit_warning
-from speedtronic.distributed.hub_errors import CommitConflict, HubError, RepoNotFound
-from speedtronic.distributed.hub_files import git_blob_oid
+from speedtronic.distributed.hub.budget import Budget, cadence_warnings, observed_commit_warning
+from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODES_DIR, STEP_COUNT, parse_delta_path
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef, parse_step_count
 from speedtronic.errors import TransportError
@@ -115,8 +115,8 @@ class HubTransport:
         """Before training: a master creates a missing repo (private, as ``hub init``) and
         attempts the grants in ``collaborators``; every node checks that its token can write,
         so a refusal is one line at start rather than after an inner loop."""
-        from speedtronic.distributed.hub_access import write_access_problem
-        from speedtronic.distributed.hub_admin import grant, init_repo
+        from speedtronic.distributed.hub.access import write_access_problem
+        from speedtronic.distributed.hub.admin import grant, init_repo
 
         who = f"{self.node_id}: " if self.node_id else ""
         self._inner_steps = settings.inner_steps

@@ -15,14 +15,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from speedtronic.config.sections import is_hub_user_name
-from speedtronic.distributed.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
-from speedtronic.distributed.hub_access import WRITE_ROLES
+from speedtronic.distributed.hub.access import WRITE_ROLES
+from speedtronic.distributed.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
+from speedtronic.distributed.hub.names import is_hub_repo_id
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT, parse_delta_path
-from speedtronic.distributed.transport import (
-    MAX_STEP_COUNT_BYTES,
-    is_hub_repo_id,
-    parse_step_count,
-)
+from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, parse_step_count
 from speedtronic.errors import ConfigError, TransportError
 
 README = "README.md"
