@@ -222,7 +222,8 @@ def step_count(outer_step, updated_at, nodes=None):
 def test_status_reports_steps_nodes_and_budgets():
     fake = Fake()
     published = time.time() - 120
-    nodes = {"node-a": {"seq": 3, "base_outer_step": 4, "last_delta_at": published, "tokens": 9}}
+    last = hub_admin.iso(published)  # as the master writes it: the header's created_at
+    nodes = {"node-a": {"seq": 3, "base_outer_step": 4, "last_delta_at": last, "tokens": 9}}
     fake.commit({"global/step_count.json": step_count(7, hub_admin.iso(published), nodes)}, [], "")
     fake.commit(
         {

@@ -291,7 +291,7 @@ def test_I4_rejects_header_node_id_that_is_not_path_safe(ref, node_id):
 
 
 @pytest.mark.parametrize(
-    "path", ["nodes/../delta_00000003.safetensors", "nodes/node-a/delta_3.safetensors", "x"]
+    "path", ["nodes/../delta_00000003.safetensors", "nodes/node-a/delta_3.bin", "x"]
 )
 def test_I4_rejects_a_path_that_is_not_a_delta_path(ref, path):
     data = encode_delta(small_delta(ref), make_header())

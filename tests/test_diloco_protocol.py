@@ -113,8 +113,7 @@ def test_delta_path_refuses_a_seq_that_is_not_a_count(seq):
         "/nodes/a/delta_00000001.safetensors",
         "Nodes/a/delta_00000001.safetensors",
         "nodes\\a\\delta_00000001.safetensors",
-        "nodes/a/delta_1.safetensors",
-        "nodes/a/delta_000000001.safetensors",  # not canonical: would alias seq 1
+        "nodes/a/delta_1234567890123456789.safetensors",  # past 2**63
         "nodes/a/delta_-0000001.safetensors",
         "nodes/a/delta_00000001.safetensors.tmp",
         "nodes/a/delta_00000001.pt",
@@ -126,6 +125,31 @@ def test_delta_path_refuses_a_seq_that_is_not_a_count(seq):
 )
 def test_I4_parse_delta_path_refuses_anything_else(path):
     assert parse_delta_path(path) is None
+
+
+@pytest.mark.parametrize(
+    "path, parsed",
+    [
+        ("nodes/a/delta_1.safetensors", ("a", 1)),
+        ("nodes/evil/delta_500.safetensors", ("evil", 500)),  # upstream's delta_<local_step>
+        ("nodes/a/delta_000000001.safetensors", ("a", 1)),  # identity is content: no alias
+    ],
+)
+def test_I4_any_delta_digits_name_is_a_delta_so_a_corrupt_one_is_rejected_by_name(path, parsed):
+    assert parse_delta_path(path) == parsed and protocol.delta_path_problem(path) is None
+
+
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("nodes/stray.bin", "not inside a node's folder"),
+        ("nodes/.x/delta_1.safetensors", "is not a valid node id"),
+        ("nodes/a/b/delta_1.safetensors", "nested below"),
+        ("nodes/a/notes.txt", "not named delta_<digits>.safetensors"),
+    ],
+)
+def test_I4_a_path_that_is_no_delta_has_a_reason_to_log(path, reason):
+    assert reason in protocol.delta_path_problem(path)
 
 
 def test_header_round_trips_through_string_metadata():

@@ -99,15 +99,21 @@ def test_an_ambiguous_upload_lands_exactly_once(hub, landed):
 # ---------------------------------------------------------------------- listing
 
 
-def test_list_deltas_keeps_only_canonical_delta_paths_with_blob_versions(hub):
-    good = [delta_path("a", 1), delta_path("b", 12)]
-    strangers = ["nodes/a/delta_1.safetensors", "nodes/a/notes.txt", "nodes/a/x/delta_00000001"]
+def test_list_deltas_names_every_entry_under_nodes_and_why_strangers_are_no_deltas(hub):
+    good = [delta_path("a", 1), "nodes/a/delta_2.safetensors", delta_path("b", 12)]
+    strangers = ["nodes/a/notes.txt", "nodes/a/x/delta_00000001"]
     hub.push(REPO, {p: p.encode() for p in good + strangers + ["global/x"]}, [], "setup")
     transport, _ = node(hub, "master")
     refs = transport.list_deltas()
-    assert [r.path for r in refs] == good
-    assert [r.version for r in refs] == [git_blob_oid(p.encode()) for p in good]
-    assert [r.size for r in refs] == [len(p) for p in good]
+    deltas = [r for r in refs if r.problem is None]
+    assert [r.path for r in deltas] == sorted(good)
+    assert [r.version for r in deltas] == [git_blob_oid(p.encode()) for p in sorted(good)]
+    assert [r.size for r in deltas] == [len(p) for p in sorted(good)]
+    problems = {r.path: r.problem for r in refs if r.problem is not None}
+    assert problems == {
+        "nodes/a/notes.txt": "not named delta_<digits>.safetensors",
+        "nodes/a/x/delta_00000001": "nested below a node's folder",
+    }
 
 
 def test_an_idle_master_poll_costs_one_call_and_a_changed_one_two(hub):
@@ -163,7 +169,10 @@ def test_read_step_count_is_none_then_cached_while_the_head_stays(hub):
 
 @pytest.mark.parametrize(
     ("body", "error"),
-    [(b"{not json", "not valid JSON"), (b'{"outer_step": "3"}', "no integer outer_step")],
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"outer_step": "3"}', "outer_step '3': must be an integer"),
+    ],
 )
 def test_a_bad_step_count_is_one_line_naming_the_repo_and_read_once(hub, body, error):
     hub.push(REPO, {STEP_COUNT: body}, [], "garbage")

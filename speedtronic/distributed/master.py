@@ -93,6 +93,7 @@ class MasterLoop:
         self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
         self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
         self.unusable: list[str] = []  # paths of settled files to delete with the next publish
+        self.ignored: dict[str, str] = {}  # path -> why it is no delta, as logged once
         self.unpublished = False  # a round whose publish failed; the next poll publishes it
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
         self.nodes: dict[str, dict[str, Any]] = {}  # node -> its newest accepted delta, for status
@@ -140,7 +141,9 @@ class MasterLoop:
     def poll_once(self, force: bool = False) -> RoundResult | None:
         """Fetch new deltas, offer them, and run (and publish) a round if one is ready."""
         for ref in self.transport.list_deltas():
-            if self.settled_versions.get(ref.path) != ref.version:
+            if ref.problem is not None:
+                self._ignore(ref)
+            elif self.settled_versions.get(ref.path) != ref.version:
                 try:
                     self._take(ref)
                 except (SpeedtronicError, OSError) as exc:  # one bad read stops no round
@@ -200,6 +203,12 @@ class MasterLoop:
                 self._note_node(header)
         except BadDelta as exc:
             self._reject(ref.path, str(exc))
+
+    def _ignore(self, ref: DeltaRef) -> None:
+        """An entry under nodes/ that is no delta: logged once by name, never read (I4)."""
+        if self.ignored.get(ref.path) != ref.problem:
+            self.ignored[ref.path] = ref.problem
+            self.logger.warn(f"diloco master: ignoring {ref.path}: {ref.problem}")
 
     def _reject(self, path: str, reason: str) -> None:
         self.counters["rejected"] += 1

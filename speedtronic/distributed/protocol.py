@@ -12,8 +12,12 @@ transport and the CLI use it to list and name files cheaply.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
+
+from speedtronic.errors import TransportError
 
 DELTA_FORMAT = "speedtronic-delta-1"
 WEIGHTS_FORMAT = "speedtronic-global-1"
@@ -28,11 +32,17 @@ ENCODINGS = ("fp32", "bf16", "int8")
 # characters that are safe everywhere, starts with a letter or digit (no hidden files, no
 # option-like names) and is at most 64 characters. Always used with fullmatch.
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_DELTA_NAME_RE = re.compile(r"delta_(\d{8,})\.safetensors")
+# Any number of digits (other tools name deltas delta_<local_step>): the name is not the
+# identity, content is (I1), so delta_1 and delta_00000001 cannot count one delta twice.
+# 18 digits at most: every value stays below 2**63.
+_DELTA_NAME_RE = re.compile(r"delta_([0-9]{1,18})\.safetensors")
+DELTA_NAME_RULE = "delta_<digits>.safetensors"
 # Canonical non-negative decimal integers only: int() would also take " 1", "+1", "1_0".
 # 18 digits keeps every value below 2**63, so a hostile header cannot make huge numbers.
 _COUNT_RE = re.compile(r"0|[1-9][0-9]{0,17}")
 _MAX_CREATED_AT_CHARS = 64
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
 _INT_FIELDS = ("seq", "base_outer_step", "steps", "tokens")
 _STR_FIELDS = ("node_id", "encoding", "created_at")
 
@@ -61,6 +71,8 @@ def _check_count(name: str, value: object) -> int:
     # bool is an int subclass; True as a sequence number is a bug, not a value.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} {short_repr(value)}: must be an integer >= 0")
+    if value >= 2**63:
+        raise ValueError(f"{name} {short_repr(value)}: must be below 2**63")
     return value
 
 
@@ -72,20 +84,28 @@ def delta_path(node_id: str, seq: int) -> str:
 
 
 def parse_delta_path(path: str) -> tuple[str, int] | None:
-    """``(node_id, seq)`` for a path exactly as ``delta_path`` builds it; None otherwise."""
-    if not isinstance(path, str):
+    """``(node_id, seq)`` for ``nodes/<node_id>/delta_<digits>.safetensors``; None otherwise."""
+    if not isinstance(path, str) or delta_path_problem(path) is not None:
         return None
-    parts = path.split("/")
-    if len(parts) != 3 or parts[0] != NODES_DIR:
-        return None
-    match = _DELTA_NAME_RE.fullmatch(parts[2])
-    if match is None or not NODE_ID_RE.fullmatch(parts[1]) or parts[1] in (".", ".."):
-        return None
-    seq = int(match.group(1))
-    # Only the canonical spelling: "delta_000000001" must not alias seq 1 under another name.
-    if delta_path(parts[1], seq) != path:
-        return None
-    return parts[1], seq
+    _, node_id, name = path.split("/")
+    return node_id, int(_DELTA_NAME_RE.fullmatch(name).group(1))
+
+
+def delta_path_problem(path: str) -> str | None:
+    """Why a repo path under ``nodes/`` is not a delta (logged once by the master), or None."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if len(parts) < 2 or parts[0] != NODES_DIR:
+        return f"not under {NODES_DIR}/"
+    if len(parts) == 2:
+        return "not inside a node's folder"
+    node_id = parts[1]
+    if not NODE_ID_RE.fullmatch(node_id) or node_id in (".", ".."):
+        return f"the folder {short_repr(node_id)} is not a valid node id"
+    if len(parts) > 3:
+        return "nested below a node's folder"
+    if not _DELTA_NAME_RE.fullmatch(parts[2]):
+        return f"not named {DELTA_NAME_RULE}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -160,3 +180,73 @@ def short_repr(value: object) -> str:
     """A bounded, one-line repr for messages that quote untrusted values."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------------------- step_count.json
+
+
+def parse_step_count(data: bytes) -> dict[str, Any]:
+    """``step_count.json``'s bytes as a dict whose every known field is type- and range-checked.
+
+    The file is written by the master but lives in a repo anyone with write access can edit
+    (I4), so a field of the wrong type or range raises TransportError naming the file and the
+    field, and the reader keeps what it has. Unknown keys are dropped (a later master may add
+    some); known optional ones may be absent.
+    """
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise TransportError(f"{STEP_COUNT} is not a JSON object")
+    try:
+        return _checked_step_count(value)
+    except ValueError as exc:
+        raise TransportError(f"{STEP_COUNT}: {exc}") from None
+
+
+def _checked_step_count(value: dict) -> dict[str, Any]:
+    if "outer_step" not in value:
+        raise ValueError("no outer_step")
+    checked: dict[str, Any] = {"outer_step": _check_count("outer_step", value["outer_step"])}
+    for key in ("fleet_tokens", "format"):
+        if key in value:
+            checked[key] = _check_count(key, value[key])
+    for key in ("updated_at", "master"):
+        if key in value:
+            checked[key] = _check_short_text(key, value[key])
+    if "weights_sha256" in value:
+        sha = value["weights_sha256"]
+        if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
+            raise ValueError(f"weights_sha256 {short_repr(sha)}: must be 64 lowercase hex digits")
+        checked["weights_sha256"] = sha
+    if "nodes" in value:
+        checked["nodes"] = _checked_nodes(value["nodes"])
+    return checked
+
+
+def _checked_nodes(nodes: object) -> dict[str, dict[str, Any]]:
+    """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked."""
+    if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
+        raise ValueError(f"nodes: must be an object of at most {_MAX_NODES} node ids")
+    checked = {}
+    for node_id, info in nodes.items():
+        if not NODE_ID_RE.fullmatch(node_id) or not isinstance(info, dict):
+            raise ValueError(f"nodes: {short_repr(node_id)} must be a node id with an object")
+        where = f"nodes.{node_id}"
+        entry = {k: _check_count(f"{where}.{k}", info[k]) for k in _NODE_COUNTS if k in info}
+        if "last_delta_at" in info:
+            entry["last_delta_at"] = _check_short_text(
+                f"{where}.last_delta_at", info["last_delta_at"]
+            )
+        checked[node_id] = entry
+    return checked
+
+
+_NODE_COUNTS = ("seq", "base_outer_step", "tokens")
+
+
+def _check_short_text(name: str, value: object) -> str:
+    if not isinstance(value, str) or len(value) > 64 or not value.isprintable():
+        raise ValueError(f"{name} {short_repr(value)}: must be printable text of at most 64 chars")
+    return value

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from speedtronic.checkpoint.files import fsync_dir, replace_atomically
+from speedtronic.checkpoint.files import TMP_PREFIX, fsync_dir, replace_atomically
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
-    parse_delta_path,
+    delta_path_problem,
+    parse_step_count,
 )
 from speedtronic.errors import TransportError
 
@@ -34,11 +35,13 @@ MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
 
 @dataclass(frozen=True)
 class DeltaRef:
-    """A listed delta: its repo path, size, and a version that changes when its bytes do."""
+    """A listed entry under ``nodes/``: its repo path, size, and a version that changes when its
+    bytes do. ``problem`` says why it is not a delta (its name, a link, a folder...), or None."""
 
     path: str
     size: int
     version: str
+    problem: str | None = None
 
 
 class Transport(Protocol):
@@ -49,7 +52,9 @@ class Transport(Protocol):
 
     def upload(self, path: str, data: bytes) -> None: ...
 
-    def list_deltas(self) -> list[DeltaRef]: ...
+    def list_deltas(self) -> list[DeltaRef]:
+        """Every entry under ``nodes/``: deltas, and the others with their ``problem`` (I4:
+        whatever is not ours is reported, so the master can log it once by name)."""
 
     def read(self, path: str, max_bytes: int) -> bytes | None: ...
 
@@ -99,26 +104,34 @@ class LocalTransport:
     def list_deltas(self) -> list[DeltaRef]:
         nodes = self.root / NODES_DIR
         try:
-            node_dirs = [e for e in os.scandir(nodes) if e.is_dir(follow_symlinks=False)]
+            entries = sorted(os.scandir(nodes), key=lambda e: e.name)
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise TransportError(f"cannot list {nodes}: {exc.strerror}") from exc
         refs = []
-        for node_dir in sorted(node_dirs, key=lambda e: e.name):
-            refs.extend(self._list_node(node_dir.path))
+        for entry in entries:
+            path = f"{NODES_DIR}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                refs.extend(self._list_node(entry.path, path))
+            elif not entry.name.startswith(TMP_PREFIX):
+                refs.append(_stranger(entry, path, "not inside a node's folder"))
         return refs
 
-    def _list_node(self, node_dir: str) -> list[DeltaRef]:
-        refs = []
+    def _list_node(self, node_dir: str, folder: str) -> list[DeltaRef]:
         try:
             entries = list(os.scandir(node_dir))
         except OSError:
-            return refs  # vanished or unreadable: the next poll sees it again
+            return []  # vanished or unreadable: the next poll sees it again
+        refs = []
         for entry in entries:
-            path = f"{NODES_DIR}/{Path(node_dir).name}/{entry.name}"
-            if parse_delta_path(path) is None or not entry.is_file(follow_symlinks=False):
-                continue  # temporary files, links and strangers are not deltas
+            if entry.name.startswith(TMP_PREFIX):
+                continue  # a write in flight (ours or a worker's): it becomes a file or goes
+            path = f"{folder}/{entry.name}"
+            problem = delta_path_problem(path) or _kind_problem(entry)
+            if problem is not None:
+                refs.append(_stranger(entry, path, problem))
+                continue
             info = entry.stat(follow_symlinks=False)
             refs.append(DeltaRef(path, info.st_size, f"{info.st_mtime_ns}-{info.st_size}"))
         return sorted(refs, key=lambda r: r.path)
@@ -175,12 +188,18 @@ class LocalTransport:
             fsync_dir(final.parent)
 
 
-def parse_step_count(data: bytes) -> dict[str, Any]:
-    """``step_count.json``'s bytes as a dict with an integer ``outer_step``, or TransportError."""
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict) or type(value.get("outer_step")) is not int:
-        raise TransportError(f"{STEP_COUNT} has no integer outer_step")
-    return value
+def _kind_problem(entry: os.DirEntry) -> str | None:
+    """Why a listed entry is no file to read: links are never followed (I4)."""
+    if entry.is_symlink():
+        return "a symbolic link"
+    if entry.is_dir(follow_symlinks=False):
+        return "a folder"
+    if not entry.is_file(follow_symlinks=False):
+        return "not a regular file"
+    return None
+
+
+def _stranger(entry: os.DirEntry, path: str, problem: str) -> DeltaRef:
+    """A listed entry that is not a delta, with the reason; its version is its reason."""
+    problem = _kind_problem(entry) or problem
+    return DeltaRef(path, 0, f"not-a-delta: {problem}", problem)

@@ -387,7 +387,9 @@ class WorkerPlugin:
         listed = [
             parsed[1]
             for r in refs
-            if (parsed := parse_delta_path(r.path)) and parsed[0] == self.node_id
+            if r.problem is None
+            and (parsed := parse_delta_path(r.path))
+            and parsed[0] == self.node_id
         ]
         return listed + ([accepted] if type(accepted) is int else [])
 

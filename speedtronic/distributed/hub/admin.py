@@ -18,8 +18,13 @@ from speedtronic.config.sections import is_hub_user_name
 from speedtronic.distributed.hub.access import WRITE_ROLES
 from speedtronic.distributed.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
 from speedtronic.distributed.hub.names import is_hub_repo_id
-from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT, parse_delta_path
-from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, parse_step_count
+from speedtronic.distributed.protocol import (
+    NODES_DIR,
+    STEP_COUNT,
+    parse_delta_path,
+    parse_step_count,
+)
+from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import ConfigError, TransportError
 
 README = "README.md"

@@ -22,8 +22,15 @@ from typing import Any
 from speedtronic.distributed.hub.budget import Budget, cadence_warnings, observed_commit_warning
 from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound
 from speedtronic.distributed.hub.files import git_blob_oid
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODES_DIR, STEP_COUNT, parse_delta_path
-from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef, parse_step_count
+from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
+    NODES_DIR,
+    STEP_COUNT,
+    delta_path_problem,
+    parse_delta_path,
+    parse_step_count,
+)
+from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef
 from speedtronic.errors import TransportError
 
 MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
@@ -175,7 +182,7 @@ class HubTransport:
                 return list(self._listing[1])
         files = self.client.list_files(NODES_DIR, head)
         refs = sorted(
-            (DeltaRef(f.path, f.size, f.oid) for f in files if parse_delta_path(f.path)),
+            (DeltaRef(f.path, f.size, f.oid, delta_path_problem(f.path)) for f in files),
             key=lambda r: r.path,
         )
         with self._lock:
