@@ -2,32 +2,30 @@
 
 Owns gradient accumulation (the accumulated gradient equals the big-batch gradient, weighted
 by non-ignored label counts), autocast and GradScaler, gradient clipping, opt-in
-``torch.compile`` with an eager fallback, non-finite loss handling, throughput/MFU metrics,
-clean stops on SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small
+``torch.compile`` with an eager fallback, non-finite loss handling, clean stops on SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small
 hooks. The host reads the loss back once per optimizer step (the finiteness check, also of
-the labels left to learn from) and the metrics only at the logging cadence; never per micro-step.
+the labels left to learn from); the ``train_step`` metrics are ``step_log``'s, at its cadence.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import resource
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from speedtronic.errors import TrainingError
-from speedtronic.metrics import MetricLogger, peak_flops
+from speedtronic.metrics import MetricLogger
 from speedtronic.precision import Precision
 from speedtronic.rng import rng_state, set_rng_state
+from speedtronic.step_log import StepLog, Window
 
 IGNORE_INDEX = -100
 
@@ -56,17 +54,6 @@ class TrainerOptions:
     max_nonfinite: int = 5  # consecutive non-finite steps before stopping with an error
     flops_per_token: float | None = None
     handle_signals: bool = True
-
-
-@dataclass
-class _Window:
-    """Counters since the last log line."""
-
-    start: float = field(default_factory=time.perf_counter)
-    wait: float = 0.0
-    tokens: int = 0
-    samples: int = 0
-    steps: int = 0
 
 
 class Trainer:
@@ -102,7 +89,7 @@ class Trainer:
         self._stop_signal: int | None = None
         self._forward = self._maybe_compile(model) if options.compile else model
         self._compiled_ok = False
-        self._peak = self._peak_flops()
+        self.step_log = StepLog(self.logger, options, precision)
         # A DDP group's hooks (speedtronic.parallel); None in one process, which pays nothing.
         self.parallel: Any = None
         self.world = 1  # processes sharing each step: counters hold the global batch
@@ -114,13 +101,12 @@ class Trainer:
         if self.step >= self.options.max_steps:
             return self._result(start, start_tokens, "at_target")
         self._call_plugins("on_train_start", self)
-        status, window = "completed", _Window()
+        status = "completed"
         with self._signals():  # also covers the final save: a first Ctrl-C there waits for it
             while status == "completed" and self.step < self.options.max_steps:
-                loss, grad_norm = self.train_step(window)
-                if self._should_log():
-                    self._log_step(window, loss, grad_norm)
-                    window = _Window()
+                loss, grad_norm = self.train_step(self.step_log.window)
+                if self.step_log.due(self.step):
+                    self.last_loss = self.step_log.emit(self, loss, grad_norm)
                 if "stop" in self._call_plugins("after_optimizer_step", self):
                     status = "stopped"
                 if self._stop_signal is not None:
@@ -129,9 +115,9 @@ class Trainer:
             self._call_plugins("on_train_end", self, result)
         return result
 
-    def train_step(self, window: _Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_step(self, window: Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""
-        window = window or _Window()
+        window = window or Window()
         micro = self._next_micro_batches(window)
         try:
             loss, grad_norm, labelled = self._forward_backward(micro)
@@ -152,7 +138,7 @@ class Trainer:
         window.steps += 1
         return loss, grad_norm
 
-    def _next_micro_batches(self, window: _Window) -> list[Any]:
+    def _next_micro_batches(self, window: Window) -> list[Any]:
         micro = []
         for _ in range(self.options.accumulation_steps):
             t0 = time.perf_counter()
@@ -238,49 +224,11 @@ class Trainer:
                 hint="lower optimizer.lr, enable optimizer.grad_clip or use precision.mode: bf16",
             )
 
-    # ---- metrics ---------------------------------------------------------------------
-    def _should_log(self) -> bool:
-        every = self.options.log_every
-        return self.step % every == 0 or self.step == self.options.max_steps or self.step == 1
-
-    def _log_step(self, window: _Window, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.last_loss = float(loss)  # synchronises the device: metrics are exact
-        elapsed = max(time.perf_counter() - window.start, 1e-9)
-        tokens_per_s = window.tokens / elapsed
-        flops = self.options.flops_per_token
-        # tokens_per_s is the group's rate: divide by every rank's device peak
-        mfu = flops * tokens_per_s / (self._peak * self.world) if (flops and self._peak) else None
-        self.logger.log(
-            "train_step",
-            {
-                "step": self.step,
-                "max_steps": self.options.max_steps,
-                "loss": self.last_loss,
-                "lr": self.optimizer.param_groups[0]["lr"],
-                "grad_norm": float(grad_norm),
-                "steps_per_s": window.steps / elapsed,
-                "samples_per_s": window.samples / elapsed,
-                "tokens_per_s": tokens_per_s,
-                "data_wait_share": min(1.0, window.wait / elapsed),
-                "mfu": mfu,
-                "memory_gb": memory_gb(self.precision.device),
-                "tokens": self.tokens,
-                "samples": self.samples,
-                "skipped_steps": self.skipped_steps,
-            },
-        )
-
     def current_loss(self) -> float | None:
         """The latest step's loss (reads it from the device)."""
         if self._loss is not None:
             self.last_loss = float(self._loss)
         return self.last_loss
-
-    def _peak_flops(self) -> float | None:
-        device = self.precision.device
-        if device.type != "cuda":
-            return None
-        return peak_flops(torch.cuda.get_device_name(device), self.precision.dtype is not None)
 
     def _result(self, start: float, start_tokens: int, status: str) -> TrainResult:
         elapsed = time.perf_counter() - start
@@ -466,15 +414,6 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any
     if isinstance(batch, (tuple, list)):
         return type(batch)(move_to(v, device, non_blocking) for v in batch)
     return batch
-
-
-def memory_gb(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    if device.type == "mps":
-        return torch.mps.current_allocated_memory() / 1e9
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
 def _on_gpu(device: torch.device) -> bool:
