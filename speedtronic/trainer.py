@@ -2,9 +2,10 @@
 
 Owns gradient accumulation (the accumulated gradient equals the big-batch gradient, weighted
 by non-ignored label counts), autocast and GradScaler, gradient clipping, opt-in
-``torch.compile`` with an eager fallback, non-finite loss handling, clean stops on SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small
-hooks. The host reads the loss back once per optimizer step (the finiteness check, also of
-the labels left to learn from); the ``train_step`` metrics are ``step_log``'s, at its cadence.
+``torch.compile`` with an eager fallback, non-finite loss handling, clean stops on
+SIGINT/SIGTERM, and the plug-in points (checkpoints, DiLoCo) through small hooks. The host
+reads the loss back once per optimizer step (the finiteness check, also of the labels left to
+learn from); the ``train_step`` metrics are ``step_log``'s, at its cadence.
 """
 
 from __future__ import annotations
