@@ -667,7 +667,7 @@ class Job:
         def poll(force: bool = False) -> None:
             if loop.poll_once(force=force) is not None and waiting:
                 for j in waiting:  # the round includes their deltas: install it, go on
-                    nodes[j].plugin.refresh()
+                    nodes[j].plugin.fetcher.refresh()
                     nodes[j].plugin.install_ready(nodes[j].runtime.trainer)
                     heapq.heappush(events, (clock.now + nodes[j].step_s, j))
                 waiting.clear()
@@ -687,7 +687,7 @@ class Job:
             trainer, plugin = node.runtime.trainer, node.plugin
             last = trainer.step + 1 >= node.planned
             if last or trainer.step + 1 - plugin.boundary_step >= self.scale.inner_steps:
-                plugin.refresh()  # the poller has the newest global by the boundary
+                plugin.fetcher.refresh()  # the poller has the newest global by the boundary
             uploads = plugin.counters["uploads"]
             trainer.train_step()
             plugin.after_optimizer_step(trainer)
@@ -697,7 +697,7 @@ class Job:
                 waiting.append(i)
             else:
                 heapq.heappush(events, (now + node.step_s, i))
-            plugin.send_pending()
+            plugin.uploader.send_pending()
             if interval == 0 and plugin.counters["uploads"] > uploads:
                 poll()
             self._maybe_eval(tokens(), now, loss_fn)

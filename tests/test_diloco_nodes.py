@@ -132,7 +132,7 @@ def test_I5_a_hanging_transport_never_stalls_training(tmp_path):
     transport.hang = False
     transport.release.set()
     plugin.on_train_end(trainer, None)
-    assert wait_for(lambda: plugin.outbox is None and plugin.sending is None)
+    assert wait_for(lambda: plugin.uploader.outbox is None and plugin.uploader.sending is None)
     decoded = deltas_in(transport)
     assert sum(h.steps for h, _ in decoded) == 20
     assert torch.equal(sum(d["weight"] for _, d in decoded), torch.full((1, 2), 5.0))
@@ -153,7 +153,7 @@ def test_master_publishes_initial_global_and_rounds_consume_deltas(tmp_path):
     worker.on_train_start(trainer)
     trainer.train_step(worker)
     trainer.train_step(worker)
-    worker._drain(5.0)
+    worker.uploader.drain(5.0)
     result = loop.poll_once()
     assert result.outer_step == 1 and transport.list_deltas() == []  # consumed deltas are gone
     step, weights = weights_of(transport)
@@ -171,8 +171,8 @@ def test_I2_a_global_arriving_mid_loop_is_installed_at_the_next_boundary(tmp_pat
     # Another node's delta makes a new global (weights 1.0 - 0.3 = 0.7) mid-loop.
     loop.master.global_weights["weight"].sub_(0.3)
     loop.master._step = 1
-    loop._save_and_publish(1, loop.master.global_weights, [])
-    assert wait_for(lambda: worker.ready is not None)
+    loop._publish(loop.master.global_weights)
+    assert wait_for(lambda: worker.fetcher.ready is not None)
     trainer.train_step(worker)
     assert torch.equal(net.weight, torch.full((1, 2), 0.75))  # not installed inside the loop
     trainer.train_step(worker)  # boundary: own delta captured first, then the global installed
@@ -225,7 +225,7 @@ def test_I3_a_master_resumed_from_an_older_copy_never_goes_back(tmp_path):
     for step in (1, 2):
         loop.master.global_weights["weight"].sub_(0.1)
         loop.master._step = step
-        loop._save_and_publish(step, loop.master.global_weights, [])
+        loop._publish(loop.master.global_weights)
     published = weights_of(transport)
     restarted = master_loop(tmp_path, transport, Log())
     again = MasterPlugin(restarted)
@@ -242,7 +242,7 @@ def test_I3_a_master_that_lost_its_state_dir_continues_from_the_repo(tmp_path):
     loop.start()
     loop.master.global_weights["weight"].sub_(0.1)
     loop.master._step = 3
-    loop._save_and_publish(3, loop.master.global_weights, [])
+    loop._publish(loop.master.global_weights)
     elsewhere = MasterLoop(
         settings(), {"weight": torch.ones(1, 2)}, transport, Log(), tmp_path / "new"
     )
@@ -295,8 +295,8 @@ def test_worker_state_round_trips_through_a_checkpoint(tmp_path):
     again = WorkerPlugin(settings(), model(0.25), LocalTransport(tmp_path / "up"), Log())
     again.load_state_dict(state)
     assert torch.equal(again.base["weight"], torch.full((1, 2), 0.25))
-    assert again.outbox.steps == 3 and torch.equal(
-        again.outbox.delta["weight"], torch.full((1, 2), 0.75)
+    assert again.uploader.outbox.steps == 3 and torch.equal(
+        again.uploader.outbox.delta["weight"], torch.full((1, 2), 0.75)
     )
     assert (again.boundary_step, again.base_outer_step) == (3, worker.base_outer_step)
 
@@ -310,8 +310,9 @@ def test_I4_a_corrupt_global_is_logged_and_never_installed(tmp_path):
     )
     worker.on_train_start(trainer)
     transport.publish(b"not safetensors", {"outer_step": 5}, [])
-    worker.refresh()
-    assert worker.ready is None and any("could not fetch the global" in w for w in log.warnings)
+    worker.fetcher.refresh()
+    assert worker.fetcher.ready is None
+    assert any("could not fetch the global" in w for w in log.warnings)
     trainer.train_step(worker)
     trainer.train_step(worker)
     assert torch.equal(net.weight, torch.full((1, 2), 0.5))  # training went on, nothing installed
@@ -334,7 +335,7 @@ def test_an_installed_global_carries_the_nodes_own_just_sent_delta_at_its_share(
     trainer.train_step(worker)  # -0.25, 10 tokens
     weights = encode_weights({"weight": torch.full((1, 2), 0.7)}, 1)
     transport.publish(weights, {"outer_step": 1, "fleet_tokens": 40}, [])
-    worker.refresh()
+    worker.fetcher.refresh()
     trainer.train_step(worker)  # boundary: own delta 0.5 over 20 tokens, the fleet does 40
     torch.testing.assert_close(net.weight, torch.full((1, 2), expected))
     assert worker.base_outer_step == 1

@@ -76,7 +76,7 @@ def test_a_transient_upload_failure_is_not_fatal(tmp_path):
     for _ in range(4):
         trainer.train_step(plugin)
     assert plugin.fatal is None
-    plugin._stop.set()
+    plugin.status.stop.set()
 
 
 def test_a_permanent_failure_at_start_is_raised_at_once(tmp_path):
@@ -121,7 +121,7 @@ def test_the_step_count_summarises_each_nodes_latest_delta(tmp_path):
     assert (node["seq"], node["base_outer_step"], node["tokens"]) == (1, 0, 14)
     restarted = master_loop(tmp_path, transport, Log())
     restarted.start()  # a restarted master keeps the summary
-    assert restarted.nodes["node-a"]["tokens"] == 14
+    assert restarted.intake.nodes["node-a"]["tokens"] == 14
     assert torch.equal(loop.master.global_weights["weight"], torch.full((1, 2), 0.5))
 
 
@@ -257,17 +257,17 @@ def test_a_delta_in_flight_at_a_checkpoint_is_resent_unchanged_after_a_resume(tm
     worker, trainer = worker_on(transport)
     trainer.train_step(worker, move=-0.1)
     trainer.train_step(worker, move=-0.1)
-    assert wait_for(lambda: worker.sending is not None)
+    assert wait_for(lambda: worker.uploader.sending is not None)
     state = worker.state_dict()  # the checkpoint: the delta is on its way
     assert state["exact"]["seq"] == 1 and state["unsent"] is None
     transport.release.set()
     assert wait_for(lambda: worker.counters["uploads"] == 1)
-    worker._stop.set()
+    worker.status.stop.set()
     [ref] = transport.list_deltas()
     landed = transport.read(ref.path, 1 << 20)
     resumed = WorkerPlugin(settings(), model(), transport, Log())
     resumed.load_state_dict(state)  # a crash, then a resume from that checkpoint
-    resumed.send_pending()
+    resumed.uploader.send_pending()
     assert transport.read(ref.path, 1 << 20) == landed  # sent again, byte for byte
 
 
@@ -280,12 +280,13 @@ def test_an_older_global_never_replaces_a_newer_one_waiting(tmp_path):
     worker.on_train_start(FakeTrainer(net))
     upload_one(transport)
     loop.poll_once()
-    worker.refresh()
-    assert worker.ready.outer_step == 1
-    worker.ready = worker.ready.__class__(5, worker.ready.weights, 0)  # a newer one arrived
-    worker.refresh()  # a slow poller with outer step 1
-    assert worker.ready.outer_step == 5
-    worker._stop.set()
+    worker.fetcher.refresh()
+    assert worker.fetcher.ready.outer_step == 1
+    fetcher = worker.fetcher
+    fetcher.ready = fetcher.ready.__class__(5, fetcher.ready.weights, 0)  # a newer one arrived
+    worker.fetcher.refresh()  # a slow poller with outer step 1
+    assert worker.fetcher.ready.outer_step == 5
+    worker.status.stop.set()
 
 
 def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):

@@ -1,0 +1,107 @@
+"""The master's intake: list ``nodes/``, fetch the deltas it has not seen, validate, offer.
+
+``DeltaIntake.poll`` lists the repo and, for every delta whose listed version it has not
+settled, reads it, validates it (``codec``, I4) and offers it to the ``outer.Master``. A listed
+version already settled costs nothing, so an idle poll does not grow with history. What is
+wrong is logged by name and counted: a bad delta is rejected (its file deleted with the next
+publish), an entry that is no delta is logged once and never read, one unreadable delta stops
+no round. It also keeps each node's newest accepted delta, for ``step_count.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from speedtronic.distributed.codec import BadDelta, decode_delta, expected_delta_bytes
+from speedtronic.distributed.outer import ReceivedDelta, delta_identity
+from speedtronic.distributed.protocol import parse_delta_path
+from speedtronic.distributed.transport import DeltaRef, Transport
+from speedtronic.errors import SpeedtronicError
+
+
+class DeltaIntake:
+    """What the master has seen in the repo: settled versions, paths to delete, counters."""
+
+    def __init__(self, transport: Transport, logger: Any, weights: dict, clock: Callable):
+        self.transport, self.logger, self.clock = transport, logger, clock
+        self.max_bytes = 2 * expected_delta_bytes(weights, "fp32") + (1 << 20)
+        self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
+        self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
+        self.unusable: list[str] = []  # paths of settled files to delete with the next publish
+        self.ignored: dict[str, str] = {}  # path -> why it is no delta, as logged once
+        self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
+        self.nodes: dict[str, dict[str, Any]] = {}  # node -> newest accepted delta, for status
+
+    def poll(self, master: Any) -> None:
+        """Offer ``master`` every new delta listed in the repo."""
+        for ref in self.transport.list_deltas():
+            if ref.problem is not None:
+                self._ignore(ref)
+            elif self.settled_versions.get(ref.path) != ref.version:
+                try:
+                    self._take(ref, master)
+                except (SpeedtronicError, OSError) as exc:  # one bad read stops no round
+                    if getattr(exc, "permanent", False):
+                        raise
+                    self.logger.warn(f"diloco master: cannot read {ref.path} ({exc}); next poll")
+
+    def consumed(self, identities: list[str]) -> None:
+        """A round settled these: their files go with the next publish."""
+        self.unusable += [self.paths.pop(i) for i in identities if i in self.paths]
+
+    def deleted(self, paths: list[str]) -> None:
+        """A publish deleted these: a file uploaded there again is a new one."""
+        for path in paths:
+            self.settled_versions.pop(path, None)
+        self.unusable = [p for p in self.unusable if p not in set(paths)]
+
+    def _take(self, ref: DeltaRef, master: Any) -> None:
+        """Fetch, validate and offer one listed delta; anything wrong is logged and counted."""
+        node_id, seq = parse_delta_path(ref.path)
+        if ref.size > self.max_bytes:  # refused unread, and removed with the next publish
+            self.settled_versions[ref.path] = ref.version
+            self._reject(ref.path, f"{ref.size} bytes, over the {self.max_bytes} byte cap")
+            return
+        # A failed read raises before the path is settled: the next poll reads it again (a
+        # Hub file's version never changes, so settling first would lose the delta).
+        data = self.transport.read(ref.path, self.max_bytes)
+        self.settled_versions[ref.path] = ref.version
+        if data is None:
+            return  # consumed or replaced since the listing
+        try:
+            self.counters["bytes_down"] += len(data)
+            identity = delta_identity(node_id, seq, data)
+            self.paths[identity] = ref.path
+            if master.seen(identity):  # e.g. saved, but the publish deleting it failed
+                self.unusable.append(ref.path)  # applied already: delete it with the next publish
+                return
+            header, tensors = decode_delta(data, ref.path, master.global_weights)
+            self.counters["found"] += 1
+            outcome = master.offer(ReceivedDelta(identity, header, tensors), self.clock())
+            if outcome == "stale":
+                self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
+            else:
+                self._note_node(header)
+        except BadDelta as exc:
+            self._reject(ref.path, str(exc))
+
+    def _ignore(self, ref: DeltaRef) -> None:
+        """An entry under nodes/ that is no delta: logged once by name, never read (I4)."""
+        if self.ignored.get(ref.path) != ref.problem:
+            self.ignored[ref.path] = ref.problem
+            self.logger.warn(f"diloco master: ignoring {ref.path}: {ref.problem}")
+
+    def _reject(self, path: str, reason: str) -> None:
+        self.counters["rejected"] += 1
+        self.unusable.append(path)
+        self.logger.warn(f"diloco master: rejected {path}: {reason}")
+
+    def _note_node(self, header: Any) -> None:
+        """Remember a node's latest accepted delta; ``hub status`` shows it from step_count."""
+        self.nodes[header.node_id] = {
+            "seq": header.seq,
+            "base_outer_step": header.base_outer_step,
+            "last_delta_at": header.created_at,
+            "tokens": header.tokens,
+        }

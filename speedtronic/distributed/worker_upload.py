@@ -1,0 +1,203 @@
+"""A node's outbox and its uploader thread: deltas go out in order, none is lost or sent twice.
+
+A boundary queues a ``Pending`` delta; the uploader thread encodes and uploads it. A failed
+upload that did not land goes back into the outbox, where later deltas are added to it
+(``fold``: cumulative, never lost, I2); one that may have landed (its answer lost) is kept as
+``exact`` and only ever resent byte for byte, under the same name, so the master counts it once
+(I1). Sequence numbers start past every one the node used. The outbox is part of the node's
+checkpoint (``state_dict``), so ``--resume`` resends exactly what was unsent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.codec import encode_delta
+from speedtronic.distributed.node_status import NodeStatus
+from speedtronic.distributed.protocol import DeltaHeader, delta_path
+
+RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
+
+
+@dataclass
+class Pending:
+    """A delta waiting for upload; deltas that could not be sent yet are added into it.
+
+    ``seq`` and ``created_at`` are given at its first upload attempt (0 and "" before) and kept
+    from then on, so sending it again after a resume sends the very same bytes under the same
+    name, which the master counts once (I1).
+    """
+
+    delta: dict[str, torch.Tensor]
+    base_outer_step: int
+    steps: int
+    tokens: int
+    seq: int = 0
+    created_at: str = ""
+
+
+class Uploader:
+    """The outbox, the delta in flight, the one that may have landed, and the thread sending."""
+
+    def __init__(self, config: Any, transport: Any, logger: Any, status: NodeStatus):
+        self.config, self.transport, self.logger, self.status = config, transport, logger, status
+        self.node_id: str = config.node_id
+        self.seq = 0  # the last sequence number given
+        self.outbox: Pending | None = None
+        self.sending: Pending | None = None  # the delta the uploader holds right now
+        self.exact: Pending | None = None  # may have landed: only these bytes may go again
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+
+    def queue(self, pending: Pending) -> None:
+        with self.lock:
+            self.outbox = pending if self.outbox is None else fold(self.outbox, pending)
+        self.wake.set()
+
+    def all_sent(self) -> bool:
+        with self.lock:
+            return self.outbox is None and self.sending is None and self.exact is None
+
+    def unsent(self) -> bool:
+        with self.lock:
+            return self.outbox is not None or self.exact is not None
+
+    def run(self) -> None:
+        """The uploader thread: send on each wake-up; after a failure back off and retry."""
+        wait, stop = RETRY_S[0], self.status.stop
+        while not stop.is_set():
+            self.wake.wait()
+            self.wake.clear()
+            if self.send_pending():
+                wait = RETRY_S[0]
+            if self.unsent() and not stop.is_set():
+                stop.wait(wait)  # a failure: back off, then try again with what piled up
+                wait = min(wait * 2, RETRY_S[1])
+                self.wake.set()
+
+    def send_pending(self) -> bool:
+        """Upload whatever is queued; True if nothing is left to send afterwards."""
+        while self._take_and_send():
+            pass
+        return not self.unsent()
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for queued deltas to go out; what stays is kept in the state."""
+        deadline = time.monotonic() + timeout
+        self.wake.set()
+        while time.monotonic() < deadline and self.status.fatal is None:
+            if self.all_sent():
+                return
+            time.sleep(0.05)
+        self.logger.warn("diloco: deltas still unsent at the end; they are in the checkpoint")
+
+    def _take_and_send(self) -> bool:
+        """Send the outbox; True on success. A failed delta goes back, folded with later ones.
+
+        Transports raise only when the file did not land, so folding cannot count it twice.
+        """
+        pending, was_exact = self._take()
+        if pending is None:
+            return False
+        seq, header = pending.seq, self._header(pending)
+        try:
+            data = encode_delta(pending.delta, header)
+            self.transport.upload(delta_path(self.node_id, seq), data)
+        except Exception as exc:  # anything: the uploader thread must outlive it (I5)
+            self._failed(pending, was_exact, exc)
+            return False
+        with self.lock:
+            self.sending = None
+        counters = self.status.counters
+        counters["uploads"] += 1
+        counters["bytes_up"] += len(data)
+        self.logger.log("diloco_upload", {"seq": seq, "bytes": len(data), "steps": header.steps})
+        return True
+
+    def _take(self) -> tuple[Pending | None, bool]:
+        """The delta to send next (the exact one first: it may have landed) and whether exact."""
+        with self.lock:
+            was_exact = self.exact is not None
+            if was_exact:
+                pending, self.exact = self.exact, None
+            elif self.outbox is not None:
+                pending, self.outbox = self.outbox, None
+            else:
+                return None, False
+            if not pending.seq:  # its name and time, fixed from its first attempt on
+                self.seq += 1
+                stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                pending = replace(pending, seq=self.seq, created_at=stamp)
+            self.sending = pending
+        return pending, was_exact
+
+    def _failed(self, pending: Pending, was_exact: bool, exc: Exception) -> None:
+        self.status.counters["upload_failures"] += 1
+        self.status.stop_if_permanent(exc)
+        if self.status.fatal is None:
+            self.logger.warn(f"diloco: upload of delta {pending.seq} failed ({exc}); will retry")
+        with self.lock:
+            self.sending = None
+            if was_exact or getattr(exc, "maybe_landed", False):
+                self.exact = pending  # resent as is: the master counts it once
+            else:  # nothing landed: the name is still free for the sum with later ones
+                self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
+
+    def _header(self, pending: Pending) -> DeltaHeader:
+        return DeltaHeader(
+            node_id=self.node_id,
+            seq=pending.seq,
+            base_outer_step=max(pending.base_outer_step, 0),
+            steps=pending.steps,
+            tokens=pending.tokens,
+            encoding=self.config.delta_dtype,
+            created_at=pending.created_at,
+        )
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.lock:
+            # A delta being sent now may land after this state is saved: it is kept as "exact",
+            # to be sent again unchanged after a resume, which the master then counts once.
+            unsent, exact = self.outbox, self.exact or self.sending
+            return {
+                "seq": self.seq,
+                "unsent": None if unsent is None else pending_state(unsent),
+                "exact": None if exact is None else pending_state(exact),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seq = int(state["seq"])
+        unsent, exact = state.get("unsent"), state.get("exact")
+        self.outbox = None if unsent is None else Pending(**unsent)
+        self.exact = None if exact is None else Pending(**exact)
+
+
+def fold(first: Pending, later: Pending) -> Pending:
+    """One delta for two consecutive inner loops: sums, with the older base (more stale)."""
+    delta = {k: first.delta[k] + later.delta[k] for k in first.delta}
+    return replace(
+        first,
+        delta=delta,
+        base_outer_step=min(first.base_outer_step, later.base_outer_step),
+        steps=first.steps + later.steps,
+        tokens=first.tokens + later.tokens,
+    )
+
+
+def pending_state(pending: Pending) -> dict[str, Any]:
+    return {
+        "delta": {k: v.cpu() for k, v in pending.delta.items()},
+        "base_outer_step": pending.base_outer_step,
+        "steps": pending.steps,
+        "tokens": pending.tokens,
+        "seq": pending.seq,
+        "created_at": pending.created_at,
+    }
