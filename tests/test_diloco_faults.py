@@ -10,6 +10,8 @@ import os
 import pytest
 from diloco_support import Log
 from test_diloco_nodes import master_loop
+from test_diloco_outer import assert_weights, make_delta
+from test_diloco_outer import master as outer_master
 
 from speedtronic.distributed.protocol import STEP_COUNT, parse_step_count
 from speedtronic.distributed.transport import LocalTransport
@@ -91,3 +93,42 @@ def test_step_count_keeps_known_fields_and_drops_unknown_ones():
     nodes = {"a": {"seq": 1, "base_outer_step": 2, "tokens": 3, "last_delta_at": "t"}}
     parsed = parse_step_count(json.dumps({**GOOD, "nodes": nodes, "later": [1]}).encode())
     assert parsed == {**GOOD, "nodes": nodes}
+
+
+# ---- I2: a node's consecutive deltas add up ------------------------------------------------
+
+
+def chained(node: str, n: int, step: float, chain: str = "c0ffee00"):
+    """``n`` consecutive deltas of one node's chain, each moving every weight by ``step``."""
+    return [make_delta(node, seq, 0, 10, [step, step], [step], chain) for seq in range(1, n + 1)]
+
+
+def test_I2_a_round_adds_up_one_nodes_consecutive_deltas_instead_of_averaging_them():
+    """The issue's reproduction: a paused master finds 40 deltas of its only node."""
+    m = outer_master(min_deltas=1, outer_lr=1.0, outer_momentum=0.0)
+    for delta in chained("n1", 40, 0.01):
+        assert m.offer(delta, now=0.0) == "accepted"
+    result = m.round(now=0.0)
+    assert result.counts["included"] == 40
+    # All forty increments: w -= 40 * 0.01 = 0.4 (their mean would have moved 0.01).
+    assert_weights(result.weights, {"a": [0.6, 1.6], "b": [0.1]})
+
+
+def test_I2_nodes_are_averaged_with_each_other_after_each_nodes_increments_add_up():
+    m = outer_master(min_deltas=1, outer_lr=1.0, outer_momentum=0.0)
+    for delta in chained("n1", 3, 0.1) + chained("n2", 1, 0.5, chain="0badcafe"):
+        m.offer(delta, now=0.0)
+    # n1 moved 0.3 in three loops, n2 0.5 in one: equal per-loop tokens, so the fleet's
+    # step is their mean, 0.4.
+    assert_weights(m.round(now=0.0).weights, {"a": [0.6, 1.6], "b": [0.1]})
+
+
+def test_I2_a_partial_round_applies_the_summed_node_at_its_share_of_the_fleet():
+    m = outer_master(min_deltas=1, outer_lr=1.0, outer_momentum=0.0)
+    m.offer(make_delta("n1", 1, 0, 10, [0.0, 0.0], [0.0], "c0ffee00"), now=0.0)
+    m.offer(make_delta("n2", 1, 0, 10, [0.0, 0.0], [0.0], "0badcafe"), now=0.0)
+    m.round(now=0.0)  # both nodes are the fleet now
+    for delta in chained("n1", 4, 0.1)[1:]:  # n1's next three loops, while n2 is away
+        m.offer(delta, now=1.0)
+    # n1 is half the fleet: its 0.3 counts half, 0.15.
+    assert_weights(m.round(now=1.0).weights, {"a": [0.85, 1.85], "b": [0.35]})

@@ -33,9 +33,9 @@ def tensors(values: dict) -> dict[str, torch.Tensor]:
     return {k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}
 
 
-def make_delta(node: str, seq: int, base: int, tokens: int, a, b) -> ReceivedDelta:
+def make_delta(node: str, seq: int, base: int, tokens: int, a, b, chain="") -> ReceivedDelta:
     """A delta as the coordinator would hand it over, identity from the file's bytes."""
-    header = DeltaHeader(node, seq, base, 10, tokens, "fp32", "2024-01-01T00:00:00Z")
+    header = DeltaHeader(node, seq, base, 10, tokens, "fp32", "2024-01-01T00:00:00Z", chain)
     values = tensors({"a": a, "b": b})
     data = safetensors.torch.save(values, metadata=header.to_metadata())
     return ReceivedDelta(delta_identity(node, seq, data), header, values)
@@ -67,7 +67,7 @@ def test_aggregate_is_the_token_weighted_mean_with_staleness_discount():
     got = aggregate(deltas, outer_step=3, max_staleness=2, staleness_discount=0.5)
     assert got.included == [d.identity for d in deltas[:3]]
     assert got.stale == [deltas[3].identity] and got.bad == {}
-    assert list(got.weights.values()) == [100.0, 100.0, 50.0]
+    assert got.node_weights == {"n1": 100.0, "n2": 100.0, "n3": 50.0}
     assert got.tokens == 500
     assert_weights(got.mean, {"a": [2.0, 3.2], "b": [1.6]})
 
@@ -190,13 +190,15 @@ def test_I1_the_same_delta_offered_twice_is_counted_once(tmp_path):
 
 def test_I1_a_restarted_worker_reusing_a_file_name_is_counted_with_its_new_content():
     m = master(min_deltas=2, outer_lr=1.0, outer_momentum=0.0)
-    before = make_delta("n1", 1, 0, 10, [2.0, 0.0], [0.0])
-    after_restart = make_delta("n1", 1, 0, 10, [0.0, 2.0], [4.0])  # same node, same seq
+    before = make_delta("n1", 1, 0, 10, [2.0, 0.0], [0.0], chain="aaaaaaaa")
+    # same node, same seq, a new chain: it restarted from the global without its checkpoint
+    after_restart = make_delta("n1", 1, 0, 10, [0.0, 2.0], [4.0], chain="bbbbbbbb")
     assert before.identity != after_restart.identity
     assert m.offer(before, now=0.0) == "accepted"
     assert m.offer(after_restart, now=0.0) == "accepted"
     result = m.round(now=0.0)
-    # Equal tokens: mean a = [1, 1], b = 2; w -= mean -> a = [0, 1], b = -1.5.
+    # Two chains of one node, equal tokens: their mean a = [1, 1], b = 2; w -= mean -> a = [0, 1],
+    # b = -1.5.
     assert result.counts["included"] == 2
     assert_weights(result.weights, {"a": [0.0, 1.0], "b": [-1.5]})
 

@@ -182,7 +182,10 @@ def test_I4_header_rejects_wrong_format(fmt):
         DeltaHeader.from_metadata(meta)
 
 
-@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(DeltaHeader)])
+REQUIRED = [f.name for f in dataclasses.fields(DeltaHeader) if f.name != "chain"]
+
+
+@pytest.mark.parametrize("field", REQUIRED)
 def test_I4_header_rejects_a_missing_field(field):
     meta = make_header().to_metadata()
     del meta[field]
@@ -229,3 +232,12 @@ def test_I4_header_messages_are_one_line():
 def test_header_construction_refuses_invalid_values(changes):
     with pytest.raises(ValueError):
         make_header(**changes)
+
+
+def test_a_header_without_a_chain_is_one_chain_and_a_bad_chain_is_refused():
+    meta = make_header().to_metadata()
+    assert "chain" not in meta and DeltaHeader.from_metadata(meta).chain == ""
+    assert DeltaHeader.from_metadata({**meta, "chain": "0123abcd"}).chain == "0123abcd"
+    for bad in ("x", "ABCDEF01", "0123abcd/../", "0" * 33):
+        with pytest.raises(BadDelta, match="chain"):
+            DeltaHeader.from_metadata({**meta, "chain": bad})

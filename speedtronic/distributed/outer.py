@@ -3,18 +3,22 @@
 No network I/O: the coordinator offers deltas that ``codec`` validated and publishes what
 ``Master.round`` returns; ``MasterState.save``/``load`` (a local dir) are the only file I/O.
 
-Aggregation (DESIGN.md section 5): a round's deltas form a weighted mean, weight = tokens *
-``staleness_discount`` ** staleness (outer step - the delta's ``base_outer_step``); staler than
-``max_staleness`` is stale (counted, never applied), a base from the future is bad. A round
-runs at a quorum: ``min_deltas`` deltas, or ``max_wait_s`` after the first arrived.
+Aggregation (DESIGN.md section 5, I2): a node's consecutive deltas are increments of one
+trajectory, so a round first adds up each node's deltas (a master that paused and finds forty
+deltas of one node applies all forty, not their mean), then takes the weighted mean over nodes,
+weight = the node's tokens of one inner loop * ``staleness_discount`` ** staleness (outer step
+- the ``base_outer_step`` of its freshest delta). A delta staler than ``max_staleness`` is
+stale (counted, never applied), a base from the future is bad. A round runs at a quorum:
+``min_deltas`` deltas, or ``max_wait_s`` after the first arrived.
 
 The ``fleet`` policy (default). DumbDiLoCo never makes a worker wait, so a round holds only
 part of the fleet and every delta is at least one round stale. Applying each round's mean in
 full with Nesterov momentum (``naive``) therefore steps several times per inner loop of the
 fleet, and diverged in our benchmark (naive async, and the first version of this module: eval
-loss 21.8 against 1.55 for one worker). So a round's mean is scaled by its tokens' share of the
-fleet's work per inner loop (the latest delta's tokens of every node heard from within
-``max_staleness`` outer steps), and momentum is delayed Nesterov (Liu et al. 2024,
+loss 21.8 against 1.55 for one worker). So a round's mean is scaled by its nodes' share of the
+fleet's work per inner loop (the tokens of one inner loop of every node heard from within
+``max_staleness`` outer steps): each node's summed increments count as its share of the fleet,
+however many deltas they came in. Momentum is delayed Nesterov (Liu et al. 2024,
 "Asynchronous Local-SGD"): the gradient part at once, the momentum look-ahead once per fleet's
 worth of tokens; with every node in every round this is exactly DiLoCo's Nesterov step. The
 defaults are plain averaging (outer lr 1.0, momentum 0), the best asynchronous setting
@@ -167,14 +171,20 @@ class OuterOptimizer:
 
 @dataclass(frozen=True)
 class AggregateResult:
-    """A round's mean (empty if nothing was included) and what happened to each delta."""
+    """A round's mean over nodes (empty if nothing was included) and each delta's fate.
+
+    ``node_weights`` is each node's weight in the mean (its per-loop tokens x the staleness
+    discount), ``tokens`` every included delta's tokens, ``loop_tokens`` each included node's
+    tokens of one inner loop: the round's part of the fleet's work (``Master``'s share).
+    """
 
     mean: Tensors
     included: list[str]
     stale: list[str]
     bad: dict[str, str]  # identity -> reason
-    weights: dict[str, float]  # identity -> weight before normalisation
+    node_weights: dict[str, float]
     tokens: int
+    loop_tokens: dict[str, int]
 
 
 def delta_problem(header: DeltaHeader, outer_step: int) -> str | None:
@@ -189,35 +199,82 @@ def delta_problem(header: DeltaHeader, outer_step: int) -> str | None:
 def aggregate(
     deltas: list[ReceivedDelta], outer_step: int, max_staleness: int, staleness_discount: float
 ) -> AggregateResult:
-    """Weighted mean, weight = tokens * staleness_discount ** staleness; see the module doc."""
-    weights: dict[str, float] = {}
+    """Sum each node's increments, then take the weighted mean over nodes (module doc).
+
+    A node's consecutive deltas are increments of one trajectory (its base moves to its
+    weights at every boundary), so they add up; the chains of a node that restarted without
+    its checkpoint each began at a global, so they are averaged (token-weighted). Nodes are
+    then averaged with weight = tokens of one inner loop x ``staleness_discount`` ** the
+    staleness of the node's freshest delta.
+    """
+    included: list[ReceivedDelta] = []
     stale: list[str] = []
     bad: dict[str, str] = {}
+    seen: set[str] = set()
     for delta in deltas:
         identity, staleness = delta.identity, outer_step - delta.header.base_outer_step
-        if identity in weights or identity in bad or identity in stale:
-            pass  # I1 even for a careless caller: an identity listed twice counts once
-        elif problem := delta_problem(delta.header, outer_step):
+        if identity in seen:
+            continue  # I1 even for a careless caller: an identity listed twice counts once
+        seen.add(identity)
+        if problem := delta_problem(delta.header, outer_step):
             bad[identity] = problem
         # Weight 0 (a discount of 0 reached the pure function) would add nothing: stale.
         elif staleness > max_staleness or staleness_discount**staleness == 0:
             stale.append(identity)
         else:
-            weights[identity] = delta.header.tokens * staleness_discount**staleness
-    chosen = list({d.identity: d for d in deltas if d.identity in weights}.values())
-    mean, tokens = _weighted_mean(chosen, weights), sum(d.header.tokens for d in chosen)
-    return AggregateResult(mean, list(weights), stale, bad, weights, tokens)
+            included.append(delta)
+    nodes = _node_sums(included, outer_step, staleness_discount)
+    weights = {node: n.weight for node, n in nodes.items()}
+    mean = _weighted_mean({node: n.tensors for node, n in nodes.items()}, weights)
+    tokens = sum(d.header.tokens for d in included)
+    loops = {node: n.loop_tokens for node, n in nodes.items()}
+    return AggregateResult(mean, [d.identity for d in included], stale, bad, weights, tokens, loops)
 
 
-def _weighted_mean(deltas: list[ReceivedDelta], weights: dict[str, float]) -> Tensors:
-    if not deltas:
-        return {}
-    total = sum(weights[d.identity] for d in deltas)
-    mean = {k: torch.zeros_like(t, dtype=torch.float32) for k, t in deltas[0].tensors.items()}
+@dataclass(frozen=True)
+class _NodeSum:
+    tensors: Tensors  # the node's increments added up (its chains averaged)
+    weight: float
+    loop_tokens: int
+
+
+def _node_sums(deltas: list[ReceivedDelta], outer_step: int, discount: float) -> dict:
+    """node -> ``_NodeSum`` of its deltas (one per chain of increments, averaged by tokens)."""
+    chains: dict[str, dict[str, list[ReceivedDelta]]] = {}
     for delta in deltas:
-        share = weights[delta.identity] / total  # normalised in float64, then one fp32 axpy
+        node = chains.setdefault(delta.header.node_id, {})
+        node.setdefault(delta.header.chain, []).append(delta)
+    sums = {}
+    for node_id, by_chain in chains.items():
+        members = [d for chain in by_chain.values() for d in chain]
+        chain_sums = {c: _sum(chain) for c, chain in by_chain.items()}
+        chain_tokens = {c: sum(d.header.tokens for d in chain) for c, chain in by_chain.items()}
+        loop_tokens = round(sum(d.header.tokens for d in members) / len(members))
+        staleness = min(outer_step - d.header.base_outer_step for d in members)
+        tensors = _weighted_mean(chain_sums, {c: float(t) for c, t in chain_tokens.items()})
+        sums[node_id] = _NodeSum(tensors, loop_tokens * discount**staleness, loop_tokens)
+    return sums
+
+
+def _sum(deltas: list[ReceivedDelta]) -> Tensors:
+    total = {k: torch.zeros_like(t, dtype=torch.float32) for k, t in deltas[0].tensors.items()}
+    for delta in deltas:
+        for key, acc in total.items():
+            acc.add_(delta.tensors[key].float())
+    return total
+
+
+def _weighted_mean(parts: dict[str, Tensors], weights: dict[str, float]) -> Tensors:
+    if not parts:
+        return {}
+    total = sum(weights.values())
+    mean = {
+        k: torch.zeros_like(t, dtype=torch.float32) for k, t in next(iter(parts.values())).items()
+    }
+    for name, tensors in parts.items():
+        share = weights[name] / total  # normalised in float64, then one fp32 axpy
         for key, acc in mean.items():
-            acc.add_(delta.tensors[key].float(), alpha=share)
+            acc.add_(tensors[key], alpha=share)
     return mean
 
 
@@ -336,7 +393,7 @@ class Master:
         got = aggregate(pending, self._step, cfg.max_staleness, cfg.staleness_discount)
         full = False
         if got.included:
-            full = self._apply(got, [d for d in pending if d.identity in got.weights])
+            full = self._apply(got)
             self._step += 1
         self._processed.update(self._pending)
         stale, bad = self._stale + got.stale, {**self._bad, **got.bad}
@@ -344,15 +401,16 @@ class Master:
         weights = {k: t.clone() for k, t in self._weights.items()}
         return RoundResult(self._step, weights, got.included, stale, bad, full, got.tokens)
 
-    def _apply(self, got: AggregateResult, included: list[ReceivedDelta]) -> bool:
+    def _apply(self, got: AggregateResult) -> bool:
         """One outer step from a round's mean; returns whether momentum was applied."""
         if self.config.policy == "naive":
             self._optimizer.step(self._weights, got.mean)
             return self.config.outer_momentum > 0
-        for delta in included:
-            self._fleet[delta.header.node_id] = (delta.header.tokens, self._step)
-        fleet_tokens = max(self.fleet_tokens, got.tokens)
-        share = got.tokens / fleet_tokens  # this round's part of one inner loop of the fleet
+        for node, loop_tokens in got.loop_tokens.items():
+            self._fleet[node] = (loop_tokens, self._step)
+        round_loops = sum(got.loop_tokens.values())
+        fleet_tokens = max(self.fleet_tokens, round_loops)
+        share = round_loops / fleet_tokens  # this round's nodes' part of the fleet
         scaled = {k: v.mul(share) for k, v in got.mean.items()}
         return self._optimizer.delayed_step(self._weights, scaled, got.tokens, fleet_tokens)
 

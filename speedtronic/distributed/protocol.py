@@ -45,6 +45,8 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
 _INT_FIELDS = ("seq", "base_outer_step", "steps", "tokens")
 _STR_FIELDS = ("node_id", "encoding", "created_at")
+# A worker process's chain of increments (kept across --resume); optional for older nodes
+_CHAIN_RE = re.compile(r"[0-9a-f]{8,32}")
 
 
 class BadDelta(Exception):
@@ -114,8 +116,10 @@ class DeltaHeader:
 
     ``base_outer_step`` is the global outer step the worker trained from (staleness is
     measured against it), ``steps`` and ``tokens`` how much training the delta holds (tokens
-    weight the mean), ``encoding`` how the tensors are stored. Invalid values raise
-    ValueError at construction, so a header object is always well-formed.
+    weight the mean), ``encoding`` how the tensors are stored. ``chain`` names the worker
+    process's chain of increments: consecutive deltas of one chain add up, while a worker that
+    restarted without its checkpoint starts a new chain from a global (``outer.aggregate``).
+    Invalid values raise ValueError at construction, so a header object is always well-formed.
     """
 
     node_id: str
@@ -125,6 +129,7 @@ class DeltaHeader:
     tokens: int
     encoding: str
     created_at: str
+    chain: str = ""  # "": a node that predates chains; its deltas form one chain
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
@@ -137,10 +142,12 @@ class DeltaHeader:
             raise ValueError(f"created_at {short_repr(created)}: must be a short timestamp string")
         if not (created.isascii() and created.isprintable()):
             raise ValueError(f"created_at {short_repr(created)}: must be printable ASCII")
+        if self.chain and not (isinstance(self.chain, str) and _CHAIN_RE.fullmatch(self.chain)):
+            raise ValueError(f"chain {short_repr(self.chain)}: must be 8-32 lowercase hex digits")
 
     def to_metadata(self) -> dict[str, str]:
         """The header as safetensors metadata (all strings), with ``format`` added."""
-        meta = {key: str(value) for key, value in asdict(self).items()}
+        meta = {key: str(value) for key, value in asdict(self).items() if value != ""}
         meta["format"] = DELTA_FORMAT
         return meta
 
@@ -161,6 +168,8 @@ class DeltaHeader:
         if missing:
             raise BadDelta(f"header metadata missing {', '.join(missing)}")
         fields: dict[str, object] = {key: meta[key] for key in _STR_FIELDS}
+        if "chain" in meta:
+            fields["chain"] = meta["chain"]
         for key in _INT_FIELDS:
             fields[key] = parse_count(key, meta[key])
         try:

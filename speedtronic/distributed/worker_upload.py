@@ -10,6 +10,7 @@ checkpoint (``state_dict``), so ``--resume`` resends exactly what was unsent.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -48,6 +49,9 @@ class Uploader:
     def __init__(self, config: Any, transport: Any, logger: Any, status: NodeStatus):
         self.config, self.transport, self.logger, self.status = config, transport, logger, status
         self.node_id: str = config.node_id
+        # This process's chain of increments: the master adds up one chain's deltas (a
+        # checkpoint keeps it, so --resume continues the chain; a fresh start is a new one)
+        self.chain = secrets.token_hex(8)
         self.seq = 0  # the last sequence number given
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
@@ -158,6 +162,7 @@ class Uploader:
             tokens=pending.tokens,
             encoding=self.config.delta_dtype,
             created_at=pending.created_at,
+            chain=self.chain,
         )
 
     # ------------------------------------------------------------------ checkpoint state
@@ -168,12 +173,14 @@ class Uploader:
             # to be sent again unchanged after a resume, which the master then counts once.
             unsent, exact = self.outbox, self.exact or self.sending
             return {
+                "chain": self.chain,
                 "seq": self.seq,
                 "unsent": None if unsent is None else pending_state(unsent),
                 "exact": None if exact is None else pending_state(exact),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.chain = state.get("chain", self.chain)  # older checkpoints: a new chain
         self.seq = int(state["seq"])
         unsent, exact = state.get("unsent"), state.get("exact")
         self.outbox = None if unsent is None else Pending(**unsent)
