@@ -47,3 +47,9 @@ class TransportError(SpeedtronicError):
     """
 
     permanent = False
+
+
+class DamagedRepoFile(TransportError):
+    """A file in the shared repo holds what it must not (bad JSON, a wrong field, a link, a
+    folder, an oversize file): the repo answered, its content is wrong. Unlike a network
+    failure, trying again reads the same thing."""

@@ -278,13 +278,21 @@ def _name(hook: Hook) -> str:
     return type(owner).__name__ if owner is not None else getattr(hook, "__name__", repr(hook))
 
 
+_MOMENTUM_WORDS = {
+    "off": "no outer momentum (plain averaging)",
+    "applied": "outer momentum applied",
+    # delayed Nesterov: the look-ahead waits until the rounds hold one inner loop of the fleet
+    "pending": "outer momentum pending (until a fleet's inner loop of tokens is in)",
+}
+
+
 def _diloco_line(event: str, p: dict[str, Any]) -> str:
     """DumbDiLoCo's plain lines: a node's boundary, or a master's round."""
     if event == "diloco_round":
         return (
             f"diloco round: outer step {p['outer_step']} | deltas {p['included']} in, "
             f"{p['stale']} stale, {p['bad']} rejected | {p['tokens']:,} tokens | "
-            f"momentum {'on' if p['momentum'] else 'off (partial round)'}"
+            f"{_MOMENTUM_WORDS[p.get('momentum_state', 'applied' if p['momentum'] else 'off')]}"
         )
     installed = f" | installed global {p['installed']}" if p.get("installed") is not None else ""
     return (

@@ -6,16 +6,34 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
-from diloco_support import Log
-from test_diloco_nodes import master_loop
+import torch
+from diloco_support import Log, settings
+from test_diloco_nodes import FakeTrainer, master_loop, model
 from test_diloco_outer import assert_weights, make_delta
 from test_diloco_outer import master as outer_master
+from typer.testing import CliRunner
 
-from speedtronic.distributed.protocol import STEP_COUNT, parse_step_count
+from speedtronic.cli.app import app
+from speedtronic.distributed.codec import encode_delta, encode_weights
+from speedtronic.distributed.master import MasterLoop
+from speedtronic.distributed.master_repo import AnotherMaster
+from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
+    STEP_COUNT,
+    DeltaHeader,
+    delta_path,
+    parse_step_count,
+)
 from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker import WorkerPlugin
 from speedtronic.errors import TransportError
+from speedtronic.metrics import _diloco_line
+
+runner = CliRunner()
 
 
 def strangers_repo(root):
@@ -132,3 +150,267 @@ def test_I2_a_partial_round_applies_the_summed_node_at_its_share_of_the_fleet():
         m.offer(delta, now=1.0)
     # n1 is half the fleet: its 0.3 counts half, 0.15.
     assert_weights(m.round(now=1.0).weights, {"a": [0.85, 1.85], "b": [0.35]})
+
+
+# ---- I3: the master's own state is the source of truth -------------------------------------
+
+
+def run_master_to(tmp_path, transport, log, steps: int):
+    """A master whose rounds each apply one crafted delta of node-a; returns the loop and the
+    global's bytes at every outer step."""
+    loop = master_loop(tmp_path, transport, log)
+    loop.start()
+    published = {0: (transport.root / GLOBAL_WEIGHTS).read_bytes()}
+    for seq in range(1, steps + 1):
+        upload_delta(transport, seq, base=seq - 1, move=0.01)
+        assert loop.poll_once().outer_step == seq
+        published[seq] = (transport.root / GLOBAL_WEIGHTS).read_bytes()
+    return loop, published
+
+
+def upload_delta(transport, seq, base, move, node="node-a"):
+    header = DeltaHeader(node, seq, base, 2, 20, "fp32", "2026-01-01T00:00:00Z", "c0ffee00")
+    transport.upload(
+        delta_path(node, seq), encode_delta({"weight": torch.full((1, 2), move)}, header)
+    )
+
+
+def published_step(repo):
+    return json.loads((repo / STEP_COUNT).read_text())["outer_step"]
+
+
+def test_I3_a_restart_over_step_one_weights_and_a_huge_step_count_keeps_its_own_state(tmp_path):
+    """Issue 17, defect 2: it went back to step 1, then wedged refusing to save step 5."""
+    repo, log = tmp_path / "repo", Log()
+    transport = LocalTransport(repo)
+    _, published = run_master_to(tmp_path, transport, log, steps=3)
+    (repo / GLOBAL_WEIGHTS).write_bytes(published[1])
+    (repo / STEP_COUNT).write_text(json.dumps({"outer_step": 1_000_000}))
+    restarted_log = Log()
+    restarted = master_loop(tmp_path, transport, restarted_log)
+    restarted.start()
+    assert restarted.master.outer_step == 3 and published_step(repo) == 3
+    assert (repo / GLOBAL_WEIGHTS).read_bytes() == published[3]  # a step means the same weights
+    assert any(
+        "damaged" in w and "step_count.json says 1000000" in w for w in restarted_log.warnings
+    )
+    upload_delta(transport, 4, base=3, move=0.01)
+    assert restarted.poll_once().outer_step == 4  # not wedged
+
+
+def test_I3_a_genuine_global_under_an_inflated_step_count_is_republished_not_adopted(tmp_path):
+    repo, log = tmp_path / "repo", Log()
+    transport = LocalTransport(repo)
+    _, published = run_master_to(tmp_path, transport, log, steps=2)
+    counted = json.loads((repo / STEP_COUNT).read_text())
+    (repo / STEP_COUNT).write_text(json.dumps({**counted, "outer_step": 1_000_000}))
+    restarted = master_loop(tmp_path, transport, Log())
+    restarted.start()
+    assert restarted.master.outer_step == 2 and published_step(repo) == 2
+    assert (tmp_path / "state").is_dir() and list((tmp_path / "state").glob("step_*.json"))
+    upload_delta(transport, 3, base=2, move=0.01)  # a new worker's delta is not "too stale"
+    assert restarted.poll_once().counts["included"] == 1
+
+
+def damage(kind, repo):
+    """Damage the repo's global/ one way; returns the file name a log line must name."""
+    step_count, global_dir = repo / STEP_COUNT, repo / "global"
+    if kind == "bad json":
+        step_count.write_text("{not json")
+    elif kind == "fifo":
+        step_count.unlink()
+        os.mkfifo(step_count)
+    elif kind == "symlink":
+        step_count.unlink()
+        step_count.symlink_to("/etc/hostname")
+    elif kind == "directory":
+        step_count.unlink()
+        step_count.mkdir()
+    elif kind == "global is a file":
+        shutil.rmtree(global_dir)
+        global_dir.write_text("x")
+        return "global/"
+    elif kind == "garbage weights":
+        (repo / GLOBAL_WEIGHTS).write_bytes(b"garbage" * 10)
+        return GLOBAL_WEIGHTS
+    return STEP_COUNT
+
+
+DAMAGE = ["bad json", "fifo", "symlink", "directory", "global is a file", "garbage weights"]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_I3_a_master_with_its_state_republishes_over_a_damaged_global(tmp_path, kind):
+    repo = tmp_path / "repo"
+    transport = LocalTransport(repo)
+    _, published = run_master_to(tmp_path, transport, Log(), steps=2)
+    named = damage(kind, repo)
+    log = Log()
+    restarted = master_loop(tmp_path, transport, log)
+    restarted.start()  # exit 1 before, for each of these
+    assert published_step(repo) == 2 and (repo / GLOBAL_WEIGHTS).read_bytes() == published[2]
+    [line] = [w for w in log.warnings if "damaged" in w]
+    assert named in line and "republishing" in line and ": 3" not in line
+
+
+def test_I3_a_deleted_global_is_restored_while_the_master_runs(tmp_path):
+    repo, log = tmp_path / "repo", Log()
+    transport = LocalTransport(repo)
+    loop, published = run_master_to(tmp_path, transport, log, steps=2)
+    shutil.rmtree(repo / "global")
+    loop.guard.interval_s = 0.0  # every poll looks (a minute at most in a real run)
+    loop.poll_once()
+    assert published_step(repo) == 2 and (repo / GLOBAL_WEIGHTS).read_bytes() == published[2]
+    assert any("step_count.json is missing" in w and "restoring" in w for w in log.warnings)
+
+
+def test_I3_a_second_master_on_a_directory_is_refused_in_one_line(tmp_path):
+    repo = tmp_path / "repo"
+    transport = LocalTransport(repo)
+    first, _ = run_master_to(tmp_path, transport, Log(), steps=2)
+    other_state = tmp_path / "other"
+    other_state.mkdir()
+    (other_state / "x").write_text("")  # a state dir of its own, but no state in it
+    second = MasterLoop(settings(), {"weight": torch.ones(1, 2)}, transport, Log(), other_state)
+    second.start()  # no state: continues from the repo (a master on a new machine)
+    upload_delta(transport, 3, base=2, move=0.01)
+    second.poll_once()  # it publishes outer step 3 under its own id
+    first.guard.interval_s = 0.0
+    with pytest.raises(AnotherMaster, match="only one master may run") as info:
+        first.poll_once()
+    assert info.value.permanent and "\n" not in str(info.value)
+    assert first.poll_safely() is None and first.fatal is not None  # the thread stops the run
+
+
+class Unreachable(LocalTransport):
+    """A repo that does not answer until ``up`` is set."""
+
+    up = False
+
+    def read_step_count(self):
+        if not self.up:
+            raise TransportError("503 Service Unavailable")
+        return super().read_step_count()
+
+    def list_deltas(self):
+        if not self.up:
+            raise TransportError("503 Service Unavailable")
+        return super().list_deltas()
+
+
+def test_I3_a_master_without_state_publishes_nothing_until_the_repo_answers(tmp_path):
+    repo = tmp_path / "repo"
+    run_master_to(tmp_path / "before", LocalTransport(repo), Log(), steps=2)  # another life
+    transport, log = Unreachable(repo), Log()
+    loop = master_loop(tmp_path, transport, log)  # a new machine: no state
+    loop.start()
+    assert loop.poll_safely() is None and published_step(repo) == 2  # no step 0 over step 2
+    assert any("cannot read the repo at start" in w for w in log.warnings)
+    transport.up = True
+    loop.poll_once()
+    assert loop.master.outer_step == 2 and published_step(repo) == 2
+
+
+# ---- I4 and I5 on the node side ------------------------------------------------------------
+
+
+def started_worker(transport, log):
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, log), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    return worker, trainer, net
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [({"outer_step": 0, "nodes": [1]}, "nodes"), ({"outer_step": 7, "fleet_tokens": "x"}, "fleet")],
+)
+def test_I4_a_worker_keeps_training_over_a_malformed_step_count(tmp_path, body, field):
+    """Issue 17, defect 5: AttributeError / TypeError killed the worker (exit 1)."""
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = started_worker(transport, log)
+    transport.publish(b"unused", {"outer_step": 0}, [])
+    (tmp_path / STEP_COUNT).write_text(json.dumps(body))
+    worker.fetcher.refresh()
+    for _ in range(4):
+        trainer.train_step(worker)  # two boundaries
+    worker.on_train_end(trainer, None)
+    named = [w for w in log.warnings if f"could not fetch the global weights ({STEP_COUNT}: " in w]
+    assert any(f"{STEP_COUNT}: {field}" in w for w in named) and worker.base_outer_step == -1
+
+
+def test_I4_a_global_of_huge_finite_values_is_refused_by_name(tmp_path):
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = started_worker(transport, log)
+    huge = encode_weights({"weight": torch.full((1, 2), 1e30)}, 1)
+    transport.publish(huge, {"outer_step": 1}, [])
+    worker.fetcher.refresh()
+    trainer.train_step(worker)
+    trainer.train_step(worker)  # a boundary: nothing to install
+    assert worker.base_outer_step == -1 and net.weight.abs().max() < 10
+    assert any("implausible weights" in w for w in log.warnings)
+    worker.status.stop.set()
+
+
+def test_I5_a_failure_repeating_at_every_poll_is_said_once_a_minute():
+    now = [0.0]
+    throttle = Throttle(60.0, clock=lambda: now[0])
+    said = []
+    for _ in range(300):  # a minute of polls at 0.2 s
+        said.append(throttle.line("poll failed (nodes is a file)"))
+        now[0] += 0.2
+    said.append(throttle.line("poll failed (nodes is a file)"))
+    lines = [s for s in said if s]
+    assert lines == [
+        "poll failed (nodes is a file)",
+        "poll failed (nodes is a file) (299 more like it in 60 s)",
+    ]
+
+
+def test_I5_the_master_thread_survives_any_exception_a_transport_raises(tmp_path):
+    class Broken(LocalTransport):
+        def list_deltas(self):
+            raise RuntimeError("Error while uploading 'x' to the Hub.")
+
+    log = Log()
+    loop = master_loop(tmp_path, Broken(tmp_path / "repo"), log)
+    loop.start()
+    for _ in range(50):
+        assert loop.poll_safely() is None
+    assert loop.fatal is None
+    failed = "poll failed (RuntimeError(\"Error while uploading 'x' to the Hub.\")); retrying"
+    assert [w for w in log.warnings if "poll failed" in w] == [f"diloco master: {failed}"]
+
+
+def test_the_round_line_says_what_the_momentum_did():
+    base = {"outer_step": 3, "included": 2, "stale": 0, "bad": 0, "tokens": 10}
+    line = _diloco_line("diloco_round", {**base, "momentum": False, "momentum_state": "off"})
+    assert "no outer momentum (plain averaging)" in line and "partial" not in line
+    pending = _diloco_line("diloco_round", {**base, "momentum": False, "momentum_state": "pending"})
+    assert "outer momentum pending" in pending
+
+
+# ---- bad --repo targets: exit 2 at start, one line -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "repo, reason",
+    [
+        ("/proc", "a system directory"),
+        ("file://", "names no directory"),
+        ("/", "the filesystem root"),
+        ("{file}", "is a file, not a directory"),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_a_repo_no_node_could_use_is_exit_2_at_start(tmp_path, repo, reason, command):
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    sets = ["run.max_steps=1", f"run.output_dir={tmp_path / 'run'}", "distributed.enabled=true"]
+    sets.append(f"distributed.repo_id={repo.format(file=path)}")
+    args = [command] + [a for kv in sets for a in ("--set", kv)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    [line, *_] = result.stderr.splitlines()
+    assert line.startswith("speedtronic: error: distributed.repo_id:") and reason in line
+    assert "Traceback" not in result.stderr and not (tmp_path / "nodes").exists()

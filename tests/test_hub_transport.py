@@ -491,7 +491,7 @@ def test_the_hub_backoff_cap_comes_from_the_environment_for_tests(monkeypatch):
 
 @pytest.mark.parametrize("repo", ["not a repo", "a/b/c", "org/", "org/na..me"])
 def test_open_transport_refuses_what_is_neither_a_directory_nor_a_repo_id(repo):
-    with pytest.raises(TransportError, match="neither a directory nor a Hugging Face Hub repo id"):
+    with pytest.raises(ConfigError, match="neither a directory nor a Hugging Face Hub repo id"):
         open_transport(repo)
 
 

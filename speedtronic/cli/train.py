@@ -274,9 +274,11 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
 def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
     """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence."""
     from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.repos import check_repo_spec
     from speedtronic.distributed.worker import parameters_of
 
     dist = cfg.distributed
+    check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
     facts: dict[str, Any] = {
         "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
         "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),

@@ -31,6 +31,8 @@ from speedtronic.distributed.protocol import (
 __all__ = [
     "BadDelta",
     "SCALE_SUFFIX",
+    "check_plausible_global",
+    "global_norm",
     "decode_delta",
     "decode_weights",
     "encode_delta",
@@ -146,7 +148,9 @@ def encode_weights(state: dict[str, Tensor], outer_step: int) -> bytes:
         for key, value in state.items()
     }
     metadata = {"format": WEIGHTS_FORMAT, "outer_step": str(outer_step)}
-    return safetensors.torch.save(tensors, metadata=metadata)
+    # canonical: the same weights at the same step are the same bytes (and sha256), so a master
+    # can tell its own publish from another one (I3)
+    return canonical(safetensors.torch.save(tensors, metadata=metadata))
 
 
 def decode_weights(data: bytes, reference: dict[str, Tensor]) -> tuple[int, dict[str, Tensor]]:
@@ -331,7 +335,7 @@ def _check_norm(delta: dict[str, Tensor], reference: dict[str, Tensor], ratio: f
     worker sends when its weights did not change (e.g. lr 0 in warm-up), and refusing it
     would make such a worker look broken.
     """
-    delta_norm, weights_norm = _global_norm(delta), _global_norm(reference)
+    delta_norm, weights_norm = global_norm(delta), global_norm(reference)
     if not delta_norm <= ratio * weights_norm:
         raise BadDelta(
             f"implausible norm: delta L2 norm {delta_norm:.4g} > {ratio:g} x weights norm "
@@ -339,7 +343,19 @@ def _check_norm(delta: dict[str, Tensor], reference: dict[str, Tensor], ratio: f
         )
 
 
-def _global_norm(tensors: dict[str, Tensor]) -> float:
+def check_plausible_global(weights: dict[str, Tensor], previous_norm: float, ratio: float = 10.0):
+    """Refuse a global whose L2 norm is over ``ratio`` times, or under 1/``ratio`` of, the
+    previous weights' (I4): finite values of 1e30 pass every other check, and would stop every
+    node after its next steps. Outer steps move weights by far less than that."""
+    new, old = global_norm(weights), previous_norm
+    if old > 0 and not old / ratio <= new <= ratio * old:
+        raise BadDelta(
+            f"implausible weights: L2 norm {new:.4g} against {old:.4g} for the weights before "
+            f"(more than {ratio:g}x apart)"
+        )
+
+
+def global_norm(tensors: dict[str, Tensor]) -> float:
     # float64 so that a large model's sum of squares neither overflows nor loses the small terms.
     total = sum(float(torch.linalg.vector_norm(t.detach().double())) ** 2 for t in tensors.values())
     return math.sqrt(total)

@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
-from speedtronic.distributed.codec import decode_weights
 from speedtronic.distributed.master_intake import DeltaIntake
 from speedtronic.distributed.master_publish import Publisher
+from speedtronic.distributed.master_repo import RepoGuard
+from speedtronic.distributed.master_state import master_id
+from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.outer import Master, MasterConfig, MasterState, RoundResult
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, NODE_ID_RE
 from speedtronic.distributed.transport import Transport
 from speedtronic.errors import SpeedtronicError, TransportError
 
@@ -41,20 +42,6 @@ def master_config(config: Any) -> MasterConfig:
         staleness_discount=config.staleness_discount,
         policy=config.outer_policy,
     )
-
-
-def known_nodes(counted: dict | None) -> dict[str, dict[str, Any]]:
-    """The ``nodes`` summary of a published step count, kept only where well-formed."""
-    nodes = (counted or {}).get("nodes")
-    if not isinstance(nodes, dict):
-        return {}
-    fields = ("seq", "base_outer_step", "last_delta_at", "tokens")
-    return {
-        node: {k: info[k] for k in fields}
-        for node, info in nodes.items()
-        if isinstance(node, str) and NODE_ID_RE.fullmatch(node)
-        if isinstance(info, dict) and all(k in info for k in fields)
-    }
 
 
 class MasterLoop:
@@ -82,6 +69,10 @@ class MasterLoop:
         now = lambda: self.clock()  # noqa: E731 - a simulation may swap the clock later
         self.intake = DeltaIntake(transport, logger, weights, now)
         self.publisher = Publisher(transport, logger, self.state_dir, now)
+        self.master_id = master_id(self.state_dir)
+        self.guard = RepoGuard(transport, logger, self.master_id, weights, now)
+        self._restored: MasterState | None = None
+        self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
 
@@ -97,40 +88,69 @@ class MasterLoop:
     # ------------------------------------------------------------------ start-up
 
     def start(self, restored: MasterState | None = None) -> None:
-        """Resume the newest of: state_dir, the trainer checkpoint's copy, the repo; publish it."""
+        """Resume this master's state (state_dir, or the trainer checkpoint's copy if newer)
+        and hold the repo to it (I3: the state, not the repo, is the source of truth); with no
+        state of its own, continue from the repo. A repo it cannot read now is read again at
+        the next poll: with no state, nothing is published before then."""
+        for message in master_config(self.config).warnings():  # e.g. naive async: said once
+            self.logger.warn(f"diloco master: {message}")
+        self._restored = restored
+        self._start_now()
+
+    def _start_now(self) -> None:
         state = MasterState.load(self.state_dir, log=self.logger.warn)
+        restored = self._restored
         if restored is not None and (state is None or restored.outer_step > state.outer_step):
             state = restored
-        counted = self.transport.read_step_count()
-        self.intake.nodes = known_nodes(counted)
-        published = self._published_state(counted, state.outer_step if state else -1)
-        state = published or state
-        policy = master_config(self.config)
-        for message in policy.warnings():  # e.g. naive async: said once, in the run's log
-            self.logger.warn(f"diloco master: {message}")
+        try:
+            view = self.guard.inspect(with_weights=True, max_bytes=self.intake.max_bytes)
+        except Exception as exc:  # the repo is unreachable now: judged at the next poll
+            if getattr(exc, "permanent", False):
+                raise
+            self._say_unchecked(exc, state)
+            if state is not None:
+                self._resume(state)
+            return
+        self.intake.nodes = dict(view.nodes or {})
+        state, publish = self.guard.at_start(state, view)
+        self._resume(state)
+        self.guard.last_check = self.clock()
+        if publish:
+            self._publish_safely(self.master.global_weights)
+
+    def _resume(self, state: MasterState | None) -> None:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            self.master = Master(policy, self.initial_weights, state)
-        if counted is None or counted["outer_step"] < self.master.outer_step:
-            self._publish(self.master.global_weights)
+            warnings.simplefilter("ignore", UserWarning)  # said once, in start()
+            self.master = Master(master_config(self.config), self.initial_weights, state)
         self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
 
-    def _published_state(self, counted: dict | None, local_step: int) -> MasterState | None:
-        """The repo's global, if it is ahead of everything local (a master on a new machine)."""
-        if counted is None or counted["outer_step"] <= local_step:
-            return None
-        data = self.transport.read(GLOBAL_WEIGHTS, self.intake.max_bytes)
-        outer_step, weights = decode_weights(data or b"", self.initial_weights)
+    def _say_unchecked(self, exc: Exception, state: MasterState | None) -> None:
+        then = "publishing nothing before" if state is None else "its state stands until"
         self.logger.warn(
-            f"diloco master: the repo is at outer step {outer_step}, ahead of {self.state_dir}; "
-            "continuing from the published weights (outer momentum starts again from zero)"
+            f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"
         )
-        return MasterState(outer_step, weights)
+
+    def _publish_safely(self, weights: Tensors) -> None:
+        """Publish at start: a transient failure leaves it to the next poll (I5)."""
+        try:
+            self._publish(weights)
+        except Exception as exc:
+            if getattr(exc, "permanent", False):
+                raise
+            self.logger.warn(f"diloco master: publish failed ({exc}); the next poll retries")
 
     # ------------------------------------------------------------------ one poll
 
     def poll_once(self, force: bool = False) -> RoundResult | None:
         """Fetch new deltas, offer them, and run (and publish) a round if one is ready."""
+        if not self.guard.checked:  # the repo was unreachable at start: no round before it answers
+            self._start_now()
+            if not self.guard.checked:
+                return None
+        if self.guard.due() and self.guard.check(
+            self.master.outer_step, self.publisher.last_sha, self.intake.max_bytes
+        ):
+            self.publisher.unpublished = True  # restored by this poll's publish
         self.intake.poll(self.master)
         if not force and not self.publisher.due():
             return None  # the offered deltas wait for the next poll's round
@@ -150,7 +170,7 @@ class MasterLoop:
     def _publish(self, weights: Tensors) -> None:
         """Publish, deleting every settled file; if it fails, the next poll tries again."""
         consumed = list(self.intake.unusable)
-        extra = {"nodes": self.intake.nodes}
+        extra = {"nodes": self.intake.nodes, "master": self.master_id}
         self.publisher.publish(self.master, weights, consumed, extra)
         self.intake.deleted(consumed)
 
@@ -165,6 +185,7 @@ class MasterLoop:
                 **result.counts,  # this round's; the counters below are totals so far
                 "tokens": result.tokens,
                 "momentum": result.momentum_applied,
+                "momentum_state": result.momentum_state,
                 **{f"total_{k}": v for k, v in counters.items()},
                 **self.transport.stats(),
             },
@@ -187,11 +208,14 @@ class MasterLoop:
         """``poll_once``, with failures logged rather than raised (I5: training goes on)."""
         try:
             return self.poll_once(force)
-        except (SpeedtronicError, OSError) as exc:
+        except Exception as exc:  # anything a transport raises: the master thread lives on
             if getattr(exc, "permanent", False):  # no access, no repo: retrying cannot help
                 self.fatal = self.fatal or exc
                 return None
-            self.logger.warn(f"diloco master: poll failed ({exc}); retrying next interval")
+            why = exc if isinstance(exc, (SpeedtronicError, OSError)) else repr(exc)
+            line = self.throttle.line(f"diloco master: poll failed ({why}); retrying")
+            if line:
+                self.logger.warn(line)
             return None
         finally:
             for message in getattr(self.transport, "take_warnings", list)():
@@ -199,7 +223,7 @@ class MasterLoop:
 
     def serve(self, outer_steps: int, stop: threading.Event) -> None:
         """Coordinate only (no local training) until ``outer_steps`` rounds or ``stop``."""
-        while not stop.is_set() and self.master.outer_step < outer_steps:
+        while not stop.is_set() and (self.master is None or self.master.outer_step < outer_steps):
             self.poll_safely()
             if self.fatal is not None:
                 raise self.fatal
@@ -237,6 +261,12 @@ class MasterPlugin:
         self.loop.poll_safely(force=True)  # what arrived while training ended
         if self.loop.fatal is not None:
             raise self.loop.fatal
+        if not self.loop.guard.checked:  # no round could run: the deltas were never applied
+            raise TransportError(
+                f"diloco master: {self.loop.transport.describe()} never answered, so no delta "
+                "was aggregated",
+                hint="start the master again once the repo is reachable: the deltas wait there",
+            )
         if self.loop.unpublished:  # saved in state_dir, not in the repo: never exit 0 on that
             raise TransportError(
                 f"diloco master: outer step {self.loop.master.outer_step} is saved in "

@@ -38,6 +38,7 @@ class Publisher:
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
         self.min_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
         self.last_publish = -float("inf")  # on ``clock``
+        self.last_sha: str | None = None  # sha256 of the weights this master last published
         self.unpublished = False  # a saved step the repo does not have yet
 
     def due(self) -> bool:
@@ -64,6 +65,7 @@ class Publisher:
         start = time.perf_counter()
         self.transport.publish(data, step_count, consumed)
         self.last_publish, self.unpublished = self.clock(), False
+        self.last_sha = step_count["weights_sha256"]
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ KEEP_STATES = 2  # the newest state and one to fall back to if it turns out dama
 _MANIFEST_RE = re.compile(r"step_(\d{10})\.json")
 _DATA_RE = re.compile(r"(tensors|processed)-[0-9a-f]{16}\.(safetensors|json)")
 _TMP_PREFIX = ".tmp-"
+MASTER_ID_FILE = "master_id"  # this master's name in step_count.json, made once per state dir
+_MASTER_ID_RE = re.compile(r"[0-9a-f]{16}")
 _WEIGHTS, _MOMENTUM = "weights/", "momentum/"
 Tensors = dict[str, Tensor]  # by parameter name, as in a state_dict
 
@@ -183,3 +186,22 @@ def _read_state(root: Path, step: int) -> MasterState:
     if not all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in tensors.values()):
         raise CheckpointError("tensors are not finite float32")
     return MasterState(step, weights, {"momentum_buffer": buffers}, set(processed))
+
+
+def master_id(state_dir: str | os.PathLike) -> str:
+    """This master's id, stored in its state dir at first use: step_count.json carries it, so a
+    master tells its own publish from another master's (I3), on any transport."""
+    root = Path(state_dir)
+    path = root / MASTER_ID_FILE
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        if _MASTER_ID_RE.fullmatch(text):
+            return text
+    except (OSError, ValueError):
+        pass  # absent or damaged: a new id (the repo then looks like another master's until
+        # this one publishes, which the start-up check handles)
+    new = secrets.token_hex(8)
+    root.mkdir(parents=True, exist_ok=True)
+    replace_atomically(path, new.encode() + b"\n")
+    fsync_dir(root)
+    return new

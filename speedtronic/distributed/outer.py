@@ -289,6 +289,7 @@ class RoundResult:
     bad: dict[str, str]
     momentum_applied: bool  # False for a partial round (plain SGD)
     tokens: int
+    momentum_state: str = "off"  # "off" (no outer momentum), "applied", or "pending"
 
     @property
     def consumed(self) -> list[str]:
@@ -399,7 +400,8 @@ class Master:
         stale, bad = self._stale + got.stale, {**self._bad, **got.bad}
         self._pending, self._first_pending_at, self._stale, self._bad = {}, None, [], {}
         weights = {k: t.clone() for k, t in self._weights.items()}
-        return RoundResult(self._step, weights, got.included, stale, bad, full, got.tokens)
+        state = "off" if cfg.outer_momentum == 0 else "applied" if full else "pending"
+        return RoundResult(self._step, weights, got.included, stale, bad, full, got.tokens, state)
 
     def _apply(self, got: AggregateResult) -> bool:
         """One outer step from a round's mean; returns whether momentum was applied."""

@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from speedtronic.errors import TransportError
+from speedtronic.errors import DamagedRepoFile
 
 DELTA_FORMAT = "speedtronic-delta-1"
 WEIGHTS_FORMAT = "speedtronic-global-1"
@@ -198,20 +198,20 @@ def parse_step_count(data: bytes) -> dict[str, Any]:
     """``step_count.json``'s bytes as a dict whose every known field is type- and range-checked.
 
     The file is written by the master but lives in a repo anyone with write access can edit
-    (I4), so a field of the wrong type or range raises TransportError naming the file and the
-    field, and the reader keeps what it has. Unknown keys are dropped (a later master may add
-    some); known optional ones may be absent.
+    (I4), so a field of the wrong type or range raises ``DamagedRepoFile`` (a TransportError)
+    naming the file and the field, and the reader keeps what it has. Unknown keys are dropped
+    (a later master may add some); known optional ones may be absent.
     """
     try:
         value = json.loads(data)
     except (ValueError, RecursionError) as exc:
-        raise TransportError(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
+        raise DamagedRepoFile(f"{STEP_COUNT} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
-        raise TransportError(f"{STEP_COUNT} is not a JSON object")
+        raise DamagedRepoFile(f"{STEP_COUNT} is not a JSON object")
     try:
         return _checked_step_count(value)
     except ValueError as exc:
-        raise TransportError(f"{STEP_COUNT}: {exc}") from None
+        raise DamagedRepoFile(f"{STEP_COUNT}: {exc}") from None
 
 
 def _checked_step_count(value: dict) -> dict[str, Any]:

@@ -15,30 +15,64 @@ from typing import Any
 
 from speedtronic.distributed.hub.names import is_hub_repo_id
 from speedtronic.distributed.transport import LocalTransport, Transport
-from speedtronic.errors import ConfigError, TransportError
+from speedtronic.errors import ConfigError
 
 # Caps the waits of a node's Hub client between attempts (default 60 s); for tests against a
 # local Hub emulator (docs/hub.md), never against the real Hub and its rate-limit resets
 MAX_BACKOFF_ENV = "SPEEDTRONIC_HUB_MAX_BACKOFF_S"
+REPO_KEY = "distributed.repo_id"
+# Kernel and device file systems: a repo there is a typo, and writing to them is harmful
+_SYSTEM_DIRS = tuple(Path(p) for p in ("/proc", "/sys", "/dev"))
 
 
 def open_transport(repo: str, settings: Any = None) -> Transport:
-    """A directory path or ``file://`` URL -> LocalTransport; anything else is a Hub repo id.
+    """A directory path or ``file://`` URL -> LocalTransport; a Hub repo id -> HubTransport.
 
     ``settings`` (the ``distributed`` config section, or anything with some of its fields:
     node_id, token, cache_dir, min_publish_interval_s, squash_every) configures the Hub
     transport. Nothing is contacted here: the first call on the transport is the first request.
+    A spec that cannot work is a ConfigError (exit 2) at start (``check_repo_spec``).
     """
-    if repo.startswith("file://"):
-        return LocalTransport(repo[len("file://") :])
-    if is_local_repo(repo):
-        return LocalTransport(Path(repo).expanduser())
+    kind, target = check_repo_spec(repo)
+    if kind == "directory":
+        return LocalTransport(target)
+    return _hub_transport(target, settings)
+
+
+def check_repo_spec(repo: str) -> tuple[str, str]:
+    """``(kind, target)`` of a repo spec: ``("directory", path)`` or ``("hub", repo_id)``.
+
+    Refused, in one line naming the key: ``file://`` with no path, the filesystem root or a
+    system directory (/proc, /sys, /dev), a path that is a file, a directory this process
+    cannot write to (or create), and anything that is neither a path nor ``owner/name``.
+    """
+    if repo.startswith("file://") or is_local_repo(repo):
+        raw = repo[len("file://") :] if repo.startswith("file://") else repo
+        if not raw.strip():
+            raise ConfigError(f"{REPO_KEY}: {repo!r} names no directory (use file:///path/to/repo)")
+        return "directory", str(_check_directory(Path(raw).expanduser(), repo))
     if not is_hub_repo_id(repo):
-        raise TransportError(
-            f"{repo!r} is neither a directory nor a Hugging Face Hub repo id (owner/name)",
-            hint="set distributed.repo_id to my-org/my-run, or to a path or file:// URL",
+        raise ConfigError(
+            f"{REPO_KEY}: {repo!r} is neither a directory nor a Hugging Face Hub repo id "
+            "(owner/name); use my-org/my-run, or a path or file:// URL"
         )
-    return _hub_transport(repo, settings)
+    return "hub", repo
+
+
+def _check_directory(path: Path, spec: str) -> Path:
+    """``path`` if a node can keep a shared repo there; ConfigError naming what is wrong."""
+    resolved = path.resolve()
+    if resolved == Path(resolved.anchor):
+        raise ConfigError(f"{REPO_KEY}: {spec!r} is the filesystem root; give the run a folder")
+    if any(resolved.is_relative_to(system) for system in _SYSTEM_DIRS):
+        raise ConfigError(f"{REPO_KEY}: {spec!r} is a system directory; give the run a folder")
+    if resolved.exists() and not resolved.is_dir():
+        raise ConfigError(f"{REPO_KEY}: {spec!r} is a file, not a directory")
+    existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "" if existing == resolved else f" (its nearest existing folder {existing})"
+        raise ConfigError(f"{REPO_KEY}: {spec!r}{what} is not writable by this process")
+    return path
 
 
 def _hub_transport(repo: str, settings: Any) -> Transport:

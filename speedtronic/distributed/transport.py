@@ -13,8 +13,10 @@ capped, and what comes back is data for ``codec`` to validate.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +30,12 @@ from speedtronic.distributed.protocol import (
     delta_path_problem,
     parse_step_count,
 )
-from speedtronic.errors import TransportError
+from speedtronic.errors import DamagedRepoFile, TransportError
 
 MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
+# open() failures that mean the repo holds the wrong kind of entry, not a passing fault
+_DAMAGE_ERRNOS = (errno.ELOOP, errno.ENOTDIR, errno.EISDIR)
+_NO_ACCESS_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 @dataclass(frozen=True)
@@ -144,16 +149,21 @@ class LocalTransport:
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno in _DAMAGE_ERRNOS:  # a link, or a file where a folder should be
+                raise DamagedRepoFile(f"cannot read {path}: {exc.strerror}") from exc
             raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
+        try:  # fstat before fdopen: opening a folder's fd as a file raises a nameless error
+            info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise TransportError(f"{path} is not a regular file")
+                raise DamagedRepoFile(f"{path} is not a regular file")
             if info.st_size > max_bytes:
-                raise TransportError(f"{path} is {info.st_size} bytes, over the {max_bytes} cap")
-            data = f.read(max_bytes + 1)
+                raise DamagedRepoFile(f"{path} is {info.st_size} bytes, over the {max_bytes} cap")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(max_bytes + 1)
+        finally:
+            os.close(fd)
         if len(data) > max_bytes:  # grew since the fstat
-            raise TransportError(f"{path} is over the {max_bytes} byte cap")
+            raise DamagedRepoFile(f"{path} is over the {max_bytes} byte cap")
         return data
 
     def read_step_count(self) -> dict[str, Any] | None:
@@ -179,13 +189,34 @@ class LocalTransport:
     def _write(self, path: str, data: bytes) -> None:
         final = self._resolve(path)
         try:
+            self._make_room(final)
             final.parent.mkdir(parents=True, exist_ok=True)
             replace_atomically(final, data)
         except OSError as exc:
-            raise TransportError(f"cannot write {path} in {self.root}: {exc.strerror}") from exc
+            error = TransportError(f"cannot write {path} in {self.root}: {exc.strerror}")
+            error.permanent = exc.errno in _NO_ACCESS_ERRNOS  # retrying cannot help
+            raise error from exc
         # After the rename the file has landed: raising now would make the caller send it again.
         with contextlib.suppress(OSError):
             fsync_dir(final.parent)
+
+    def _make_room(self, final: Path) -> None:
+        """Clear what stands where the layout has a folder or ``final`` (a file, a link or a
+        FIFO named ``global``, a folder named ``step_count.json``): writes never follow a link
+        out of the repo, and a damaged ``global/`` is restored rather than failing forever."""
+        current = self.root
+        for part in final.relative_to(self.root).parts[:-1]:
+            current = current / part
+            try:
+                if stat.S_ISDIR(os.lstat(current).st_mode):
+                    continue
+            except FileNotFoundError:
+                return  # mkdir makes the rest
+            current.unlink()
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(final).st_mode):
+                shutil.rmtree(final)
 
 
 def _kind_problem(entry: os.DirEntry) -> str | None:

@@ -2,10 +2,10 @@
 
 ``GlobalFetcher.refresh`` reads ``step_count.json`` and, when it names an outer step newer than
 the one installed and the one waiting, downloads ``global/latest.safetensors``, validates it
-(``codec``: keys, shapes, dtypes, finiteness) and keeps it as ``ready`` for the plug-in to
-install. A step count and weights that disagree are a publish in flight: skipped until the next
-poll. Every failure is logged and the last good global kept (I5); a permanent one stops the
-node through its ``NodeStatus``.
+(``codec``: keys, shapes, dtypes, finiteness, a norm within 10x of the previous global's) and
+keeps it as ``ready`` for the plug-in to install. A step count and weights that disagree are a
+publish in flight: skipped until the next poll. Every failure is logged and the last good
+global kept (I5); a permanent one stops the node through its ``NodeStatus``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from typing import Any
 
 import torch
 
-from speedtronic.distributed.codec import decode_weights, expected_delta_bytes
-from speedtronic.distributed.node_status import NodeStatus
+from speedtronic.distributed.codec import (
+    check_plausible_global,
+    decode_weights,
+    expected_delta_bytes,
+    global_norm,
+)
+from speedtronic.distributed.node_status import NodeStatus, Throttle
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
 
 
@@ -41,8 +46,10 @@ class GlobalFetcher:
         self.params = params  # the reference for keys and shapes
         self.installed_step = -1  # the outer step of the global the node's base came from
         self.ready: Ready | None = None  # a validated global newer than the installed one
+        self.norm: float | None = None  # the last accepted global's L2 norm (I4 plausibility)
         self.lock = threading.Lock()
         self._fetching = threading.Lock()
+        self.throttle = Throttle()  # the same failure at every poll: one line a minute
 
     def run(self) -> None:
         """The poller thread."""
@@ -57,7 +64,9 @@ class GlobalFetcher:
                 self.fetch_newer()
         except Exception as exc:  # anything: the poller thread must outlive it (I5)
             self.status.stop_if_permanent(exc)
-            self.logger.warn(f"diloco: could not fetch the global weights ({exc})")
+            line = self.throttle.line(f"diloco: could not fetch the global weights ({exc})")
+            if line:
+                self.logger.warn(line)
 
     def take(self) -> Ready | None:
         """The waiting global, if any, and forget it (the caller installs it or drops it)."""
@@ -78,6 +87,10 @@ class GlobalFetcher:
         self.status.counters["bytes_down"] += len(data)
         if outer_step != counted["outer_step"]:
             return  # a publish in flight: step_count and weights disagree until it ends
+        if self.norm is None:  # the first global: against this node's own initial weights
+            self.norm = global_norm(self.params)
+        check_plausible_global(weights, self.norm)
+        self.norm = global_norm(weights)
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
         with self.lock:  # never replace a newer global already waiting
             if outer_step > (self.ready.outer_step if self.ready else self.installed_step):

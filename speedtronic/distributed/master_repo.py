@@ -1,0 +1,197 @@
+"""The master's trust boundary: its own state dir against the repo's global (I3).
+
+The state dir is written only by this master, atomically and content-addressed; the repo can be
+edited by anyone with write access. So the state dir is the source of truth for the outer step:
+``RepoGuard.inspect`` reads the repo's ``step_count.json`` (and at start the weights) as
+untrusted data and says what is wrong with it, naming the file; ``at_start`` decides which
+state the master resumes and whether to republish; ``check`` is the periodic look that restores
+a global that was deleted, damaged or left behind, and stops this master when another one
+publishes. The repo is adopted only where nothing local can say better: with no state dir (a
+master on a new machine), or when it holds this master's own later publish (its newest state
+was lost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.codec import (
+    BadDelta,
+    check_plausible_global,
+    decode_weights,
+    encode_weights,
+    global_norm,
+)
+from speedtronic.distributed.master_state import MasterState
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
+from speedtronic.errors import DamagedRepoFile, TransportError
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RepoView:
+    """The repo's global as read: ``step`` None when absent or damaged, ``problem`` why."""
+
+    step: int | None = None
+    master: str | None = None
+    sha256: str | None = None
+    problem: str | None = None
+    weights: Tensors | None = None  # read at start only, when consistent with the step count
+    nodes: dict | None = None  # step_count's per-node summary (``hub status`` shows it)
+
+
+class AnotherMaster(TransportError):
+    """Another master publishes to this repo: only one may run (permanent, exit 1)."""
+
+    permanent = True
+
+
+class RepoGuard:
+    """Reads and judges the repo's global on behalf of the master with id ``master_id``."""
+
+    def __init__(
+        self,
+        transport: Any,
+        logger: Any,
+        master_id: str,
+        reference: Tensors,
+        clock: Callable[[], float],
+        interval_s: float = 60.0,
+    ):
+        self.transport, self.logger, self.master_id = transport, logger, master_id
+        self.reference, self.clock, self.interval_s = reference, clock, interval_s
+        self.last_check = -float("inf")
+        self.checked = False  # the repo answered once: rounds may run
+        self._said: set[str] = set()  # problems logged already (each once)
+
+    # ------------------------------------------------------------------ reading
+
+    def inspect(self, with_weights: bool, max_bytes: int) -> RepoView:
+        """What the repo holds, damage included (``problem``); a transport failure raises."""
+        try:
+            counted = self.transport.read_step_count()
+        except DamagedRepoFile as exc:
+            self.checked = True
+            return RepoView(problem=_named(STEP_COUNT, exc))
+        self.checked = True
+        if counted is None:
+            return RepoView()
+        view = RepoView(
+            counted["outer_step"],
+            counted.get("master"),
+            counted.get("weights_sha256"),
+            nodes=counted.get("nodes"),
+        )
+        self.checked = True
+        if not with_weights:
+            return view
+        return self._with_weights(view, max_bytes)
+
+    def _with_weights(self, view: RepoView, max_bytes: int) -> RepoView:
+        try:
+            data = self.transport.read(GLOBAL_WEIGHTS, max_bytes)
+            if data is None:
+                return RepoView(problem=f"{GLOBAL_WEIGHTS} is missing")
+            step, weights = decode_weights(data, self.reference)
+            check_plausible_global(weights, global_norm(self.reference))
+        except (DamagedRepoFile, BadDelta) as exc:
+            return RepoView(problem=_named(GLOBAL_WEIGHTS, exc))
+        if step != view.step:
+            problem = f"{GLOBAL_WEIGHTS} holds outer step {step}, {STEP_COUNT} says {view.step}"
+            return RepoView(problem=problem)
+        if view.sha256 is not None and hashlib.sha256(data).hexdigest() != view.sha256:
+            return RepoView(problem=f"{GLOBAL_WEIGHTS} does not match {STEP_COUNT}'s sha256")
+        return RepoView(view.step, view.master, view.sha256, None, weights, view.nodes)
+
+    # ------------------------------------------------------------------ decisions
+
+    def at_start(self, state: MasterState | None, view: RepoView) -> tuple[MasterState, bool]:
+        """The state to resume and whether to publish it now."""
+        if state is None:
+            return self._without_state(view)
+        where = f"this master's state (outer step {state.outer_step})"
+        if view.problem is not None:
+            self._say(f"the repo's global is damaged ({view.problem}); republishing {where}")
+            return state, True
+        if view.step is None or view.step < state.outer_step:
+            return state, True
+        if view.step == state.outer_step:
+            return state, view.sha256 != weights_sha256(state.global_weights, state.outer_step)
+        if view.master == self.master_id:  # our own later publish; our newest state was lost
+            self._say(
+                f"the repo holds this master's outer step {view.step}, past {where}: continuing "
+                "from it (outer momentum starts again from zero)"
+            )
+            return MasterState(view.step, view.weights), False
+        raise self._another_master(view)
+
+    def _without_state(self, view: RepoView) -> tuple[MasterState | None, bool]:
+        if view.problem is not None:
+            self._say(
+                f"the repo's global is damaged ({view.problem}) and this master has no state: "
+                "starting from the initial weights"
+            )
+        if view.weights is None:
+            return None, True
+        self._say(
+            f"no state of this master: continuing from the repo's outer step {view.step} "
+            "(outer momentum starts again from zero)"
+        )
+        return MasterState(view.step, view.weights), False
+
+    def due(self) -> bool:
+        return self.clock() - self.last_check >= self.interval_s
+
+    def check(self, outer_step: int, published_sha: str | None, max_bytes: int) -> bool:
+        """The periodic look: True when the repo must get this master's step again; raises
+        ``AnotherMaster`` when a consistent global at or past this step is not this master's."""
+        self.last_check = self.clock()
+        view = self.inspect(with_weights=False, max_bytes=max_bytes)
+        restore = f"restoring outer step {outer_step}"
+        if view.problem is not None:
+            return self._say(f"the repo's global is damaged ({view.problem}); {restore}")
+        if view.step is None:
+            return self._say(f"{STEP_COUNT} is missing from the repo; {restore}")
+        if view.master == self.master_id and view.step == outer_step:
+            if published_sha is not None and view.sha256 != published_sha:
+                return self._say(f"{STEP_COUNT} names other weights than published; {restore}")
+            self._said.clear()  # in order again: a later problem is news
+            return False
+        if view.step < outer_step:
+            return self._say(f"{STEP_COUNT} says outer step {view.step}; {restore}")
+        full = self.inspect(with_weights=True, max_bytes=max_bytes)  # ahead, or another name
+        if full.problem is not None:
+            return self._say(f"the repo's global is damaged ({full.problem}); {restore}")
+        if full.step is not None and full.step >= outer_step:
+            raise self._another_master(full)
+        return self._say(f"{STEP_COUNT} says outer step {full.step}; {restore}")
+
+    def _another_master(self, view: RepoView) -> AnotherMaster:
+        return AnotherMaster(
+            f"another master ({view.master or 'no id'}) published outer step {view.step} to "
+            f"{self.transport.describe()}; only one master may run",
+            hint="stop the other master; if the repo's global is this run's and this state dir "
+            "is stale, move the state dir aside to continue from the repo",
+        )
+
+    def _say(self, message: str) -> bool:
+        if message not in self._said:
+            self._said.add(message)
+            self.logger.warn(f"diloco master: {message}")
+        return True
+
+
+def weights_sha256(weights: Tensors, outer_step: int) -> str:
+    """The sha256 a publish of ``weights`` at ``outer_step`` carries (the encoding is canonical)."""
+    return hashlib.sha256(encode_weights(weights, outer_step)).hexdigest()
+
+
+def _named(path: str, exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if path in text else f"{path}: {text}"
