@@ -261,7 +261,7 @@ def test_I3_a_deleted_global_is_restored_while_the_master_runs(tmp_path):
     loop.guard.interval_s = 0.0  # every poll looks (a minute at most in a real run)
     loop.poll_once()
     assert published_step(repo) == 2 and (repo / GLOBAL_WEIGHTS).read_bytes() == published[2]
-    assert any("step_count.json is missing" in w and "restoring" in w for w in log.warnings)
+    assert any("step_count.json is missing" in w and "publishing" in w for w in log.warnings)
 
 
 def test_I3_a_second_master_on_a_directory_is_refused_in_one_line(tmp_path):
@@ -414,3 +414,26 @@ def test_a_repo_no_node_could_use_is_exit_2_at_start(tmp_path, repo, reason, com
     [line, *_] = result.stderr.splitlines()
     assert line.startswith("speedtronic: error: distributed.repo_id:") and reason in line
     assert "Traceback" not in result.stderr and not (tmp_path / "nodes").exists()
+
+
+def test_I2_an_install_reapplies_every_own_delta_the_global_does_not_name_as_included(tmp_path):
+    """A global naming seq 1 included lacks seq 2 (sent) and 3 (just queued): both come back
+    at the node's share, so the next deltas do not drop seq 2's work."""
+    transport, log = LocalTransport(tmp_path), Log()
+    net = model(1.0)
+    worker = WorkerPlugin(settings(reapply_own_delta=True), net, transport, log, background=False)
+    trainer = FakeTrainer(net)
+    worker.on_train_start(trainer)
+    for _ in range(2):  # seq 1 and seq 2, each -0.25 x 2 steps
+        trainer.train_step(worker, move=-0.25)
+        trainer.train_step(worker, move=-0.25)
+        worker.uploader.send_pending()
+    global_weights = encode_weights({"weight": torch.full((1, 2), 0.5)}, 1)
+    nodes = {"node-a": {"seq": 1, "base_outer_step": 0, "tokens": 20, "last_delta_at": "t"}}
+    transport.publish(global_weights, {"outer_step": 1, "fleet_tokens": 20, "nodes": nodes}, [])
+    worker.fetcher.refresh()
+    trainer.train_step(worker, move=-0.25)
+    trainer.train_step(worker, move=-0.25)  # seq 3 queued, then the install
+    # 0.5 (with seq 1) minus seq 2 (0.5) and seq 3 (0.5) at share 20/20: -0.5
+    assert worker.base_outer_step == 1
+    assert torch.allclose(net.weight, torch.full((1, 2), -0.5))

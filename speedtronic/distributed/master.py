@@ -70,7 +70,9 @@ class MasterLoop:
         self.intake = DeltaIntake(transport, logger, weights, now)
         self.publisher = Publisher(transport, logger, self.state_dir, now)
         self.master_id = master_id(self.state_dir)
-        self.guard = RepoGuard(transport, logger, self.master_id, weights, now)
+        # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
+        every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
+        self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
@@ -115,6 +117,8 @@ class MasterLoop:
         state, publish = self.guard.at_start(state, view)
         self._resume(state)
         self.guard.last_check = self.clock()
+        if not publish and view.step is not None:  # the repo holds this master's step
+            self.publisher.last_step, self.publisher.last_sha = view.step, view.sha256
         if publish:
             self._publish_safely(self.master.global_weights)
 
@@ -147,10 +151,8 @@ class MasterLoop:
             self._start_now()
             if not self.guard.checked:
                 return None
-        if self.guard.due() and self.guard.check(
-            self.master.outer_step, self.publisher.last_sha, self.intake.max_bytes
-        ):
-            self.publisher.unpublished = True  # restored by this poll's publish
+        if self.guard.due():
+            self._check_repo()
         self.intake.poll(self.master)
         if not force and not self.publisher.due():
             return None  # the offered deltas wait for the next poll's round
@@ -163,12 +165,20 @@ class MasterLoop:
                 self._publish(weights)
             return None
         self._count_round(result)
-        self.intake.consumed(result.consumed)
+        self.intake.consumed(result.consumed, result.included)
         self._publish(result.weights)
         return result
 
+    def _check_repo(self) -> None:
+        """Look at the repo's global (before every publish, and every few polls): whatever
+        happened to it is named in one line, and the next publish restores it."""
+        step, sha = self.publisher.last_step, self.publisher.last_sha
+        if step is not None and self.guard.check(step, sha, self.intake.max_bytes):
+            self.publisher.unpublished = True  # restored by this poll's publish
+
     def _publish(self, weights: Tensors) -> None:
         """Publish, deleting every settled file; if it fails, the next poll tries again."""
+        self._check_repo()  # also refuses to publish over another master's step
         consumed = list(self.intake.unusable)
         extra = {"nodes": self.intake.nodes, "master": self.master_id}
         self.publisher.publish(self.master, weights, consumed, extra)

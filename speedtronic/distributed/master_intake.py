@@ -31,7 +31,8 @@ class DeltaIntake:
         self.unusable: list[str] = []  # paths of settled files to delete with the next publish
         self.ignored: dict[str, str] = {}  # path -> why it is no delta, as logged once
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
-        self.nodes: dict[str, dict[str, Any]] = {}  # node -> newest accepted delta, for status
+        self.nodes: dict[str, dict[str, Any]] = {}  # node -> newest applied delta (step_count)
+        self.headers: dict[str, Any] = {}  # identity -> header of a delta waiting for a round
 
     def poll(self, master: Any) -> None:
         """Offer ``master`` every new delta listed in the repo."""
@@ -46,9 +47,19 @@ class DeltaIntake:
                         raise
                     self.logger.warn(f"diloco master: cannot read {ref.path} ({exc}); next poll")
 
-    def consumed(self, identities: list[str]) -> None:
-        """A round settled these: their files go with the next publish."""
+    def consumed(self, identities: list[str], included: list[str]) -> None:
+        """A round settled these: their files go with the next publish, and each node's newest
+        ``included`` delta is what step_count names (a node reapplies the ones it lacks)."""
         self.unusable += [self.paths.pop(i) for i in identities if i in self.paths]
+        for header in sorted(filter(None, map(self.headers.get, included)), key=lambda h: h.seq):
+            self.nodes[header.node_id] = {
+                "seq": header.seq,
+                "base_outer_step": header.base_outer_step,
+                "last_delta_at": header.created_at,
+                "tokens": header.tokens,
+            }
+        for identity in identities:
+            self.headers.pop(identity, None)
 
     def deleted(self, paths: list[str]) -> None:
         """A publish deleted these: a file uploaded there again is a new one."""
@@ -82,7 +93,7 @@ class DeltaIntake:
             if outcome == "stale":
                 self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
             else:
-                self._note_node(header)
+                self.headers[identity] = header
         except BadDelta as exc:
             self._reject(ref.path, str(exc))
 
@@ -96,12 +107,3 @@ class DeltaIntake:
         self.counters["rejected"] += 1
         self.unusable.append(path)
         self.logger.warn(f"diloco master: rejected {path}: {reason}")
-
-    def _note_node(self, header: Any) -> None:
-        """Remember a node's latest accepted delta; ``hub status`` shows it from step_count."""
-        self.nodes[header.node_id] = {
-            "seq": header.seq,
-            "base_outer_step": header.base_outer_step,
-            "last_delta_at": header.created_at,
-            "tokens": header.tokens,
-        }

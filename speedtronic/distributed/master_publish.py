@@ -38,7 +38,9 @@ class Publisher:
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
         self.min_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
         self.last_publish = -float("inf")  # on ``clock``
-        self.last_sha: str | None = None  # sha256 of the weights this master last published
+        # What the repo should hold: the step and weights sha256 this master last published
+        self.last_step: int | None = None
+        self.last_sha: str | None = None
         self.unpublished = False  # a saved step the repo does not have yet
 
     def due(self) -> bool:
@@ -65,7 +67,7 @@ class Publisher:
         start = time.perf_counter()
         self.transport.publish(data, step_count, consumed)
         self.last_publish, self.unpublished = self.clock(), False
-        self.last_sha = step_count["weights_sha256"]
+        self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},

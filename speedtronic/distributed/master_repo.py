@@ -148,29 +148,33 @@ class RepoGuard:
     def due(self) -> bool:
         return self.clock() - self.last_check >= self.interval_s
 
-    def check(self, outer_step: int, published_sha: str | None, max_bytes: int) -> bool:
-        """The periodic look: True when the repo must get this master's step again; raises
-        ``AnotherMaster`` when a consistent global at or past this step is not this master's."""
+    def check(self, published_step: int, published_sha: str | None, max_bytes: int) -> bool:
+        """Is the repo still what this master last published? False if so; True (with the
+        anomaly named once in the log) when it must be published again; ``AnotherMaster`` when
+        a consistent global at or past that step is not this master's."""
         self.last_check = self.clock()
         view = self.inspect(with_weights=False, max_bytes=max_bytes)
-        restore = f"restoring outer step {outer_step}"
+        again = "publishing this master's global again"
         if view.problem is not None:
-            return self._say(f"the repo's global is damaged ({view.problem}); {restore}")
+            return self._say(f"the repo's global is damaged ({view.problem}); {again}")
         if view.step is None:
-            return self._say(f"{STEP_COUNT} is missing from the repo; {restore}")
-        if view.master == self.master_id and view.step == outer_step:
-            if published_sha is not None and view.sha256 != published_sha:
-                return self._say(f"{STEP_COUNT} names other weights than published; {restore}")
-            self._said.clear()  # in order again: a later problem is news
+            return self._say(f"{STEP_COUNT} is missing from the repo; {again}")
+        if view.step == published_step and view.sha256 == (published_sha or view.sha256):
+            self._said.clear()  # in order again (an adopted global too): a later problem is news
             return False
-        if view.step < outer_step:
-            return self._say(f"{STEP_COUNT} says outer step {view.step}; {restore}")
-        full = self.inspect(with_weights=True, max_bytes=max_bytes)  # ahead, or another name
+        if view.master == self.master_id:
+            if view.step > published_step:
+                return True  # a publish of ours whose answer was lost, landing late
+            if view.step == published_step:
+                return self._say(f"{STEP_COUNT} names other weights than published; {again}")
+        if view.step < published_step:
+            return self._say(f"{STEP_COUNT} went back to outer step {view.step}; {again}")
+        full = self.inspect(with_weights=True, max_bytes=max_bytes)  # another name, at or ahead
         if full.problem is not None:
-            return self._say(f"the repo's global is damaged ({full.problem}); {restore}")
-        if full.step is not None and full.step >= outer_step:
+            return self._say(f"the repo's global is damaged ({full.problem}); {again}")
+        if full.step is not None and full.step >= published_step:
             raise self._another_master(full)
-        return self._say(f"{STEP_COUNT} says outer step {full.step}; {restore}")
+        return self._say(f"{STEP_COUNT} says outer step {full.step}; {again}")
 
     def _another_master(self, view: RepoView) -> AnotherMaster:
         return AnotherMaster(

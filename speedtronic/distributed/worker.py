@@ -70,6 +70,7 @@ class WorkerPlugin:
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
+        self.loop_tokens = 0  # tokens of the last inner loop: this node's share of the fleet
         self._started: float | None = None  # when training started, to time the first loop
         self._threads: list[threading.Thread] = []
 
@@ -138,11 +139,10 @@ class WorkerPlugin:
         tokens = trainer.tokens - self.boundary_tokens
         self.uploader.queue(Pending(delta, self.base_outer_step, steps, tokens))
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
-        self.base = current
-        own: tuple[dict, int] | None = (delta, tokens)
-        if self.config.sync_wait_s > 0 and self.background and self._wait_for_own_round():
-            own = None  # the global holds this delta already
-        installed = self.install_ready(trainer, own=own)
+        self.base, self.loop_tokens = current, tokens
+        if self.config.sync_wait_s > 0 and self.background:
+            self._wait_for_own_round()
+        installed = self.install_ready(trainer)
         if self._started is not None:  # the first loop gives the step time: check the budgets
             step_time_s, self._started = (start - self._started) / max(steps, 1), None
             for message in self.transport.cadence_warnings(self.config, step_time_s):
@@ -173,28 +173,28 @@ class WorkerPlugin:
             time.sleep(pace if sent else 0.01)
         return False
 
-    def install_ready(self, trainer: Any, own: tuple[dict, int] | None = None) -> int | None:
+    def install_ready(self, trainer: Any) -> int | None:
         """Install a downloaded global newer than the base; its outer step, or None.
 
-        ``own`` is the delta this boundary just queued and its tokens. The global cannot contain
-        it yet, so with ``reapply_own_delta`` the node steps from the global by the share the
-        master will give it (``outer_lr`` x its tokens / the fleet's), instead of training its
-        next inner loop from weights that lack its own last one.
+        The global lacks this node's deltas it does not name as included (sent since, or not
+        sent yet): the master will apply them at the node's share of the fleet, so with
+        ``reapply_own_delta`` the node steps from the global by that share of them (``outer_lr``
+        x its tokens / the fleet's) instead of training on from weights that lack its own work.
         """
         ready = self.fetcher.take()
         if ready is None or ready.outer_step <= self.base_outer_step:
             return None
-        outer_step, weights, fleet_tokens = ready.outer_step, ready.weights, ready.fleet_tokens
-        self._load_weights(weights)
-        if own is not None and fleet_tokens and self.config.reapply_own_delta:
-            share = self.config.outer_lr * min(1.0, own[1] / fleet_tokens)
+        missing = self.uploader.not_included(ready.own_seq)
+        self._load_weights(ready.weights)
+        if missing is not None and ready.fleet_tokens and self.config.reapply_own_delta:
+            share = self.config.outer_lr * min(1.0, self.loop_tokens / ready.fleet_tokens)
             with torch.no_grad():
                 for name, param in self.params.items():
-                    param.sub_(own[0][name].to(param.dtype), alpha=share)
-        self.base, self.fetcher.installed_step = snapshot(self.params), outer_step
+                    param.sub_(missing[name].to(param.device, param.dtype), alpha=share)
+        self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
         if self.config.reset_inner_optimizer:
             trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
-        return outer_step
+        return ready.outer_step
 
     def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -213,10 +213,16 @@ class WorkerPlugin:
                 raise
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
         ready = self.fetcher.take()
-        if ready is not None:
-            self._load_weights(ready.weights)
-            self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
-            self.logger.notice(f"diloco: starting from global outer step {ready.outer_step}")
+        if ready is None:  # a worker joining a run must not quietly train from scratch
+            where = self.transport.describe()
+            self.logger.warn(
+                f"diloco: no global weights in {where} yet; starting from this "
+                "node's own weights until the master publishes one"
+            )
+            return
+        self._load_weights(ready.weights)
+        self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
+        self.logger.notice(f"diloco: starting from global outer step {ready.outer_step}")
 
     def _own_sequence_numbers(self) -> list[int]:
         """Numbers this node used: its deltas in the repo and its latest the master accepted."""
@@ -246,6 +252,7 @@ class WorkerPlugin:
             "base": {k: v.cpu() for k, v in (self.base or {}).items()},
             "base_outer_step": self.base_outer_step,
             "boundary": [self.boundary_step, self.boundary_tokens],
+            "loop_tokens": self.loop_tokens,
             **self.uploader.state_dict(),
             "counters": dict(self.counters),
         }
@@ -255,5 +262,6 @@ class WorkerPlugin:
         self.base = {k: base[k].to(p.device) for k, p in self.params.items()} if base else None
         self.fetcher.installed_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
+        self.loop_tokens = int(state.get("loop_tokens", 0))
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))

@@ -24,6 +24,9 @@ from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.protocol import DeltaHeader, delta_path
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
+# Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
+# two are merged (a paused master: memory stays at this many copies of the weights)
+MAX_IN_FLIGHT = 4
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Uploader:
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
+        # (last seq, sum) of sent deltas no published global has included yet, oldest first
+        self.in_flight: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.lock = threading.Lock()
         self.wake = threading.Event()
 
@@ -118,6 +123,7 @@ class Uploader:
             return False
         with self.lock:
             self.sending = None
+            self._keep_in_flight(seq, pending.delta)
         counters = self.status.counters
         counters["uploads"] += 1
         counters["bytes_up"] += len(data)
@@ -153,6 +159,24 @@ class Uploader:
             else:  # nothing landed: the name is still free for the sum with later ones
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
 
+    def _keep_in_flight(self, seq: int, delta: dict[str, torch.Tensor]) -> None:
+        self.in_flight.append((seq, {k: v.detach().to("cpu", copy=True) for k, v in delta.items()}))
+        if len(self.in_flight) > MAX_IN_FLIGHT:
+            (_, older), (newer, last) = self.in_flight[:2]
+            self.in_flight[:2] = [(newer, {k: older[k] + last[k] for k in older})]
+
+    def not_included(self, included_seq: int) -> dict[str, torch.Tensor] | None:
+        """The sum of every delta of this node that a global including its deltas up to
+        ``included_seq`` lacks: sent later, being sent, or not sent yet (CPU, fp32)."""
+        with self.lock:
+            self.in_flight = [(seq, d) for seq, d in self.in_flight if seq > included_seq]
+            parts = [d for _, d in self.in_flight]
+            unsent = (self.exact, self.sending, self.outbox)  # may have landed: by their seq
+            parts += [p.delta for p in unsent if p is not None and not 0 < p.seq <= included_seq]
+            if not parts:
+                return None
+            return {k: sum(part[k].detach().to("cpu") for part in parts) for k in parts[0]}
+
     def _header(self, pending: Pending) -> DeltaHeader:
         return DeltaHeader(
             node_id=self.node_id,
@@ -174,6 +198,7 @@ class Uploader:
             unsent, exact = self.outbox, self.exact or self.sending
             return {
                 "chain": self.chain,
+                "in_flight": [[seq, dict(delta)] for seq, delta in self.in_flight],
                 "seq": self.seq,
                 "unsent": None if unsent is None else pending_state(unsent),
                 "exact": None if exact is None else pending_state(exact),
@@ -181,6 +206,7 @@ class Uploader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.chain = state.get("chain", self.chain)  # older checkpoints: a new chain
+        self.in_flight = [(int(seq), delta) for seq, delta in state.get("in_flight", [])]
         self.seq = int(state["seq"])
         unsent, exact = state.get("unsent"), state.get("exact")
         self.outbox = None if unsent is None else Pending(**unsent)
