@@ -26,6 +26,7 @@ from speedtronic.distributed.hub.errors import HubError, RepoNotFound
 from speedtronic.distributed.hub.files import HubCommit, HubFile
 from speedtronic.distributed.hub.policy import RequestPolicy
 from speedtronic.distributed.hub.reads import Reads, hub_file
+from speedtronic.distributed.hub.session import origin
 from speedtronic.distributed.hub.wording import Op, Wording
 
 __all__ = ["COMMIT_ID_KEY", "HubClient", "HubError", "RepoNotFound"]
@@ -51,15 +52,15 @@ class HubClient:
         self.repo_id, self.node_id = repo_id, node_id
         self.budget = budget if budget is not None else Budget()
         wording = Wording(node_id, token, get_token)
+        api = HfApi(endpoint=endpoint, token=token, library_name="speedtronic")
         self.policy = RequestPolicy(
-            Classifier(repo_id, wording),
+            Classifier(repo_id, wording, origin(api.endpoint)),
             self.budget,
             max_attempts=max_attempts,
             max_backoff_s=max_backoff_s,
             timeout_s=timeout_s,
             sleep=sleep,
         )
-        api = HfApi(endpoint=endpoint, token=token, library_name="speedtronic")
         self.reads = Reads(api, repo_id, token, timeout_s, wording)
         self.endpoint = self.reads.endpoint
         self._commits = Commits(self.reads, self.policy)

@@ -1,7 +1,7 @@
 """The Hub client's request policy: how often a call is tried, how long it waits between tries.
 
 ``RequestPolicy.run(op, fn)`` runs ``fn`` (one or more requests through huggingface_hub) inside
-the session hooks (``session.active``: counted, timed out, no library retry loop), classifies
+the session hooks (``session.attempt``: counted, timed out, no library retry loop), classifies
 what it raises (``classify.Classifier``), and repeats the ``Transient`` failures up to
 ``max_attempts`` times: after the wait the server asked for (capped at ``max_backoff_s``, plus up
 to a second of jitter so nodes do not return together), else after a full-jitter exponential
@@ -43,6 +43,7 @@ class RequestPolicy:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.classifier, self.wording = classifier, classifier.wording
+        self.api_origin = classifier.api_origin  # requests elsewhere are storage requests
         self.budget, self.timeout_s, self._sleep = budget, timeout_s, sleep
         self.max_attempts, self.max_backoff_s = max(1, max_attempts), max_backoff_s
         self._backoff = tenacity.wait_random_exponential(multiplier=1, max=max_backoff_s)
@@ -66,11 +67,14 @@ class RequestPolicy:
 
     def attempt(self, op: Op, fn: Callable[[], T]) -> T:
         """One try of ``fn``, its requests hooked, its failure classified."""
-        with session.active(self):
+        with session.attempt(self) as current:
             try:
                 return fn()
             except Exception as exc:
-                raise self.classifier.classify(exc, op) from exc
+                err = self.classifier.classify(exc, op, current)
+                if err is exc:
+                    raise  # not a Hub failure: as it came, its own cause untouched
+                raise err from exc
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception()
