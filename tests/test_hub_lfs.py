@@ -417,3 +417,23 @@ def test_the_masters_start_survives_a_transient_storage_failure(emu, make, tmp_p
     step, published = decode_weights(head.files[GLOBAL_WEIGHTS], weights)
     assert step == 0 and torch.equal(published["weight"], weights["weight"])
     assert hashlib.sha256(head.files[GLOBAL_WEIGHTS]).hexdigest() in emu.repo(REPO).lfs_objects
+
+
+def test_validate_gives_a_hub_runs_costs_per_operation_and_its_spend(tiny, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from speedtronic.cli.app import app
+
+    tiny["distributed"] = {"enabled": True, "repo_id": REPO, "node_id": "a", "inner_steps": 50}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    done = CliRunner().invoke(app, ["validate", "-c", str(config), "--format", "json"])
+    assert done.exit_code == 0, done.output
+    facts = json.loads(done.stdout)["facts"]
+    assert facts["diloco_hub_requests"]["delta_upload"] == {"api": 4, "storage": 1}
+    assert {k: tuple(v.values()) for k, v in facts["diloco_hub_requests"].items()} == REQUESTS
+    spend = facts["diloco_hub_budget_one_worker_at_1s_per_step"]
+    # polls: 2 nodes x 5 in 5 min x 2; uploads: 6 in 5 min x (4 + the master's read 1);
+    # publishes: 5 in 5 min (min_publish_interval_s 60) x (6 + the worker's global read 2)
+    assert spend["api_calls_per_5min"] == 20 + 30 + 40 and spend["api_calls_limit_per_5min"] == 1000

@@ -272,8 +272,12 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
 
 
 def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
-    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence."""
+    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence, and for a Hub
+    repo the requests each operation costs and one worker's spend against the Hub's limits."""
     from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.hub.budget import request_facts
+    from speedtronic.distributed.hub.names import is_hub_repo_id
+    from speedtronic.distributed.repos import is_local_repo
     from speedtronic.distributed.worker import parameters_of
 
     dist = cfg.distributed
@@ -289,6 +293,14 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
             encoding: expected_delta_bytes(params, encoding)
             for encoding in ("fp32", "bf16", "int8")
         }
+    if is_hub_repo_id(dist.repo) and not is_local_repo(dist.repo):  # docs/hub.md's figures
+        facts.update(
+            request_facts(
+                inner_steps=dist.inner_steps,
+                poll_interval_s=dist.poll_interval,
+                min_publish_interval_s=dist.min_publish_interval_s,
+            )
+        )
     return facts
 
 

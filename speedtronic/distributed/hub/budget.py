@@ -150,6 +150,27 @@ def estimate_calls_per_5min(
     return polls + uploads + publishes
 
 
+def request_facts(
+    *, inner_steps: int, poll_interval_s: float, min_publish_interval_s: float, step_time_s=1.0
+) -> dict:
+    """What ``speedtronic validate`` says about a Hub run: each operation's requests, and one
+    worker's and the master's spend at ``step_time_s`` against the Hub's limits."""
+    spend = dict(nodes=1, inner_steps=inner_steps, step_time_s=step_time_s)
+    calls = estimate_calls_per_5min(
+        **spend, poll_interval_s=poll_interval_s, min_publish_interval_s=min_publish_interval_s
+    )
+    commits = estimate_commits_per_hour(**spend, min_publish_interval_s=min_publish_interval_s)
+    return {
+        "diloco_hub_requests": {k: {"api": a, "storage": s} for k, (a, s) in REQUESTS.items()},
+        f"diloco_hub_budget_one_worker_at_{step_time_s:g}s_per_step": {
+            "api_calls_per_5min": round(calls),
+            "api_calls_limit_per_5min": HUB_CALLS_PER_5_MIN,
+            "commits_per_hour": round(commits),
+            "commits_limit_per_hour": HUB_COMMITS_PER_HOUR,
+        },
+    }
+
+
 def cadence_warnings(
     *,
     nodes: int,
