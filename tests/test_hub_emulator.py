@@ -609,3 +609,10 @@ def test_runs_as_a_process(tmp_path):
         proc.terminate()
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0 and out == b"" and err == b""
+
+
+def test_the_shared_fixture_serves_a_hub_any_test_file_can_use(hub_emulator):
+    """conftest's ``hub_emulator``: a started emulator and a write token for alice."""
+    hub_emulator.create_repo("alice/shared", private=True)
+    info = HfApi(endpoint=hub_emulator.url, token=hub_emulator.token).model_info("alice/shared")
+    assert info.private and hub_emulator.storage.url != hub_emulator.url
