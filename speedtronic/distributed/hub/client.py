@@ -18,6 +18,7 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
+from speedtronic.distributed.hub.access import token_facts
 from speedtronic.distributed.hub.budget import Budget
 from speedtronic.distributed.hub.cache import DownloadCache
 from speedtronic.distributed.hub.classify import Classifier, Missing
@@ -84,16 +85,9 @@ class HubClient:
     # -- account and repo ---------------------------------------------------------------------
 
     def whoami(self) -> dict:
-        info = self._run(Op("cannot identify the token at", self.endpoint), self.reads.api.whoami)
-        roles = {o["name"]: o.get("roleInOrg") for o in info.get("orgs") or [] if "name" in o}
-        token = (info.get("auth") or {}).get("accessToken") or {}  # its kind, never its value
-        return {
-            "name": info.get("name", ""),
-            "orgs": list(roles),
-            "org_roles": roles,
-            "token_role": token.get("role"),
-            "fine_grained": token.get("fineGrained") or {},
-        }
+        """The token's user, orgs and roles, kind and scopes (``access.token_facts``)."""
+        op = Op("cannot identify the token at", self.endpoint)
+        return token_facts(self._run(op, self.reads.api.whoami))
 
     def visibility(self) -> bool | None:
         """True private, False public, None: the repo is missing (or invisible to the token)."""
