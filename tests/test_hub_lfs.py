@@ -146,21 +146,26 @@ print(json.dumps({
 """
 
 
+@pytest.mark.parametrize("disable_xet", [None, "1"], ids=["default", "HF_HUB_DISABLE_XET"])
 def test_the_default_environment_takes_the_lfs_path_with_every_request_hooked(
-    emu, tmp_path, monkeypatch
+    emu, tmp_path, monkeypatch, disable_xet
 ):
     """A fresh process with the environment every user has: hf_xet installed (huggingface_hub
     depends on it here), HF_HUB_DISABLE_XET unset. Plain bytes would go to hf_xet's own HTTP
-    client (tests/test_hub_emulator.py shows it); the client's uploads do not."""
+    client (tests/test_hub_emulator.py shows it); the client's uploads do not. With Xet
+    disabled the path and its requests are the same."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_TELEMETRY="1")
+    if disable_xet:
+        env["HF_HUB_DISABLE_XET"] = disable_xet
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-c", CHILD, emu.url, TOKEN, str(tmp_path / "cache")]
     monkeypatch.setattr(time, "sleep", REAL_SLEEP)  # subprocess.run polls the child with it
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert (found["xet_installed"], found["xet_disabled"], found["same"]) == (True, False, True)
+    expected = (True, bool(disable_xet), True)
+    assert (found["xet_installed"], found["xet_disabled"], found["same"]) == expected
     assert not [p for _, p, _ in emu.requests if "xet" in p]
     assert emu.count("POST", r"\.git/info/lfs/objects/batch") == 1
     assert [m for m, _, _ in emu.storage.requests] == ["PUT", "GET"]
