@@ -72,8 +72,8 @@ class RequestPolicy:
                 return fn()
             except Exception as exc:
                 err = self.classifier.classify(exc, op, current)
-                if err is exc:
-                    raise  # not a Hub failure: as it came, its own cause untouched
+                if err is exc:  # classified already, or no Hub failure: as it came
+                    raise  # (``raise err from exc`` would make it its own cause)
                 raise err from exc
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
