@@ -62,3 +62,18 @@ def shim(tmp_path_factory) -> Path:
     )
     script.chmod(0o755)
     return folder
+
+
+@pytest.fixture
+def hub_emulator():
+    """A local Hugging Face Hub answering as the Hub does (tests/hub_emulator.py), for any test
+    file: ``.url`` (the endpoint: ``HF_ENDPOINT``, ``HfApi(endpoint=...)``,
+    ``HubClient(endpoint=...)``), ``.token`` (a write token of user ``alice``), ``.storage.url``
+    (the second origin LFS files live on), ``.create_repo`` / ``.push`` / ``.repo`` (straight
+    to its state, no HTTP), ``.faults`` and ``.storage.faults`` (failures on either origin),
+    ``.requests`` and ``.storage.requests`` (what each saw). Closed after the test."""
+    from hub_emulator import HubEmulator
+
+    with HubEmulator({"hf_test_writer": "alice"}) as emu:
+        emu.token = "hf_test_writer"
+        yield emu

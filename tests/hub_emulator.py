@@ -2,16 +2,25 @@
 
 It owns just enough of the Hub to run the real client against it: accounts and tokens, model
 repos whose history is a list of immutable snapshots (`EmuCommit`), and the REST endpoints that
-`HfApi` and `hf_hub_download` call. The wire and fault injection live in
-tests/hub_emulator_faults.py. Preupload answers `"uploadMode": "regular"`, so commits carry the
-bytes inline (base64 NDJSON) and no LFS or Xet path is ever taken. File ids are real git blob
-sha1s; commit ids are 40 hex digits; reads work at "main" or at any commit sha.
+`HfApi` and `hf_hub_download` call, on two origins as on the Hub: the API (`emu.url`) and the
+storage LFS files live in (`emu.storage.url`, tests/hub_emulator_lfs.py), each with its own
+fault plan (`emu.faults`, `emu.storage.faults`). Preupload answers "lfs" where the Hub does
+(`*.safetensors` and the other patterns of the Hub's default `.gitattributes`, 10 MiB or
+more, binary content), so those files take the Git LFS path: the batch API, a PUT to a signed
+URL on the storage origin, verify, then a commit naming the object by `lfsFile`; commits refuse
+them inline and refuse an object never uploaded. Listings show their `lfs` object; `resolve`
+answers them with a 302 to the storage origin, which refuses a request carrying the token.
+Other files are "regular": inline in the commit (base64 NDJSON). There is no Xet storage: the
+Xet token endpoints answer 404. The wire and fault injection live in
+tests/hub_emulator_faults.py. File ids are real git blob sha1s (of the pointer, for LFS
+files); commit ids are 40 hex digits; reads work at "main" or at any commit sha.
 
     with HubEmulator(tokens={"hf_w": "alice"}) as emu:
         HfApi(endpoint=emu.url, token="hf_w").create_repo("alice/run")
 
 Also runnable as a process for end-to-end tests, serving until killed:
-    python tests/hub_emulator.py --port-file F [--fault-rate 0.2 --seed 1] [--token TOKEN=USER ...]
+    python tests/hub_emulator.py --port-file F [--fault-rate 0.2 --storage-fault-rate 0.2
+        --seed 1] [--token TOKEN=USER ...]
 """
 
 from __future__ import annotations
@@ -40,8 +49,8 @@ from hub_emulator_faults import (
     json_response,
     serve_cli,
 )
+from hub_emulator_lfs import HUB_GITATTRIBUTES, LfsApi, Storage, pointer, wants_lfs
 
-GITATTRIBUTES = b"*.bin filter=lfs diff=lfs merge=lfs -text\n*.pt filter=lfs diff=lfs -text\n"
 WRITE_ROLES = ("admin", "write", "contributor")
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 REV = r"(?P<rev>[^/]+)"
@@ -69,6 +78,10 @@ class EmuCommit:
     author: str
     time: float
     files: Mapping[str, bytes]  # immutable snapshot of the whole tree
+    lfs: frozenset[str] = frozenset()  # the paths stored as LFS pointers
+
+    def is_lfs(self, path: str) -> bool:
+        return path in self.lfs
 
 
 @dataclass
@@ -79,6 +92,8 @@ class EmuRepo:
     commits: list[EmuCommit] = field(default_factory=list)
     gated: bool = False
     granted: set[str] = field(default_factory=set)
+    lfs_objects: dict[str, bytes] = field(default_factory=dict)  # sha256 hex -> bytes
+    parts: dict[str, dict[int, bytes]] = field(default_factory=dict)  # multipart, by upload id
 
     @property
     def head(self) -> EmuCommit:
@@ -124,6 +139,7 @@ class HubState:
         self.tree_page_size = 1000  # entries per page before a Link: rel="next" header
         self.commits_page_size = 50
         self._counter = 0
+        self.lfs = LfsApi(self)
         api = rf"/api/models/{REPO}"
         routes = [
             ("GET", r"/api/whoami-v2", self.whoami),
@@ -143,6 +159,7 @@ class HubState:
             ("GET", r"/api/organizations/(?P<org>[^/]+)/members", self.org_members),
             ("GET", rf"/{REPO}/resolve/{REV}/(?P<path>.+)", self.resolve),
             ("HEAD", rf"/{REPO}/resolve/{REV}/(?P<path>.+)", self.resolve),
+            *self.lfs.routes(),
         ]
         self.routes = [(m, re.compile(p + "$"), fn) for m, p, fn in routes]
 
@@ -186,33 +203,53 @@ class HubState:
 
     # -- storage -------------------------------------------------------------------------------
 
-    def add_commit(self, repo: EmuRepo, files: dict, title: str, author: str, msg="") -> str:
+    def add_commit(
+        self, repo: EmuRepo, files: dict, title: str, author: str, msg="", lfs=frozenset()
+    ) -> str:
+        """A new head with `files`; `lfs` names those stored as LFS pointers."""
         self._counter += 1
         parent = repo.commits[-1].sha if repo.commits else ""
         digest = hashlib.sha1(f"{repo.repo_id}\n{parent}\n{title}\n{self._counter}".encode())
         for path in sorted(files):
             digest.update(f"{path}\0{git_blob_id(files[path])}\n".encode())
-        snap = MappingProxyType(dict(files))
-        repo.commits.append(EmuCommit(digest.hexdigest(), title, msg, author, self.clock(), snap))
+        snap, lfs = MappingProxyType(dict(files)), frozenset(p for p in lfs if p in files)
+        commit = EmuCommit(digest.hexdigest(), title, msg, author, self.clock(), snap, lfs)
+        repo.commits.append(commit)
         return repo.head.sha
+
+    def push_files(self, repo: EmuRepo, files: dict, title: str, author: str) -> str:
+        """Commit a whole tree as a git client would: LFS-worthy files as stored objects."""
+        attributes = files.get(".gitattributes")
+        lfs = {p for p, d in files.items() if wants_lfs(p, d, len(d), attributes)}
+        for path in lfs:
+            repo.lfs_objects[hashlib.sha256(files[path]).hexdigest()] = files[path]
+        return self.add_commit(repo, files, title, author, lfs=lfs)
 
     def new_repo(self, repo_id: str, private: bool, author: str) -> EmuRepo:
         repo = EmuRepo(repo_id, private, self.clock())
         # A new Hub repo is not empty: its first commit adds .gitattributes.
-        self.add_commit(repo, {".gitattributes": GITATTRIBUTES}, "initial commit", author)
+        self.add_commit(repo, {".gitattributes": HUB_GITATTRIBUTES}, "initial commit", author)
         self.repos[repo_id] = repo
         return repo
 
     def entry(self, repo: EmuRepo, index: int, path: str, expand: bool) -> dict:
         """One tree / paths-info entry: a file, or a folder when `path` has files below it."""
-        files = repo.commits[index].files
+        commit = repo.commits[index]
+        files = commit.files
+        lfs = None
         if path in files:
             oid, size, kind = git_blob_id(files[path]), len(files[path]), "file"
+            if commit.is_lfs(path):  # git holds the pointer; the listing says what it points to
+                sha = hashlib.sha256(files[path]).hexdigest()
+                blob = pointer(sha, size)
+                oid, lfs = git_blob_id(blob), {"oid": sha, "size": size, "pointerSize": len(blob)}
         else:
             folder = path + "/"
             below = sorted((p, git_blob_id(d)) for p, d in files.items() if p.startswith(folder))
             oid, size, kind = hashlib.sha1(repr((path, below)).encode()).hexdigest(), 0, "directory"
         out = {"type": kind, "oid": oid, "size": size, "path": path}
+        if lfs is not None:
+            out["lfs"] = lfs
         if expand:
             last = repo.last_touch(index, path if kind == "file" else path + "/")
             out["lastCommit"] = {"id": last.sha, "title": last.title, "date": iso(last.time)}
@@ -360,6 +397,12 @@ class HubState:
         if path not in commit.files:  # X-Repo-Commit lets the client cache the absence
             raise Reject(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit.sha})
         data = commit.files[path]
+        if commit.is_lfs(path):  # the bytes are on the storage origin: redirect there, signed
+            sha = hashlib.sha256(data).hexdigest()
+            headers = {"Location": self.lfs.download_url(repo, sha), "X-Repo-Commit": commit.sha}
+            headers.update({"X-Linked-Size": str(len(data)), "X-Linked-Etag": f'"{sha}"'})
+            headers["ETag"] = f'"{git_blob_id(pointer(sha, len(data)))}"'
+            return 302, headers, b"Found. Redirecting to the storage"
         headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
         headers.update({"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": commit.sha})
         # A download cut short is resumed with `Range: bytes=N-` by huggingface_hub itself.
@@ -383,11 +426,19 @@ class HubState:
     def preupload(self, req: Request, repo: str, rev: str):
         emu_repo = self.write_repo(req, repo, rev)
         head = emu_repo.commits[emu_repo.at(rev)]
+        attributes = head.files.get(".gitattributes")
         files = []
         for item in req.json().get("files", []):
-            answer = {"path": item["path"], "uploadMode": "regular", "shouldIgnore": False}
-            if item["path"] in head.files:  # the client then skips files that did not change
-                answer["oid"] = git_blob_id(head.files[item["path"]])
+            path, sample = item["path"], base64.b64decode(item.get("sample", ""))
+            lfs = wants_lfs(path, sample, int(item.get("size", 0)), attributes)
+            answer = {"path": path, "uploadMode": "lfs" if lfs else "regular"}
+            answer["shouldIgnore"] = False
+            if path in head.files:  # the client then skips files that did not change
+                data = head.files[path]
+                stored_lfs = head.is_lfs(path)
+                answer["oid"] = (
+                    hashlib.sha256(data).hexdigest() if stored_lfs else git_blob_id(data)
+                )
             files.append(answer)
         return json_response({"files": files, "commitOid": head.sha})
 
@@ -402,11 +453,18 @@ class HubState:
         parent = header.get("parentCommit")
         if parent and parent != emu_repo.head.sha:
             raise Reject(412, MESSAGES[412])
-        files = dict(emu_repo.head.files)
+        files, lfs = dict(emu_repo.head.files), set(emu_repo.head.lfs)
+        attributes = files.get(".gitattributes")
         for line in lines[1:]:
-            apply_operation(files, line["key"], line["value"])
+            apply_operation(files, lfs, line["key"], line["value"], emu_repo.lfs_objects)
+            path = line["value"].get("path", "").strip("/")
+            data = files.get(path)
+            if line["key"] == "file" and wants_lfs(path, data, len(data), attributes):
+                raise Reject(
+                    400, f"{path}: binary or LFS-tracked content must be uploaded with LFS"
+                )
         sha = self.add_commit(
-            emu_repo, files, header["summary"], req.caller.user, header.get("description", "")
+            emu_repo, files, header["summary"], req.caller.user, header.get("description", ""), lfs
         )
         url = f"{self.url}/{repo}/commit/{sha}"
         return json_response({"success": True, "commitOid": sha, "commitUrl": url})
@@ -415,27 +473,40 @@ class HubState:
         emu_repo = self.write_repo(req, repo)
         head, message = emu_repo.head, req.json().get("message") or "Super-squash"
         emu_repo.commits = []  # older shas stop resolving, as on the Hub
-        return json_response({"commitId": self.add_commit(emu_repo, dict(head.files), message, "")})
+        sha = self.add_commit(emu_repo, dict(head.files), message, "", lfs=head.lfs)
+        return json_response({"commitId": sha})
 
 
-def apply_operation(files: dict[str, bytes], key: str, value: dict) -> None:
-    """Apply one NDJSON commit operation to a working copy of the tree."""
+def apply_operation(files: dict, lfs: set, key: str, value: dict, objects: dict) -> None:
+    """Apply one NDJSON commit operation to a working copy of the tree (`lfs`: its LFS paths;
+    `objects`: the repo's stored LFS objects, by sha256)."""
     path = value.get("path", "").strip("/")
     if not path or ".." in path.split("/"):
         raise Reject(400, f"Invalid path in commit: {path!r}")
     if key == "file":
         files[path] = base64.b64decode(value["content"])
+        lfs.discard(path)
+    elif key == "lfsFile":
+        data = objects.get(str(value.get("oid")))
+        if value.get("algo", "sha256") != "sha256" or data is None:
+            raise Reject(400, f"{path}: LFS object {value.get('oid')} was never uploaded")
+        if value.get("size") is not None and value["size"] != len(data):
+            raise Reject(400, f"{path}: LFS object {value['oid']} is not {value['size']} bytes")
+        files[path] = data
+        lfs.add(path)
     elif key == "deletedFile":
         if files.pop(path, None) is None:
             raise Reject(404, f"A file with this name doesn't exist: {path}", "EntryNotFound")
+        lfs.discard(path)
     elif key == "deletedFolder":
         doomed = [p for p in files if p.startswith(path + "/")]
         if not doomed:
             raise Reject(404, f"A folder with this name doesn't exist: {path}", "EntryNotFound")
         for p in doomed:
             del files[p]
-    else:  # lfsFile: never asked for, since preupload always answers "regular"
-        raise Reject(400, f"Unsupported commit operation {key!r} (the emulator has no LFS)")
+            lfs.discard(p)
+    else:
+        raise Reject(400, f"Unsupported commit operation {key!r}")
 
 
 class HubEmulator(FaultyServer):
@@ -446,6 +517,25 @@ class HubEmulator(FaultyServer):
         self.state = HubState(self.accounts, clock)
         super().__init__(self.state.handle)
         self.state.url = self.url
+        self.storage = Storage(self.state, self.state.lfs)  # the second origin
+
+    def start(self):
+        self.storage.start()
+        return super().start()
+
+    def close(self) -> None:
+        super().close()
+        self.storage.close()
+
+    def hurry(self) -> None:
+        super().hurry()
+        self.storage.hurry()
+
+    def stats(self) -> dict:
+        """Both origins' requests and faults, and each repo's commit titles, as JSON."""
+        with self.state.lock:
+            commits = {r: [c.title for c in repo.commits] for r, repo in self.state.repos.items()}
+        return {**super().stats(), "storage": self.storage.stats(), "commits": commits}
 
     # -- accounts ------------------------------------------------------------------------------
 
@@ -471,6 +561,8 @@ class HubEmulator(FaultyServer):
         return self.state.repos.get(repo_id)
 
     def create_repo(self, repo_id: str, *, private: bool = False, files=None) -> EmuRepo:
+        """A repo as `hub init` would leave it; `files` are pushed after, as by git (LFS-worthy
+        ones stored as objects)."""
         with self.state.lock:
             repo = self.state.new_repo(repo_id, private, repo_id.split("/")[0])
             if files:
@@ -483,7 +575,7 @@ class HubEmulator(FaultyServer):
             repo = self.state.repos[repo_id]
             files = {p: d for p, d in repo.head.files.items() if p not in set(deletes)}
             files.update(adds)
-            return self.state.add_commit(repo, files, message, repo_id.split("/")[0])
+            return self.state.push_files(repo, files, message, repo_id.split("/")[0])
 
 
 if __name__ == "__main__":

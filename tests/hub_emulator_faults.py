@@ -11,10 +11,13 @@ fault is one of:
   huggingface_hub parses (`"api";r=0;t=N` and `"fixed window";"api";q=Q;w=W`);
 - "slow": wait `delay_s`, then answer normally;
 - "timeout": wait `delay_s`, then close the connection without answering;
-- "truncate": send the full Content-Length but only half the body, then close.
+- "truncate": handle the request, then send the full Content-Length (at least 1) but only half
+  the body, and close (a commit lands, a download is cut short).
 
 With `after_apply=True` the request is handled first (a commit lands) and only then fails: the
 ambiguous case a careful client must resolve by looking at the repo before repeating itself.
+The same wire serves both of the emulator's origins (the Hub's API and its storage), each
+with a plan of its own. Request bodies may come with a Content-Length or chunked.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ TRUNCATE = "truncate"
 # Kinds a random plan may draw: each leaves the server state as if the request never came
 # (or, for ambiguous commits, as if it fully succeeded), never half-applied.
 TRANSIENT = (500, 502, 503, 429, DROP)
+# ... plus answers cut short: a plan drawing these must accept that a commit lands (ambiguous)
+LOST_ANSWERS = (*TRANSIENT, TRUNCATE)
+# Requests that change the repo: a random truncation of one is a drop before it, unless the
+# plan lets commits land ambiguously
+_STATEFUL = ("/commit/", "/super-squash/", "/repos/create", "/settings")
 
 MESSAGES = {
     401: "Invalid credentials in Authorization header",
@@ -186,8 +194,10 @@ class FaultPlan:
             return None
         kind = self._rng.choice(self._statuses)
         is_commit = method == "POST" and "/commit/" in path
-        landed = self._ambiguous and is_commit and kind != 429 and self._rng.random() < 0.5
-        return Fault(kind=kind, after_apply=landed)
+        if kind == TRUNCATE and any(p in path for p in _STATEFUL):
+            kind = TRUNCATE if is_commit and self._ambiguous else DROP
+        landed = self._ambiguous and is_commit and kind not in (429, TRUNCATE)
+        return Fault(kind=kind, after_apply=landed and self._rng.random() < 0.5)
 
 
 # -- the wire ------------------------------------------------------------------------------------
@@ -281,16 +291,27 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # quiet: tests read `emu.requests` instead
         pass
 
+    def _read_body(self) -> bytes:
+        if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+        parts = []
+        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()  # the CRLF after each chunk
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass  # trailers
+        return b"".join(parts)
+
     def _serve(self) -> None:
         url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self._read_body()
         query = parse_qs(url.query)
         req = Request(self.command, unquote(url.path), url.path, query, self.headers, body)
         token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         fault = self.emu.faults.take(req.method, req.path, token or None)
         if fault and fault.delay_s:
-            self.emu.stopping.wait(fault.delay_s)
+            self.emu.hurried.wait(fault.delay_s)
         if fault and not fault.after_apply:
             if isinstance(fault.kind, int):
                 return self._answer(req, *fault_response(fault, req.path))
@@ -318,7 +339,9 @@ class Handler(BaseHTTPRequestHandler):
         # Recorded before the answer goes out: a client that has its answer may count at once.
         self.emu.record(req.method, req.path, status)
         self.send_response(status)
-        for key, value in {**headers, "Content-Length": str(len(payload))}.items():
+        # A cut answer promises more than it sends: at least a byte (an S3 PUT's body is empty)
+        length = max(len(payload), 1) if truncate else len(payload)
+        for key, value in {**headers, "Content-Length": str(length)}.items():
             self.send_header(key, value)
         self.end_headers()
         if req.method != "HEAD":
@@ -344,6 +367,7 @@ class FaultyServer:
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status); 0 = dropped
         self.errors: list[BaseException] = []  # exceptions the server swallowed
         self.stopping = threading.Event()
+        self.hurried = threading.Event()  # ends the waits of "slow" / "timeout" faults
         self._lock = threading.Lock()
         self._server = Server(("127.0.0.1", 0), type("BoundHandler", (Handler,), {"emu": self}))
         self._server.emu = self
@@ -357,7 +381,8 @@ class FaultyServer:
         return self
 
     def close(self) -> None:
-        self.stopping.set()  # wakes handlers sleeping in "slow" / "timeout" faults
+        self.stopping.set()
+        self.hurry()
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
@@ -368,9 +393,25 @@ class FaultyServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def hurry(self) -> None:
+        """Wake the handlers waiting in "slow" / "timeout" faults now (and skip later waits):
+        a test whose client gave up on them need not wait for their answers to be logged."""
+        self.hurried.set()
+
     def record(self, method: str, path: str, status: int) -> None:
         with self._lock:
             self.requests.append((method, path, status))
+
+    def stats(self) -> dict:
+        """What this server saw, as JSON: its requests and the faults it acted out."""
+        with self._lock:
+            requests = [[m, p, s] for m, p, s in self.requests]
+        injected = [[m, p, str(k)] for m, p, k in self.faults.injected]
+        return {
+            "requests": requests,
+            "injected": injected,
+            "errors": [repr(e) for e in self.errors],
+        }
 
     def count(self, method: str | None = None, path_re: str | None = None) -> int:
         """How many requests matched `method` and `path_re` (a regex search)."""
@@ -387,7 +428,8 @@ def serve_cli(emulator_cls, argv: list[str] | None = None) -> int:
     parser.add_argument("--token", action="append", default=[], help="TOKEN=USER (repeatable)")
     parser.add_argument("--readonly", action="append", default=[], help="a read-only TOKEN")
     parser.add_argument("--org", action="append", default=[], help="ORG=USER:ROLE,USER:ROLE")
-    parser.add_argument("--fault-rate", type=float, default=0.0)
+    parser.add_argument("--fault-rate", type=float, default=0.0, help="on the API origin")
+    parser.add_argument("--storage-fault-rate", type=float, default=0.0, help="on the storage")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fault-after", type=int, default=0, help="requests let through first")
     args = parser.parse_args(argv)
@@ -397,8 +439,15 @@ def serve_cli(emulator_cls, argv: list[str] | None = None) -> int:
     for spec in args.org:
         org, _, members = spec.partition("=")
         emu.add_org(org, dict(m.split(":", 1) for m in members.split(",") if m))
-    if args.fault_rate:
-        emu.faults.random(args.fault_rate, seed=args.seed, after=args.fault_after, ambiguous=True)
+    # Random faults include answers cut short, and commits that land with their answer lost
+    plans = [(emu.faults, args.fault_rate, args.seed)]
+    if hasattr(emu, "storage"):
+        plans.append((emu.storage.faults, args.storage_fault_rate, args.seed + 1))
+    for plan, rate, seed in plans:
+        if rate:
+            plan.random(
+                rate, seed=seed, after=args.fault_after, statuses=LOST_ANSWERS, ambiguous=True
+            )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -8,6 +8,7 @@ message and log line. Backoff sleeps go to a list, so nothing here waits for rea
 # ruff: noqa: E402
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -20,6 +21,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 
 import pytest
 from hub_emulator import HubEmulator, git_blob_id
+from hub_emulator_lfs import pointer
 
 from speedtronic.distributed.hub.budget import (
     HUB_CALLS_PER_5_MIN,
@@ -93,6 +95,13 @@ def calls(client: HubClient, fn, *args, **kw):
     return result, client.budget.calls(3600) - before
 
 
+def counted(client: HubClient, fn, *args, **kw):
+    """(result, API calls, storage requests) the operation made, counted by the client."""
+    before = client.budget.storage(3600)
+    result, api = calls(client, fn, *args, **kw)
+    return result, api, client.budget.storage(3600) - before
+
+
 # -- Budget and cadence ----------------------------------------------------------------------------
 
 
@@ -104,11 +113,18 @@ def test_budget_windows_slide_and_prune():
     budget.count_commit()
     now[0] += 301
     budget.count_call()
+    budget.count_storage()
     assert (budget.calls(300), budget.calls(3600), budget.commits(3600)) == (1, 4, 1)
-    assert budget.snapshot() == {"hub_calls_5min": 1, "hub_calls_1h": 4, "hub_commits_1h": 1}
+    assert budget.snapshot() == {
+        "hub_calls_5min": 1,
+        "hub_calls_1h": 4,
+        "hub_storage_5min": 1,
+        "hub_storage_1h": 1,
+        "hub_commits_1h": 1,
+    }
     now[0] += 3600
-    assert budget.snapshot() == {"hub_calls_5min": 0, "hub_calls_1h": 0, "hub_commits_1h": 0}
-    assert len(budget._calls) == 0  # pruned, not only hidden
+    assert set(budget.snapshot().values()) == {0}
+    assert len(budget._calls) == len(budget._storage) == 0  # pruned, not only hidden
 
 
 def test_budget_counts_exactly_across_threads():
@@ -176,15 +192,19 @@ def test_every_operation_against_the_emulator_and_its_call_count(emu, make):
 
     head, n = calls(client, client.head)
     assert (head, n) == (emu.repo(REPO).head.sha, 1)
-    adds = {"nodes/a/delta_00000001.safetensors": b"x" * 64, "nodes/b/sub/c.bin": b"y"}
-    new, n = calls(client, client.commit, adds, [], "upload", parent=head)
-    assert (new, n) == (emu.repo(REPO).head.sha, 2)  # preupload + commit
-    assert emu.repo(REPO).files["nodes/b/sub/c.bin"] == b"y"
+    adds = {"nodes/a/delta_00000001.safetensors": b"x" * 64, "nodes/b/sub/c.txt": b"y"}
+    new, n, put = counted(client, client.commit, adds, [], "upload", parent=head)
+    # a preupload per file; the LFS one (*.safetensors): batch, PUT to storage, verify; commit
+    assert (new, n, put) == (emu.repo(REPO).head.sha, 5, 1)
+    assert emu.repo(REPO).files["nodes/b/sub/c.txt"] == b"y"
+    assert emu.repo(REPO).head.lfs == {"nodes/a/delta_00000001.safetensors"}
 
     listed, n = calls(client, client.list_files, "nodes", new)
     assert n == 1 and [f.path for f in listed] == sorted(adds)
-    assert listed[0].oid == git_blob_oid(adds[listed[0].path]) == git_blob_id(adds[listed[0].path])
-    assert listed[0].sha256 is None
+    lfs, regular = listed
+    assert lfs.sha256 == hashlib.sha256(b"x" * 64).hexdigest() and lfs.size == 64
+    assert lfs.oid == git_blob_id(pointer(lfs.sha256, 64))  # git holds the pointer
+    assert regular.oid == git_blob_oid(b"y") == git_blob_id(b"y") and regular.sha256 is None
     assert calls(client, client.list_files, "nowhere", new) == ([], 1)
     timed, _ = calls(client, client.list_files, "nodes/a", new, with_times=True)
     assert timed[0].modified == pytest.approx(emu.repo(REPO).head.time)
@@ -192,7 +212,9 @@ def test_every_operation_against_the_emulator_and_its_call_count(emu, make):
     info, n = calls(client, client.paths_info, [*adds, "nodes/gone", "nodes"], new)
     assert n == 1 and sorted(info) == sorted(adds)  # missing paths and folders absent
     path = "nodes/a/delta_00000001.safetensors"
-    assert calls(client, client.download, path, new, 1 << 20) == (adds[path], 1)
+    # resolve answers 302 to the storage, which serves the bytes
+    assert counted(client, client.download, path, new, 1 << 20) == (adds[path], 1, 1)
+    assert counted(client, client.download, "nodes/b/sub/c.txt", new, 9) == (b"y", 1, 0)
     assert calls(client, client.download, "nodes/gone", new, 1 << 20) == (None, 1)
 
     gone, n = calls(client, client.commit, {}, [path], "consume")
@@ -209,7 +231,8 @@ def test_every_operation_against_the_emulator_and_its_call_count(emu, make):
     assert calls(client, client.org_members, "team") == ({"alice": "admin", "bob": "write"}, 1)
     assert calls(client, client.org_members, "no-such-org") == (None, 1)
     assert client.budget.commits(3600) == 3  # two commits and the squash
-    assert len(emu.requests) == client.budget.calls(3600)
+    assert len(emu.requests) == client.budget.calls(3600)  # every request counted, by origin
+    assert len(emu.storage.requests) == client.budget.storage(3600) == 2
 
 
 def test_listings_page_and_commit_history_stops_at_since(sleeps, tmp_path):
@@ -347,11 +370,12 @@ def test_a_lost_commit_that_did_not_land_is_sent_again(emu, repo, make):
     before = len(emu.repo(REPO).commits)
     emu.faults.add(500, method="POST", path_re="/commit/")  # answered before applying
     path = "nodes/b/delta_00000003.safetensors"
-    head, n = calls(client, client.commit, {path: b"d"}, [], "upload")
-    # preupload, commit (500), then the look: one page of main's commits (its id is not there),
-    # then preupload and commit again, with the head just seen as parent
+    head, n, put = counted(client, client.commit, {path: b"d"}, [], "upload")
+    # the upload (preupload, batch, PUT, verify), the commit (500), then the look: one page of
+    # main's commits (its id is not there), then the commit again, with the head just seen as
+    # parent; the file is not uploaded twice
     assert len(emu.repo(REPO).commits) == before + 1 and head == emu.repo(REPO).head.sha
-    assert n == 5
+    assert (n, put) == (6, 1)
 
 
 def test_a_lost_commit_whose_files_changed_since_is_not_sent_again(emu, repo, tmp_path):
@@ -401,7 +425,7 @@ def test_commits_under_random_transient_faults_each_land_exactly_once(
     assert len(repo_now.commits) == base + 25 and head == repo_now.head.sha
     assert [c.title for c in repo_now.commits[base:]] == [f"delta {i}" for i in range(25)]
     assert client.budget.commits(3600) == 25
-    library_sleeps.clear()  # preupload's own retries (documented), not the client's
+    # no library_sleeps.clear(): the library never retries (and sleeps) under the client
 
 
 def test_412_is_a_commit_conflict_and_not_retried(emu, repo, make, sleeps):

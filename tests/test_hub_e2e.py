@@ -1,16 +1,21 @@
 """DumbDiLoCo over the Hub, end to end: the Hub emulator, a master and two workers, all processes.
 
-The emulator (tests/hub_emulator.py, run as a process) fails about 20% of all requests at
-random with 5xx, 429 (short reset headers) or a dropped connection, and lets half of the
-failed commits land before their answer is lost. The nodes are plain
-``python -m speedtronic train`` processes pointed at it through ``HF_ENDPOINT`` with
-``distributed.repo_id: alice/run``: the master creates the repo itself, coordinates only, and is
-stopped with SIGTERM once the workers are done and every delta is consumed. Then: every
-process exited as it should without a traceback, outer steps advanced, every delta uploaded was
-applied exactly once, the repo holds exactly one commit per upload and publish (nothing
-committed twice), and the token is nowhere in the logs or files. Quick checks follow: a worker
-whose token cannot write (read-only, or a user without access) and one pointed at a missing
-repo stop at once with one line on stderr, after two requests at most.
+The emulator (tests/hub_emulator.py, run as a process) answers as the Hub does: every delta and
+global is a ``*.safetensors`` file, so it goes through the Git LFS batch API, a PUT to a signed
+URL on the emulator's second (storage) origin, verify, and a commit naming the object; the
+globals come back through a 302 to that origin. About 20% of the requests fail at random on
+each origin, with 5xx, 429 (short reset headers), a dropped connection or an answer cut short,
+and half of the failed commits land before their answer is lost. The nodes are plain
+``python -m speedtronic train`` processes in the default environment (hf_xet installed, no
+``HF_HUB_DISABLE_XET``) pointed at it through ``HF_ENDPOINT`` with ``distributed.repo_id:
+alice/run``: the master creates the repo itself, coordinates only, and is stopped with SIGTERM
+once the workers are done and every delta is consumed. Then: every process exited as it should
+without a traceback, no request went to Xet, every delta and global took the LFS path, outer
+steps advanced, every delta uploaded was applied exactly once, the repo holds exactly one
+commit per upload and publish (nothing committed twice), and the token is nowhere in the logs
+or files. Quick checks follow: a worker whose token cannot write (read-only, or a user without
+access) and one pointed at a missing repo stop at once with one line on stderr, after two
+requests at most.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ READONLY = "hf_e2eReadOnlyToken0123456789abcd"  # alice's too, read-only
 BOB = "hf_e2eBobToken0123456789abcdefghi"  # a user with no role in alice's namespace
 FAULT_RATE = 0.2
 WORKERS = ("worker-1", "worker-2")
-STEPS = 200  # per worker, 5 per inner loop
+STEPS = 150  # per worker, 5 per inner loop
 BATCH = 32  # slow enough that the workers often install globals while they train
 ASK_REPO = ("GET", "/api/models/alice/run", 200)  # a node's first two requests, answered
 ASK_TOKEN = ("GET", "/api/whoami-v2", 200)
@@ -56,12 +61,8 @@ from hub_emulator_faults import serve_cli
 class Recording(HubEmulator):
     def close(self):
         super().close()
-        stats = {
-            "requests": [[m, p, s] for m, p, s in self.requests],
-            "injected": [[m, p, str(k)] for m, p, k in self.faults.injected],
-            "commits": {r: [c.title for c in repo.commits] for r, repo in self.state.repos.items()},
-            "errors": [repr(e) for e in self.errors],
-        }
+        stats = self.stats()
+        stats["lfs"] = {r: sorted(repo.head.lfs) for r, repo in self.state.repos.items()}
         with open(os.environ["EMU_STATS"], "w") as f:
             json.dump(stats, f)
 
@@ -126,7 +127,7 @@ def start(
         "node_id": node,
         "repo_id": REPO,
         "outer_steps": 10_000,
-        "poll_interval": 0.2,
+        "poll_interval": 0.4,  # each request of ~1,000 a minute costs the four processes CPU
         "min_publish_interval_s": 0,
         "max_staleness": 1000,  # every delta counts: none dropped for staleness
         "cache_dir": str(tmp_path / "cache"),
@@ -170,7 +171,8 @@ def pending_deltas(client: HubClient) -> list[str]:
 @pytest.mark.slow
 def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     began = time.monotonic()
-    emulator = Emulator(tmp_path, "--fault-rate", str(FAULT_RATE), "--seed", "1")
+    rates = ("--fault-rate", str(FAULT_RATE), "--storage-fault-rate", str(FAULT_RATE))
+    emulator = Emulator(tmp_path, *rates, "--seed", "1")
     client = emulator.client(tmp_path)
     processes: list[subprocess.Popen] = []
     try:
@@ -197,9 +199,12 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     for node in ("master", *WORKERS):
         assert "Traceback" not in (tmp_path / f"{node}.log").read_text(), log_of(tmp_path, node)
     hung_up = ("BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError")
-    assert [e for e in stats["errors"] if not e.startswith(hung_up)] == []  # no emulator bug
-    faults, requests = stats["injected"], stats["requests"]
-    assert len(faults) >= FAULT_RATE / 2 * len(requests), (len(faults), len(requests))
+    for origin in (stats, stats["storage"]):  # no emulator bug, and faults on both origins
+        assert [e for e in origin["errors"] if not e.startswith(hung_up)] == []
+        faults, requests = origin["injected"], origin["requests"]
+        assert len(faults) >= FAULT_RATE / 2 * len(requests), (len(faults), len(requests))
+    faults, requests, stored = stats["injected"], stats["requests"], stats["storage"]["requests"]
+    assert not [r for r in requests if "xet" in r[1]], "a request took the Xet path"
 
     # Outer steps advanced, one per round, and the workers trained from the published globals
     rounds = master_rounds(tmp_path)  # (outer step, included, stale, rejected) per round
@@ -224,6 +229,10 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     deltas = [c for c in commits if ": delta " in c]
     assert len(deltas) == len(set(deltas)) == uploads, commits
     assert sum(": publish outer step " in c for c in commits) == publishes, commits
+    # ... each delta and global through the LFS path: a PUT of its object to the storage
+    puts = [s for m, _, s in stored if m == "PUT" and s == 200]
+    assert len(puts) >= uploads + publishes, (len(puts), uploads, publishes)
+    assert "global/latest.safetensors" in stats["lfs"][REPO], stats["lfs"]
     # ... and within the budget the transport computes for this cadence over the training
     # time (of the slower worker): one upload per inner loop and one publish per delta
     end = max((events(tmp_path, w, "run_end")[0] for w in WORKERS), key=lambda e: e["elapsed_s"])
@@ -241,12 +250,15 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
             assert TOKEN.encode() not in path.read_bytes(), path
 
     posts = [status for _, path, status in requests if "/commit/" in path]
+    storage_faults = stats["storage"]["injected"]
     print(
         f"\nhub e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
-        f"globals installed by workers {installs}, "
-        f"commits {len(commits)}, requests {len(requests)}, faults {len(faults)} "
-        f"{count_kinds(faults)}, commit POSTs {len(posts)} ({len(posts) - posts.count(200)} "
-        f"failed, {len(commits) - 1 - posts.count(200)} of them landed), "
+        f"globals installed by workers {installs}, commits {len(commits)}, "
+        f"API requests {len(requests)}, faults {len(faults)} {count_kinds(faults)}, "
+        f"storage requests {len(stored)}, faults {len(storage_faults)} "
+        f"{count_kinds(storage_faults)}, commit POSTs {len(posts)} "
+        f"({len(posts) - posts.count(200)} failed, "
+        f"{len(commits) - 1 - posts.count(200)} of them landed), "
         f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
     )
 

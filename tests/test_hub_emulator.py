@@ -9,6 +9,10 @@ client itself does on failures: which calls it retries and how long it sleeps.
 # ruff: noqa: E402
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +29,7 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 import httpx2
 import pytest
 from hub_emulator import HubEmulator, git_blob_id
+from hub_emulator_lfs import pointer
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_download
 from huggingface_hub.errors import (
     BadRequestError,
@@ -63,7 +68,9 @@ def api(emu: HubEmulator, token: str | bool = "hf_alice") -> HfApi:
 
 
 def add(path: str, data: bytes) -> CommitOperationAdd:
-    return CommitOperationAdd(path_in_repo=path, path_or_fileobj=data)
+    """A file handed over as a buffer: huggingface_hub then takes the Git LFS path for LFS
+    files, as Speedtronic does (with plain bytes it takes hf_xet's, which this Hub lacks)."""
+    return CommitOperationAdd(path_in_repo=path, path_or_fileobj=io.BytesIO(data))
 
 
 def download(emu, path, revision="main", token="hf_alice", cache=None) -> bytes:
@@ -158,7 +165,11 @@ def test_commit_then_read_everything_back(emu):
 
     tree = api(emu).list_repo_tree(REPO, recursive=True, expand=True)
     files = {e.path: e for e in tree}
-    assert files["weights.pt"].blob_id == git_hash(b"w" * 300) and files["weights.pt"].size == 300
+    # *.pt is LFS (the Hub's default .gitattributes): git holds a pointer, the listing says so
+    sha = hashlib.sha256(b"w" * 300).hexdigest()
+    assert files["weights.pt"].blob_id == git_hash(pointer(sha, 300))
+    assert (files["weights.pt"].size, files["weights.pt"].lfs.sha256) == (300, sha)
+    assert files["step_count.json"].lfs is None
     assert files["weights.pt"].last_commit.oid == info.oid
     assert files[".gitattributes"].last_commit.title == "initial commit"
     old_tree = {e.path for e in api(emu).list_repo_tree(REPO, "nodes", revision=first)}
@@ -320,13 +331,14 @@ def test_truncated_bodies_are_detected(emu, sleeps):
     emu.faults.add("truncate", path_re="/api/models/")
     with pytest.raises(httpx2.RemoteProtocolError):
         api(emu).model_info(REPO)
-    # hf_hub_download notices the short body itself, waits 1 s and fetches again (resuming with
-    # a Range request only past its 10 MB read chunk: here nothing was kept).
-    emu.faults.add("truncate", method="GET", path_re="/resolve/")
+    # w.pt is LFS: its bytes come from the storage origin. hf_hub_download notices the short
+    # body itself, waits 1 s and fetches again (resuming with a Range request only past its
+    # 10 MB read chunk: here nothing was kept).
+    emu.storage.faults.add("truncate", method="GET")
     assert download(emu, "w.pt") == bytes(range(256)) * 8
-    gets = [status for m, p, status in emu.requests if m == "GET" and "/resolve/" in p]
-    assert gets == [200, 200] and sleeps == [1]
-    ranged = httpx2.get(f"{emu.url}/{REPO}/resolve/main/w.pt", headers={"Range": "bytes=2040-"})
+    assert [status for m, _, status in emu.storage.requests] == [200, 200] and sleeps == [1]
+    found = httpx2.get(f"{emu.url}/{REPO}/resolve/main/w.pt", follow_redirects=True)
+    ranged = httpx2.get(str(found.url), headers={"Range": "bytes=2040-"})
     assert ranged.status_code == 206 and ranged.content == bytes(range(248, 256))
     assert ranged.headers["Content-Range"] == "bytes 2040-2047/2048"
 
@@ -336,9 +348,9 @@ def test_download_retries_head_but_not_get(emu, sleeps):
     emu.faults.add(503, method="HEAD")
     assert download(emu, "w.pt") == b"w"  # a failed HEAD is retried with backoff
     assert emu.count("HEAD") == 2
-    emu.faults.add(500, method="GET", path_re="/resolve/")
+    emu.storage.faults.add(500, method="GET")
     with pytest.raises(HfHubHTTPError) as failed:
-        download(emu, "w.pt")  # a failed GET is not
+        download(emu, "w.pt")  # a failed GET (from the storage) is not
     assert status_of(failed.value) == 500
 
 
@@ -382,6 +394,203 @@ def test_random_ambiguous_commits_land_whole_or_not_at_all(emu):
     assert set(emu.repo(REPO).files) == {".gitattributes", *landed}
 
 
+# -- the large-file side: LFS, the storage origin, no Xet ------------------------------------------
+
+MiB = 1024 * 1024
+HTTP = httpx2.Client(timeout=60)  # one: each new client builds an SSL context (~0.1 s)
+
+
+def preupload(emu, files: list[dict], token="hf_alice") -> dict[str, str]:
+    """path -> the upload mode the emulator answers, as huggingface_hub asks for it."""
+    url = f"{emu.url}/api/models/{REPO}/preupload/main"
+    r = HTTP.post(url, json={"files": files}, headers={"Authorization": f"Bearer {token}"})
+    r.raise_for_status()
+    return {f["path"]: f["uploadMode"] for f in r.json()["files"]}
+
+
+def sample(data: bytes) -> str:
+    return base64.b64encode(data[:512]).decode()
+
+
+def test_preupload_answers_lfs_where_the_hub_does(emu):
+    emu.create_repo(REPO)
+    modes = preupload(
+        emu,
+        [
+            {"path": "nodes/a/delta_00000001.safetensors", "sample": sample(b"{}"), "size": 2},
+            {"path": "global/step_count.json", "sample": sample(b'{"a": 1}'), "size": 8},
+            {"path": "notes.txt", "sample": sample(b"text"), "size": 10 * MiB},  # 10 MiB
+            {"path": "raw.txt", "sample": sample(b"\0\1\2"), "size": 3},  # binary
+            {"path": "empty.safetensors", "sample": "", "size": 0},
+        ],
+    )
+    assert modes == {
+        "nodes/a/delta_00000001.safetensors": "lfs",  # the Hub's default .gitattributes
+        "global/step_count.json": "regular",
+        "notes.txt": "lfs",
+        "raw.txt": "lfs",
+        "empty.safetensors": "regular",  # an empty file is never LFS
+    }
+    assert b"*.safetensors filter=lfs" in emu.repo(REPO).files[".gitattributes"]
+
+
+def batch(emu, objects: list[dict], token="hf_alice") -> httpx2.Response:
+    body = {"operation": "upload", "transfers": ["basic", "multipart"], "objects": objects}
+    body["hash_algo"] = "sha256"
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.git-lfs+json"}
+    return HTTP.post(f"{emu.url}/{REPO}.git/info/lfs/objects/batch", json=body, headers=headers)
+
+
+def obj(data: bytes) -> dict:
+    return {"oid": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def test_the_batch_api_signs_a_put_on_the_storage_origin_and_a_verify(emu):
+    emu.create_repo(REPO)
+    data = b"\0" * 100
+    answer = batch(emu, [obj(data)])
+    assert answer.headers["Content-Type"] == "application/vnd.git-lfs+json"
+    (item,) = answer.json()["objects"]
+    assert answer.json()["transfer"] == "basic"
+    put, verify = item["actions"]["upload"]["href"], item["actions"]["verify"]["href"]
+    assert put.startswith(emu.storage.url + "/lfs/") and "signature=" in put
+    assert verify == f"{emu.url}/{REPO}.git/info/lfs/objects/verify"
+    # the storage refuses the token (a second auth mechanism), a short body, a forged URL
+    auth = {"Authorization": "Bearer hf_alice"}
+    assert HTTP.put(put, content=data, headers=auth).status_code == 400
+    short = HTTP.put(put, content=data[:50])
+    assert short.status_code == 400 and b"IncompleteBody" in short.content
+    forged = HTTP.put(put.replace("signature=", "signature=0"), content=data)
+    assert forged.status_code == 403 and b"SignatureDoesNotMatch" in forged.content
+    oid = obj(data)["oid"]
+    verified = HTTP.post(verify, json=obj(data), headers=auth)
+    assert verified.status_code == 404  # nothing stored yet
+    assert HTTP.put(put, content=data).headers["ETag"]  # what the URL was signed for
+    assert HTTP.post(verify, json=obj(data), headers=auth).status_code == 200
+    assert emu.repo(REPO).lfs_objects[oid] == data
+    (again,) = batch(emu, [obj(data)]).json()["objects"]
+    assert "actions" not in again  # stored: the client skips the upload
+    assert batch(emu, [obj(data)], token="hf_alice_ro").status_code == 403
+    assert batch(emu, [obj(data)], token="hf_bob").status_code == 403
+
+
+def test_signed_urls_expire(emu):
+    now = [1_000_000.0]
+    with HubEmulator(TOKENS, clock=lambda: now[0]) as hub:
+        hub.create_repo(REPO)
+        data = b"\0" * 10
+        put = batch(hub, [obj(data)]).json()["objects"][0]["actions"]["upload"]["href"]
+        now[0] += 3601
+        expired = HTTP.put(put, content=data)
+        assert expired.status_code == 403 and b"Request has expired" in expired.content
+
+
+def test_the_batch_api_goes_multipart_above_its_threshold(emu):
+    emu.create_repo(REPO)
+    emu.state.lfs.multipart_threshold, emu.state.lfs.chunk_size = 1000, 400
+    data = bytes(range(256)) * 5  # 1280 bytes: 4 parts
+    answer = batch(emu, [obj(data)]).json()
+    assert answer["transfer"] == "multipart"
+    upload = answer["objects"][0]["actions"]["upload"]
+    header = upload["header"]
+    assert header["chunk_size"] == "400" and sorted(k for k in header if k.isdigit()) == list(
+        "1234"
+    )
+    assert upload["href"].startswith(f"{emu.url}/api/complete_multipart?")
+    # what huggingface_hub does with it: PUT each part, then complete with their etags
+    api(emu).create_commit(REPO, [add("w.safetensors", data)], commit_message="big")
+    assert emu.repo(REPO).files["w.safetensors"] == data
+    parts = [p for m, p, _ in emu.storage.requests if m == "PUT"]
+    assert [p.rsplit("/", 1)[-1] for p in parts[-4:]] == ["1", "2", "3", "4"]
+    assert emu.count("POST", "/api/complete_multipart") == 1
+
+
+def commit_raw(emu, *operations: dict, token="hf_alice") -> httpx2.Response:
+    lines = [{"key": "header", "value": {"summary": "raw", "description": ""}}, *operations]
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"}
+    return HTTP.post(f"{emu.url}/api/models/{REPO}/commit/main", content=body, headers=headers)
+
+
+def test_commits_refuse_objects_never_uploaded_and_binary_inline(emu):
+    emu.create_repo(REPO)
+    ghost = {"path": "w.safetensors", "algo": "sha256", "oid": "a" * 64, "size": 3}
+    refused = commit_raw(emu, {"key": "lfsFile", "value": ghost})
+    assert refused.status_code == 400 and "never uploaded" in refused.json()["error"]
+    inline = base64.b64encode(b"\0\1\2").decode()
+    binary = {"path": "raw.bin", "content": inline, "encoding": "base64"}
+    assert commit_raw(emu, {"key": "file", "value": binary}).status_code == 400
+    text = base64.b64encode(b"{}").decode()
+    tracked = {"path": "d.safetensors", "content": text, "encoding": "base64"}
+    assert commit_raw(emu, {"key": "file", "value": tracked}).status_code == 400
+    assert len(emu.repo(REPO).commits) == 1  # none of them landed
+
+
+def test_lfs_files_are_listed_with_their_lfs_object_and_resolve_to_the_storage(emu):
+    emu.create_repo(REPO, files={"w.safetensors": b"\0weights", "a.json": b"{}"})
+    head = emu.repo(REPO).head.sha
+    found = {e.path: e for e in api(emu).get_paths_info(REPO, ["w.safetensors", "a.json"])}
+    sha = hashlib.sha256(b"\0weights").hexdigest()
+    assert (found["w.safetensors"].lfs.sha256, found["w.safetensors"].size) == (sha, 8)
+    assert found["w.safetensors"].blob_id == git_hash(pointer(sha, 8))
+    assert found["a.json"].lfs is None and found["a.json"].blob_id == git_hash(b"{}")
+    auth = {"Authorization": "Bearer hf_alice"}
+    moved = HTTP.get(f"{emu.url}/{REPO}/resolve/main/w.safetensors", headers=auth)
+    assert moved.status_code == 302 and moved.headers["X-Repo-Commit"] == head
+    assert moved.headers["X-Linked-Size"] == "8" and moved.headers["X-Linked-Etag"] == f'"{sha}"'
+    location = moved.headers["Location"]
+    assert location.startswith(emu.storage.url) and "signature=" in location
+    assert HTTP.get(location, headers=auth).status_code == 400  # the token stays on the Hub
+    assert HTTP.get(location).content == b"\0weights"
+    # httpx drops the token when a redirect leaves the origin: a client following it is served
+    assert HTTP.get(moved.request.url, headers=auth, follow_redirects=True).content == b"\0weights"
+    plain = HTTP.get(f"{emu.url}/{REPO}/resolve/main/a.json", headers=auth)
+    assert plain.status_code == 200 and plain.content == b"{}"  # regular files: from the Hub
+
+
+def test_plain_bytes_take_hf_xets_path_which_this_hub_lacks(emu):
+    """What issue 18 found, in the default environment (hf_xet installed): bytes go to hf_xet,
+    which asks the Hub for a Xet token with its own HTTP client; here that is a 404, and it
+    surfaces as a builtin ConnectionError. The LFS path takes a buffer (io.BytesIO)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_DISABLE_XET:
+        pytest.skip("HF_HUB_DISABLE_XET is set: huggingface_hub takes the LFS path for bytes too")
+    pytest.importorskip("hf_xet")
+    emu.create_repo(REPO)
+    plain = CommitOperationAdd("w.safetensors", b"\0weights")
+    with pytest.raises(ConnectionError, match="xet-write-token"):
+        api(emu).create_commit(REPO, [plain], commit_message="m")
+    assert emu.count("GET", "/xet-write-token/") >= 1 and emu.storage.requests == []
+    assert len(emu.repo(REPO).commits) == 1
+
+
+def test_a_failed_put_reaches_the_caller_as_the_librarys_runtime_error(emu):
+    """huggingface_hub wraps an LFS upload's failure in a plain RuntimeError (the HTTP error is
+    its cause), and does not retry it when the storage answers 503 (a hook of ours would
+    stop the library's own retries; here there is none: it retried, then gave up)."""
+    emu.create_repo(REPO)
+    emu.storage.faults.add(503, method="PUT", times=10)
+    with pytest.raises(RuntimeError, match="Error while uploading 'w.safetensors'") as failed:
+        api(emu).create_commit(REPO, [add("w.safetensors", b"\0w")], commit_message="m")
+    assert failed.value.__cause__.response.status_code == 503
+    assert emu.count("POST", "/commit/") == 0  # it failed before the commit: nothing landed
+    assert [s for _, _, s in emu.storage.requests] == [503] * 6  # http_backoff's 5 retries
+
+
+def test_faults_on_the_storage_origin_are_its_own(emu):
+    emu.create_repo(REPO, files={"w.safetensors": b"\0w"})
+    emu.storage.faults.add(500, method="GET")
+    location = HTTP.get(f"{emu.url}/{REPO}/resolve/main/w.safetensors").headers["Location"]
+    assert HTTP.get(location).status_code == 500 and HTTP.get(location).content == b"\0w"
+    stats = emu.stats()
+    assert [r[2] for r in stats["storage"]["requests"]] == [500, 200]
+    assert stats["storage"]["injected"] == [
+        ["GET", location.split("?")[0][len(emu.storage.url) :], "500"]
+    ]
+    assert stats["injected"] == [] and stats["commits"][REPO] == ["initial commit", "seed"]
+
+
 def test_runs_as_a_process(tmp_path):
     port_file = tmp_path / "url"
     script = Path(__file__).with_name("hub_emulator.py")
@@ -400,3 +609,10 @@ def test_runs_as_a_process(tmp_path):
         proc.terminate()
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0 and out == b"" and err == b""
+
+
+def test_the_shared_fixture_serves_a_hub_any_test_file_can_use(hub_emulator):
+    """conftest's ``hub_emulator``: a started emulator and a write token for alice."""
+    hub_emulator.create_repo("alice/shared", private=True)
+    info = HfApi(endpoint=hub_emulator.url, token=hub_emulator.token).model_info("alice/shared")
+    assert info.private and hub_emulator.storage.url != hub_emulator.url

@@ -221,3 +221,12 @@ def test_modules_stay_small_and_say_what_they_own(name):
     assert len(text.splitlines()) <= MAX_LINES, f"{name}: split it by concern"
     if text.strip():
         assert ast.get_docstring(ast.parse(text)), f"{name}: open with a docstring"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_classes_fit_in_a_head(name):
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            lines = node.end_lineno - node.lineno + 1
+            assert lines <= MAX_CLASS_LINES, f"{name}.{node.name} is {lines} lines: split it"

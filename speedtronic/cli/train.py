@@ -272,13 +272,15 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
 
 
 def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
-    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence."""
+    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence, and for a Hub
+    repo the requests each operation costs and one worker's spend against the Hub's limits."""
     from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.hub.budget import request_facts
     from speedtronic.distributed.repos import check_repo_spec
     from speedtronic.distributed.worker import parameters_of
 
     dist = cfg.distributed
-    check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
+    kind, _ = check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
     facts: dict[str, Any] = {
         "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
         "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
@@ -291,6 +293,14 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
             encoding: expected_delta_bytes(params, encoding)
             for encoding in ("fp32", "bf16", "int8")
         }
+    if kind == "hub":  # docs/hub.md's figures
+        facts.update(
+            request_facts(
+                inner_steps=dist.inner_steps,
+                poll_interval_s=dist.poll_interval,
+                min_publish_interval_s=dist.min_publish_interval_s,
+            )
+        )
     return facts
 
 

@@ -17,6 +17,20 @@ UNDECIDED_ROLES = ("contributor",)
 WRITE_PERMISSION = "repo.write"
 
 
+def token_facts(info: dict[str, Any]) -> dict[str, Any]:
+    """What the Hub's ``whoami-v2`` answer says about a token: its user, the user's orgs and
+    roles in them, and the token's kind and scopes (never its value)."""
+    roles = {o["name"]: o.get("roleInOrg") for o in info.get("orgs") or [] if "name" in o}
+    token = (info.get("auth") or {}).get("accessToken") or {}
+    return {
+        "name": info.get("name", ""),
+        "orgs": list(roles),
+        "org_roles": roles,
+        "token_role": token.get("role"),
+        "fine_grained": token.get("fineGrained") or {},
+    }
+
+
 def write_access_problem(whoami: dict[str, Any], repo_id: str) -> str | None:
     """Why the token behind ``whoami`` cannot write to ``repo_id``, or None if it may."""
     role = whoami.get("token_role")

@@ -1,13 +1,15 @@
-"""Hub budgets: counting the API calls and commits a node spends, and sizing a run's cadence.
+"""Hub budgets: counting the requests and commits a node spends, and sizing a run's cadence.
 
 The Hugging Face Hub answers 429 beyond about 128 commits an hour on one repo, and beyond
 1,000 API calls in 5 minutes for a free account (shared by every node using that account).
-``Budget`` counts what this process spent in sliding windows (thread-safe: the uploader,
-poller and master threads share one) so the transport can report it as metrics;
-``cadence_warnings`` estimates what a configured run will spend and says, in one line per
-budget, which knob to turn; ``observed_commit_warning`` does the same from the commits the
-master sees arriving, once the fleet's real size and pace are known. Stdlib only, no I/O:
-all are plain, testable arithmetic.
+Requests to the storage an LFS file is PUT to or downloaded from (S3, a CDN) do not count
+against that limit, so they are counted apart. ``Budget`` counts what this process spent in
+sliding windows (thread-safe: the uploader, poller and master threads share one) so the
+transport can report it as metrics; ``REQUESTS`` says what each operation costs, measured
+against the Hub emulator; ``cadence_warnings`` estimates what a configured run will spend and
+says, in one line per budget, which knob to turn; ``observed_commit_warning`` does the same
+from the commits the master sees arriving, once the fleet's real size and pace are known.
+Stdlib only, no I/O: all are plain, testable arithmetic.
 """
 
 from __future__ import annotations
@@ -25,11 +27,20 @@ HUB_CALLS_PER_5_MIN = 1000
 WARN_FRACTION = 0.8
 KEEP_S = 3600.0  # the longest window anyone asks about; older timestamps are dropped
 
-# Calls behind each estimate, measured against the emulator (see tests/test_hub_client.py):
-POLL_CALLS = 2  # an idle poll: head(), then a listing only if the head moved
-UPLOAD_CALLS = 3  # a delta: preupload + commit by the worker, one download by the master
-PUBLISH_COMMIT_CALLS = 3  # a publish: paths-info (deletes, other master), preupload, commit
-GLOBAL_READ_CALLS = 2  # each worker reads step_count.json and the weights of a new global
+# What each operation costs without failures, as (Hub API calls, storage requests), measured
+# against the Hub emulator answering as the Hub does (tests/test_hub_lfs.py holds them to it).
+# Every delta and global is a *.safetensors file, so it takes the Git LFS path.
+REQUESTS = {
+    "idle_poll": (1, 0),  # head; a listing only when the head moved (+1 call)
+    "delta_upload": (4, 1),  # preupload, LFS batch, verify, commit; the PUT to storage
+    "delta_read": (1, 1),  # the master's download: resolve (302 to storage); the GET there
+    "publish": (6, 1),  # paths-info, a preupload per file (2), batch, verify, commit; the PUT
+    "global_read": (2, 1),  # a worker: step_count.json, the weights' resolve; their GET
+}
+POLL_CALLS = REQUESTS["idle_poll"][0] + 1  # estimates count every poll as one that moved
+UPLOAD_CALLS = REQUESTS["delta_upload"][0] + REQUESTS["delta_read"][0]  # the worker's + master's
+PUBLISH_COMMIT_CALLS = REQUESTS["publish"][0]
+GLOBAL_READ_CALLS = REQUESTS["global_read"][0]  # each worker, for each new global
 
 
 class Budget:
@@ -39,10 +50,16 @@ class Budget:
         self.clock = clock
         self._lock = threading.Lock()
         self._calls: deque[float] = deque()
+        self._storage: deque[float] = deque()
         self._commits: deque[float] = deque()
 
     def count_call(self) -> None:
+        """One request to the Hub's API origin: what its per-account limit counts."""
         self._add(self._calls)
+
+    def count_storage(self) -> None:
+        """One request to another origin (LFS storage, a CDN): outside the Hub's API limit."""
+        self._add(self._storage)
 
     def count_commit(self) -> None:
         self._add(self._commits)
@@ -50,6 +67,10 @@ class Budget:
     def calls(self, window_s: float) -> int:
         """API calls in the last ``window_s`` seconds, exclusive (at most an hour is kept)."""
         return self._count(self._calls, window_s)
+
+    def storage(self, window_s: float) -> int:
+        """Storage and CDN requests in the last ``window_s`` seconds (at most an hour)."""
+        return self._count(self._storage, window_s)
 
     def commits(self, window_s: float) -> int:
         """Commits in the last ``window_s`` seconds (at most the last hour is kept)."""
@@ -64,6 +85,8 @@ class Budget:
         return {
             "hub_calls_5min": self.calls(300.0),
             "hub_calls_1h": self.calls(3600.0),
+            "hub_storage_5min": self.storage(300.0),
+            "hub_storage_1h": self.storage(3600.0),
             "hub_commits_1h": self.commits(3600.0),
         }
 
@@ -125,6 +148,27 @@ def estimate_calls_per_5min(
     publish_s = max(min_publish_interval_s, loop_s / max(nodes, 1))
     publishes = 300.0 / publish_s * (PUBLISH_COMMIT_CALLS + nodes * GLOBAL_READ_CALLS)
     return polls + uploads + publishes
+
+
+def request_facts(
+    *, inner_steps: int, poll_interval_s: float, min_publish_interval_s: float, step_time_s=1.0
+) -> dict:
+    """What ``speedtronic validate`` says about a Hub run: each operation's requests, and one
+    worker's and the master's spend at ``step_time_s`` against the Hub's limits."""
+    spend = dict(nodes=1, inner_steps=inner_steps, step_time_s=step_time_s)
+    calls = estimate_calls_per_5min(
+        **spend, poll_interval_s=poll_interval_s, min_publish_interval_s=min_publish_interval_s
+    )
+    commits = estimate_commits_per_hour(**spend, min_publish_interval_s=min_publish_interval_s)
+    return {
+        "diloco_hub_requests": {k: {"api": a, "storage": s} for k, (a, s) in REQUESTS.items()},
+        f"diloco_hub_budget_one_worker_at_{step_time_s:g}s_per_step": {
+            "api_calls_per_5min": round(calls),
+            "api_calls_limit_per_5min": HUB_CALLS_PER_5_MIN,
+            "commits_per_hour": round(commits),
+            "commits_limit_per_hour": HUB_COMMITS_PER_HOUR,
+        },
+    }
 
 
 def cadence_warnings(

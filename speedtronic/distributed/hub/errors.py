@@ -1,4 +1,4 @@
-"""The Hub transport's errors, for every layer above ``hub.py`` to catch without importing it.
+"""The Hub transport's errors, for every layer above ``hub.client`` to catch without importing it.
 
 ``HubError`` says whether retrying can help (``permanent``) and whether a commit may have
 landed although its answer was lost (``maybe_landed``); ``RepoNotFound`` and ``CommitConflict``
@@ -39,12 +39,3 @@ class Transient(Exception):
     def __init__(self, status, detail: str, wait_s=None, ambiguous: bool = False):
         super().__init__(detail)
         self.status, self.detail, self.wait_s, self.ambiguous = status, detail, wait_s, ambiguous
-
-
-def commit_request(exc: Exception) -> bool:
-    """Whether the failed request was the commit POST (or unknown): only that can land."""
-    response = getattr(exc, "response", None)  # HfHubHTTPError's own .request is never set
-    try:
-        return "/commit/" in str((response if response is not None else exc).request.url)
-    except (AttributeError, RuntimeError):
-        return True

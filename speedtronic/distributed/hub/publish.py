@@ -1,0 +1,121 @@
+"""The master's publish to a Hub repo: one commit, on the head it last saw, never over another's.
+
+``Publisher.publish`` commits the weights, ``step_count.json`` and the deletes of the consumed
+deltas in one commit whose parent is the last head seen, after checking with one ``paths-info``
+call that the step count there is one this node read or wrote (any other is downloaded: another
+master at or past our outer step is an error; an older one is taken as ours from then on).
+When workers' uploads moved the head under it the commit is refused (412) and rebuilt on the
+new head, at most ``MAX_PUBLISH_ATTEMPTS`` times in a row. Every ``squash_every`` publishes it
+squashes the history; a failed squash is only a warning. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from speedtronic.distributed.hub.errors import CommitConflict
+from speedtronic.distributed.hub.files import check_repo_path, git_blob_oid
+from speedtronic.distributed.hub.rates import CommitRates
+from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
+from speedtronic.errors import TransportError
+
+MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
+
+
+class Publisher:
+    """Publishes through ``client`` (a ``HubClient``), keeping a transport's ``view``, ``counts``
+    (publishes, publish_conflicts, squashes, squash_failures) and ``rates`` up to date; a failed
+    squash goes to ``warn``."""
+
+    def __init__(
+        self,
+        client: Any,
+        view: RepoView,
+        counts: Tally,
+        rates: CommitRates,
+        warn: Callable[[str], None],
+        squash_every: int = 0,
+    ):
+        self.client, self.repo_id = client, client.repo_id
+        self.node_id: str = client.node_id or ""
+        self.view, self.counts, self.rates, self.warn = view, counts, rates, warn
+        self.squash_every = squash_every
+
+    def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
+        """One commit: the weights, ``step_count.json`` and deletes of the consumed deltas."""
+        outer_step = step_count["outer_step"]
+        body = json.dumps(step_count, indent=2).encode() + b"\n"
+        adds = {GLOBAL_WEIGHTS: weights, STEP_COUNT: body}
+        message = self._message(f"publish outer step {outer_step}")
+        parent = self.view.head
+        # a retried commit of ours may land late: its step count is not another master's
+        self.view.own(git_blob_oid(body))
+        if parent is None:
+            parent = self._current_head()
+        for _ in range(MAX_PUBLISH_ATTEMPTS):
+            deletes = self._deletable(parent, outer_step, consumed)
+            try:
+                head = self.client.commit(adds, deletes, message, parent=parent)
+            except CommitConflict:
+                self.counts.add("publish_conflicts")
+                parent = self._current_head()
+                continue
+            self.view.published(parent, head, body, deletes)
+            publishes = self.counts.add("publishes")
+            self.rates.committed()
+            if self.squash_every > 0 and publishes % self.squash_every == 0:
+                self._squash(outer_step)
+            return
+        raise TransportError(
+            f"could not publish outer step {outer_step} to {self.repo_id}: the repo changed "
+            f"under {MAX_PUBLISH_ATTEMPTS} commits in a row; the next round tries again"
+        )
+
+    def _deletable(self, parent: str, outer_step: int, consumed: list[str]) -> list[str]:
+        """Consumed paths present at ``parent``, after checking no other master published there.
+
+        One ``paths_info`` call answers both: the step count's version (one we read or wrote
+        means no other master; any other is downloaded and compared) and which deltas exist.
+        """
+        wanted = [p for p in dict.fromkeys(consumed) if p not in (GLOBAL_WEIGHTS, STEP_COUNT)]
+        for path in wanted:
+            check_repo_path(path)
+        found = self.client.paths_info([STEP_COUNT, *wanted], parent)
+        counted = found.get(STEP_COUNT)
+        if counted is not None and not self.view.is_own(counted.oid):
+            self._check_no_other_master(parent, outer_step)
+        return [p for p in wanted if p in found]
+
+    def _check_no_other_master(self, revision: str, outer_step: int) -> None:
+        theirs = read_step_count_at(self.client, revision)
+        if theirs.value is not None and theirs.value["outer_step"] >= outer_step:
+            raise TransportError(
+                f"another master published outer step {theirs.value['outer_step']} to "
+                f"{self.repo_id}; only one master may run",
+                hint="stop the other master (or give this run its own repo), then restart",
+            )
+        if theirs.oid is not None:
+            self.view.own(theirs.oid)
+
+    def _squash(self, outer_step: int) -> None:
+        try:
+            self.client.squash(self._message(f"squash history at outer step {outer_step}"))
+        except (TransportError, OSError) as exc:
+            # The publish landed; an unsquashed history only costs storage until the next try
+            self.counts.add("squash_failures")
+            self.warn(f"{self.repo_id}: history squash failed ({exc})")
+            return
+        self.view.forget()  # squashing rewrites every commit: the revisions cached are gone
+        self.rates.committed()
+        self.counts.add("squashes")
+
+    def _current_head(self) -> str:
+        head = self.client.head()
+        self.view.saw_head(head)
+        return head
+
+    def _message(self, what: str) -> str:
+        return f"{self.node_id}: {what}" if self.node_id else what
