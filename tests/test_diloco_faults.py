@@ -30,6 +30,7 @@ from speedtronic.distributed.protocol import (
 )
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker_upload import InFlight
 from speedtronic.errors import TransportError
 from speedtronic.metrics import _diloco_line
 
@@ -93,8 +94,8 @@ GOOD = {"outer_step": 3, "updated_at": "2026-01-01T00:00:00Z", "weights_sha256":
         ({"nodes": {"a": [1]}}, "must be a node id with an object"),
         ({"nodes": {"../x": {}}}, "must be a node id"),
         ({"nodes": {"a": {"seq": "1"}}}, "nodes.a.seq '1': must be an integer"),
-        ({"fleet_tokens": "x"}, "fleet_tokens 'x': must be an integer"),
-        ({"fleet_tokens": -1}, "fleet_tokens -1"),
+        ({"fleet_tokens_per_step": "x"}, "fleet_tokens_per_step 'x': must be an integer"),
+        ({"fleet_tokens_per_step": -1}, "fleet_tokens_per_step -1"),
         ({"outer_step": True}, "outer_step True"),
         ({"outer_step": 2**63}, "must be below 2**63"),
         ({"weights_sha256": "zz"}, "weights_sha256"),
@@ -323,7 +324,10 @@ def started_worker(transport, log):
 
 @pytest.mark.parametrize(
     "body, field",
-    [({"outer_step": 0, "nodes": [1]}, "nodes"), ({"outer_step": 7, "fleet_tokens": "x"}, "fleet")],
+    [
+        ({"outer_step": 0, "nodes": [1]}, "nodes"),
+        ({"outer_step": 7, "fleet_tokens_per_step": "x"}, "fleet"),
+    ],
 )
 def test_I4_a_worker_keeps_training_over_a_malformed_step_count(tmp_path, body, field):
     """Issue 17, defect 5: AttributeError / TypeError killed the worker (exit 1)."""
@@ -430,10 +434,55 @@ def test_I2_an_install_reapplies_every_own_delta_the_global_does_not_name_as_inc
         worker.uploader.send_pending()
     global_weights = encode_weights({"weight": torch.full((1, 2), 0.5)}, 1)
     nodes = {"node-a": {"seq": 1, "base_outer_step": 0, "tokens": 20, "last_delta_at": "t"}}
-    transport.publish(global_weights, {"outer_step": 1, "fleet_tokens": 20, "nodes": nodes}, [])
+    transport.publish(
+        global_weights, {"outer_step": 1, "fleet_tokens_per_step": 10, "nodes": nodes}, []
+    )
     worker.fetcher.refresh()
     trainer.train_step(worker, move=-0.25)
     trainer.train_step(worker, move=-0.25)  # seq 3 queued, then the install
     # 0.5 (with seq 1) minus seq 2 (0.5) and seq 3 (0.5) at share 20/20: -0.5
     assert worker.base_outer_step == 1
     assert torch.allclose(net.weight, torch.full((1, 2), -0.5))
+
+
+def test_I2_a_merged_run_of_in_flight_deltas_cut_by_the_global_is_shared_by_count():
+    run = InFlight(3, 6, {"w": torch.full((2,), 4.0)})  # seqs 3..6 merged, 1.0 each
+    assert run.after(6) is None and run.after(2) is run
+    rest = run.after(4)  # the global has 3 and 4: two of four remain
+    assert (rest.first, rest.last) == (5, 6) and torch.equal(rest.delta["w"], torch.full((2,), 2.0))
+
+
+def test_I2_a_single_node_installs_change_nothing_however_uploads_and_rounds_interleave(tmp_path):
+    """One worker, a master applying each delta in full: every install must leave the weights
+    where they were (the global is the node's own work), also when failed uploads were folded
+    (a delta of two loops must not halve the node's share) and rounds lag uploads."""
+    import random
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    transport = LocalTransport(tmp_path / "repo")
+    config = settings(inner_steps=5, reapply_own_delta=True, reset_inner_optimizer=False)
+    weights = {k: v.detach().clone() for k, v in net.named_parameters()}
+    loop = MasterLoop(config, weights, transport, Log(), tmp_path / "state")
+    loop.start()
+    worker = WorkerPlugin(config, net, transport, Log(), background=False)
+    trainer = FakeTrainer(net)
+    trainer.optimizer = optimizer
+    worker.on_train_start(trainer)
+    rng, x = random.Random(1), torch.randn(64, 8)
+    for _ in range(200):
+        loss = ((net(x) - x.flip(1)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        trainer.step, trainer.tokens = trainer.step + 1, trainer.tokens + 256
+        before = net.weight.detach().clone()
+        worker.after_optimizer_step(trainer)
+        torch.testing.assert_close(net.weight, before, rtol=0, atol=1e-5)
+        for chance, act in ((0.3, worker.uploader.send_pending), (0.2, loop.poll_once)):
+            if rng.random() < chance:
+                act()
+        if rng.random() < 0.3:
+            worker.fetcher.refresh()
+    assert worker.base_outer_step >= 10  # it did install, many times

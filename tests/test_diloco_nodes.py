@@ -334,7 +334,7 @@ def test_an_installed_global_carries_the_nodes_own_just_sent_delta_at_its_share(
     worker.on_train_start(trainer)
     trainer.train_step(worker)  # -0.25, 10 tokens
     weights = encode_weights({"weight": torch.full((1, 2), 0.7)}, 1)
-    transport.publish(weights, {"outer_step": 1, "fleet_tokens": 40}, [])
+    transport.publish(weights, {"outer_step": 1, "fleet_tokens_per_step": 20}, [])
     worker.fetcher.refresh()
     trainer.train_step(worker)  # boundary: own delta 0.5 over 20 tokens, the fleet does 40
     torch.testing.assert_close(net.weight, torch.full((1, 2), expected))

@@ -67,7 +67,7 @@ def test_aggregate_is_the_token_weighted_mean_with_staleness_discount():
     got = aggregate(deltas, outer_step=3, max_staleness=2, staleness_discount=0.5)
     assert got.included == [d.identity for d in deltas[:3]]
     assert got.stale == [deltas[3].identity] and got.bad == {}
-    assert got.node_weights == {"n1": 100.0, "n2": 100.0, "n3": 50.0}
+    assert got.node_weights == {"n1": 10.0, "n2": 10.0, "n3": 5.0}  # tokens per step (10 steps)
     assert got.tokens == 500
     assert_weights(got.mean, {"a": [2.0, 3.2], "b": [1.6]})
 

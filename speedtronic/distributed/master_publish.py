@@ -61,7 +61,8 @@ class Publisher:
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "weights_sha256": hashlib.sha256(data).hexdigest(),
             "format": 1,
-            "fleet_tokens": master.fleet_tokens,  # lets workers re-apply their own delta
+            # the fleet's pace: a node reapplies its deltas a global lacks at its share of it
+            "fleet_tokens_per_step": round(master.fleet_rate),
             **extra,
         }
         start = time.perf_counter()

@@ -6,7 +6,7 @@ No network I/O: the coordinator offers deltas that ``codec`` validated and publi
 Aggregation (DESIGN.md section 5, I2): a node's consecutive deltas are increments of one
 trajectory, so a round first adds up each node's deltas (a master that paused and finds forty
 deltas of one node applies all forty, not their mean), then takes the weighted mean over nodes,
-weight = the node's tokens of one inner loop * ``staleness_discount`` ** staleness (outer step
+weight = the node's tokens per optimizer step * ``staleness_discount`` ** staleness (outer step
 - the ``base_outer_step`` of its freshest delta). A delta staler than ``max_staleness`` is
 stale (counted, never applied), a base from the future is bad. A round runs at a quorum:
 ``min_deltas`` deltas, or ``max_wait_s`` after the first arrived.
@@ -16,11 +16,11 @@ part of the fleet and every delta is at least one round stale. Applying each rou
 full with Nesterov momentum (``naive``) therefore steps several times per inner loop of the
 fleet, and diverged in our benchmark (naive async, and the first version of this module: eval
 loss 21.8 against 1.55 for one worker). So a round's mean is scaled by its nodes' share of the
-fleet's work per inner loop (the tokens of one inner loop of every node heard from within
-``max_staleness`` outer steps): each node's summed increments count as its share of the fleet,
-however many deltas they came in. Momentum is delayed Nesterov (Liu et al. 2024,
-"Asynchronous Local-SGD"): the gradient part at once, the momentum look-ahead once per fleet's
-worth of tokens; with every node in every round this is exactly DiLoCo's Nesterov step. The
+fleet's pace (tokens per step of every node heard from within ``max_staleness`` outer steps):
+each node's summed increments count as its share of the fleet, however many deltas they came
+in. Momentum is delayed Nesterov (Liu et al. 2024, "Asynchronous Local-SGD"): the gradient
+part at once, the momentum look-ahead once the rounds' shares add up to one inner loop of the
+whole fleet; with every node in every round this is exactly DiLoCo's Nesterov step. The
 defaults are plain averaging (outer lr 1.0, momentum 0), the best asynchronous setting
 measured; DiLoCo's 0.7 / 0.9 was worse asynchronously (docs/benchmarks.md).
 
@@ -111,7 +111,7 @@ class OuterOptimizer:
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
         self.buffers: Tensors = {}
         self.pending: Tensors = {}  # delayed_step's gradient sum since momentum last applied
-        self.pending_tokens = 0
+        self.pending_share = 0.0  # ... and the part of one fleet inner loop it holds
 
     @torch.no_grad()
     def step(
@@ -126,14 +126,12 @@ class OuterOptimizer:
             weight.sub_(self._nesterov(name, grad) if use_buffer else grad, alpha=self.lr)
 
     @torch.no_grad()
-    def delayed_step(
-        self, global_weights: Tensors, pseudo_grad: Tensors, tokens: int, fleet_tokens: int
-    ) -> bool:
-        """Delayed Nesterov: the gradient part now, the momentum part per fleet's worth of tokens.
+    def delayed_step(self, global_weights: Tensors, pseudo_grad: Tensors, share: float) -> bool:
+        """Delayed Nesterov: the gradient part now, the momentum part once per fleet inner loop.
 
         Every call applies ``lr * g`` at once and adds ``g`` to a pending sum; once the pending
-        rounds hold ``fleet_tokens`` (all nodes' work of one inner loop), the buffer takes the
-        sum (``buf = momentum * buf + sum``) and the look-ahead ``lr * momentum * buf`` is
+        rounds' ``share`` of the fleet adds up to one inner loop of every node, the buffer takes
+        the sum (``buf = momentum * buf + sum``) and the look-ahead ``lr * momentum * buf`` is
         applied. With every node in every round this is exactly ``step``; with rounds of a few
         nodes, momentum still counts once per inner loop of the fleet, not once per round.
         Returns whether momentum was applied.
@@ -144,14 +142,14 @@ class OuterOptimizer:
             return False
         for name, grad in pseudo_grad.items():
             self.pending.setdefault(name, torch.zeros_like(grad)).add_(grad)
-        self.pending_tokens += tokens
-        if self.pending_tokens < fleet_tokens:
+        self.pending_share += share
+        if self.pending_share < 1.0 - 1e-9:  # float sums of 1/3 land just under 1
             return False
         for name, weight in global_weights.items():
             buf = self.buffers.setdefault(name, torch.zeros_like(weight))
             buf.mul_(self.momentum).add_(self.pending[name])
             weight.sub_(buf, alpha=self.lr * self.momentum)
-        self.pending, self.pending_tokens = {}, 0
+        self.pending, self.pending_share = {}, 0.0
         return True
 
     def _nesterov(self, name: str, grad: Tensor) -> Tensor:
@@ -173,9 +171,10 @@ class OuterOptimizer:
 class AggregateResult:
     """A round's mean over nodes (empty if nothing was included) and each delta's fate.
 
-    ``node_weights`` is each node's weight in the mean (its per-loop tokens x the staleness
-    discount), ``tokens`` every included delta's tokens, ``loop_tokens`` each included node's
-    tokens of one inner loop: the round's part of the fleet's work (``Master``'s share).
+    ``node_weights`` is each node's weight in the mean (its tokens per step x the staleness
+    discount), ``tokens`` every included delta's tokens, ``rates`` each included node's tokens
+    per optimizer step: its part of the fleet's pace (``Master``'s share). Rates, not tokens per
+    delta: a delta that folds two failed uploads must not count as two nodes.
     """
 
     mean: Tensors
@@ -184,15 +183,15 @@ class AggregateResult:
     bad: dict[str, str]  # identity -> reason
     node_weights: dict[str, float]
     tokens: int
-    loop_tokens: dict[str, int]
+    rates: dict[str, float]
 
 
 def delta_problem(header: DeltaHeader, outer_step: int) -> str | None:
     """Why a delta can never be applied at this outer step, or None."""
     if header.base_outer_step > outer_step:
         return f"base_outer_step {header.base_outer_step} is ahead of outer step {outer_step}"
-    if header.tokens <= 0:
-        return "trained on 0 tokens"
+    if header.tokens <= 0 or header.steps <= 0:
+        return "trained on 0 tokens" if header.tokens <= 0 else "trained 0 steps"
     return None
 
 
@@ -204,7 +203,7 @@ def aggregate(
     A node's consecutive deltas are increments of one trajectory (its base moves to its
     weights at every boundary), so they add up; the chains of a node that restarted without
     its checkpoint each began at a global, so they are averaged (token-weighted). Nodes are
-    then averaged with weight = tokens of one inner loop x ``staleness_discount`` ** the
+    then averaged with weight = tokens per optimizer step x ``staleness_discount`` ** the
     staleness of the node's freshest delta.
     """
     included: list[ReceivedDelta] = []
@@ -227,15 +226,15 @@ def aggregate(
     weights = {node: n.weight for node, n in nodes.items()}
     mean = _weighted_mean({node: n.tensors for node, n in nodes.items()}, weights)
     tokens = sum(d.header.tokens for d in included)
-    loops = {node: n.loop_tokens for node, n in nodes.items()}
-    return AggregateResult(mean, [d.identity for d in included], stale, bad, weights, tokens, loops)
+    rates = {node: n.rate for node, n in nodes.items()}
+    return AggregateResult(mean, [d.identity for d in included], stale, bad, weights, tokens, rates)
 
 
 @dataclass(frozen=True)
 class _NodeSum:
     tensors: Tensors  # the node's increments added up (its chains averaged)
     weight: float
-    loop_tokens: int
+    rate: float  # tokens per optimizer step
 
 
 def _node_sums(deltas: list[ReceivedDelta], outer_step: int, discount: float) -> dict:
@@ -249,10 +248,10 @@ def _node_sums(deltas: list[ReceivedDelta], outer_step: int, discount: float) ->
         members = [d for chain in by_chain.values() for d in chain]
         chain_sums = {c: _sum(chain) for c, chain in by_chain.items()}
         chain_tokens = {c: sum(d.header.tokens for d in chain) for c, chain in by_chain.items()}
-        loop_tokens = round(sum(d.header.tokens for d in members) / len(members))
+        rate = sum(d.header.tokens for d in members) / sum(d.header.steps for d in members)
         staleness = min(outer_step - d.header.base_outer_step for d in members)
         tensors = _weighted_mean(chain_sums, {c: float(t) for c, t in chain_tokens.items()})
-        sums[node_id] = _NodeSum(tensors, loop_tokens * discount**staleness, loop_tokens)
+        sums[node_id] = _NodeSum(tensors, rate * discount**staleness, rate)
     return sums
 
 
@@ -327,9 +326,9 @@ class Master:
         self._optimizer.load_state_dict(state.optimizer_state)
         self._pending: dict[str, ReceivedDelta] = {}
         self._first_pending_at: float | None = None
-        # node -> (tokens of its latest delta, outer step then): the fleet's work per inner
-        # loop, which scales each round. In memory only: after a restart it is re-learnt.
-        self._fleet: dict[str, tuple[int, int]] = {}
+        # node -> (its tokens per step, outer step then): the fleet's pace, which scales each
+        # round. In memory only: after a restart it is re-learnt.
+        self._fleet: dict[str, tuple[float, int]] = {}
         self._stale: list[str] = []  # settled since the last round, reported by the next
         self._bad: dict[str, str] = {}
         for message in config.warnings():
@@ -345,10 +344,10 @@ class Master:
         return self._weights
 
     @property
-    def fleet_tokens(self) -> int:
-        """Tokens of one inner loop of every node heard from within max_staleness outer steps."""
+    def fleet_rate(self) -> float:
+        """Tokens per step of every node heard from within max_staleness outer steps."""
         horizon = self._step - self.config.max_staleness
-        return sum(tokens for tokens, seen in self._fleet.values() if seen >= horizon)
+        return sum(rate for rate, seen in self._fleet.values() if seen >= horizon)
 
     @property
     def pending(self) -> int:
@@ -408,13 +407,12 @@ class Master:
         if self.config.policy == "naive":
             self._optimizer.step(self._weights, got.mean)
             return self.config.outer_momentum > 0
-        for node, loop_tokens in got.loop_tokens.items():
-            self._fleet[node] = (loop_tokens, self._step)
-        round_loops = sum(got.loop_tokens.values())
-        fleet_tokens = max(self.fleet_tokens, round_loops)
-        share = round_loops / fleet_tokens  # this round's nodes' part of the fleet
+        for node, rate in got.rates.items():
+            self._fleet[node] = (rate, self._step)
+        round_rate = sum(got.rates.values())
+        share = round_rate / max(self.fleet_rate, round_rate)  # this round's part of the fleet
         scaled = {k: v.mul(share) for k, v in got.mean.items()}
-        return self._optimizer.delayed_step(self._weights, scaled, got.tokens, fleet_tokens)
+        return self._optimizer.delayed_step(self._weights, scaled, share)
 
     def snapshot(self) -> MasterState:
         """The state to save; it shares tensors with the master: save it before the next round."""

@@ -218,7 +218,7 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
     if "outer_step" not in value:
         raise ValueError("no outer_step")
     checked: dict[str, Any] = {"outer_step": _check_count("outer_step", value["outer_step"])}
-    for key in ("fleet_tokens", "format"):
+    for key in ("fleet_tokens_per_step", "format"):
         if key in value:
             checked[key] = _check_count(key, value[key])
     for key in ("updated_at", "master"):

@@ -70,7 +70,7 @@ class WorkerPlugin:
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
-        self.loop_tokens = 0  # tokens of the last inner loop: this node's share of the fleet
+        self.rate = 0.0  # tokens per step of the last inner loop: this node's pace in the fleet
         self._started: float | None = None  # when training started, to time the first loop
         self._threads: list[threading.Thread] = []
 
@@ -139,7 +139,7 @@ class WorkerPlugin:
         tokens = trainer.tokens - self.boundary_tokens
         self.uploader.queue(Pending(delta, self.base_outer_step, steps, tokens))
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
-        self.base, self.loop_tokens = current, tokens
+        self.base, self.rate = current, tokens / max(steps, 1)
         if self.config.sync_wait_s > 0 and self.background:
             self._wait_for_own_round()
         installed = self.install_ready(trainer)
@@ -179,15 +179,16 @@ class WorkerPlugin:
         The global lacks this node's deltas it does not name as included (sent since, or not
         sent yet): the master will apply them at the node's share of the fleet, so with
         ``reapply_own_delta`` the node steps from the global by that share of them (``outer_lr``
-        x its tokens / the fleet's) instead of training on from weights that lack its own work.
+        x its tokens per step / the fleet's) instead of training on from weights that lack its
+        own work.
         """
         ready = self.fetcher.take()
         if ready is None or ready.outer_step <= self.base_outer_step:
             return None
         missing = self.uploader.not_included(ready.own_seq)
         self._load_weights(ready.weights)
-        if missing is not None and ready.fleet_tokens and self.config.reapply_own_delta:
-            share = self.config.outer_lr * min(1.0, self.loop_tokens / ready.fleet_tokens)
+        if missing is not None and ready.fleet_rate and self.config.reapply_own_delta:
+            share = self.config.outer_lr * min(1.0, self.rate / ready.fleet_rate)
             with torch.no_grad():
                 for name, param in self.params.items():
                     param.sub_(missing[name].to(param.device, param.dtype), alpha=share)
@@ -252,7 +253,7 @@ class WorkerPlugin:
             "base": {k: v.cpu() for k, v in (self.base or {}).items()},
             "base_outer_step": self.base_outer_step,
             "boundary": [self.boundary_step, self.boundary_tokens],
-            "loop_tokens": self.loop_tokens,
+            "rate": self.rate,
             **self.uploader.state_dict(),
             "counters": dict(self.counters),
         }
@@ -262,6 +263,6 @@ class WorkerPlugin:
         self.base = {k: base[k].to(p.device) for k, p in self.params.items()} if base else None
         self.fetcher.installed_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
-        self.loop_tokens = int(state.get("loop_tokens", 0))
+        self.rate = float(state.get("rate", 0.0))
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))

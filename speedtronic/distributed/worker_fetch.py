@@ -28,12 +28,12 @@ from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
 
 @dataclass(frozen=True)
 class Ready:
-    """A downloaded, validated global: its outer step and weights, the fleet's tokens in its
-    round (for ``reapply_own_delta``) and this node's latest sequence number it includes."""
+    """A downloaded, validated global: its outer step and weights, the fleet's tokens per step
+    (for ``reapply_own_delta``) and this node's latest sequence number it includes."""
 
     outer_step: int
     weights: dict[str, torch.Tensor]
-    fleet_tokens: int
+    fleet_rate: int
     own_seq: int = -1
 
 
@@ -94,7 +94,8 @@ class GlobalFetcher:
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
         with self.lock:  # never replace a newer global already waiting
             if outer_step > (self.ready.outer_step if self.ready else self.installed_step):
-                self.ready = Ready(outer_step, weights, counted.get("fleet_tokens", 0), own_seq)
+                rate = counted.get("fleet_tokens_per_step", 0)
+                self.ready = Ready(outer_step, weights, rate, own_seq)
 
     def _max_weight_bytes(self) -> int:
         return expected_delta_bytes(self.params, "fp32") + (1 << 20)

@@ -26,7 +26,7 @@ from speedtronic.distributed.protocol import DeltaHeader, delta_path
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 # Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
 # two are merged (a paused master: memory stays at this many copies of the weights)
-MAX_IN_FLIGHT = 4
+MAX_IN_FLIGHT = 3
 
 
 @dataclass
@@ -46,6 +46,25 @@ class Pending:
     created_at: str = ""
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """Sent deltas ``first``..``last`` (summed) that no published global includes yet."""
+
+    first: int
+    last: int
+    delta: dict[str, torch.Tensor]
+
+    def after(self, included_seq: int) -> InFlight | None:
+        """What a global including seq ``included_seq`` still lacks of these: all, none, or,
+        of a merged run cut in the middle, its share by count (merged deltas are alike)."""
+        if self.last <= included_seq:
+            return None
+        if self.first > included_seq:
+            return self
+        share = (self.last - included_seq) / (self.last - self.first + 1)
+        return InFlight(included_seq + 1, self.last, {k: v * share for k, v in self.delta.items()})
+
+
 class Uploader:
     """The outbox, the delta in flight, the one that may have landed, and the thread sending."""
 
@@ -59,8 +78,7 @@ class Uploader:
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
-        # (last seq, sum) of sent deltas no published global has included yet, oldest first
-        self.in_flight: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.in_flight: list[InFlight] = []  # sent, not yet in a published global; oldest first
         self.lock = threading.Lock()
         self.wake = threading.Event()
 
@@ -160,22 +178,30 @@ class Uploader:
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
 
     def _keep_in_flight(self, seq: int, delta: dict[str, torch.Tensor]) -> None:
-        self.in_flight.append((seq, {k: v.detach().to("cpu", copy=True) for k, v in delta.items()}))
-        if len(self.in_flight) > MAX_IN_FLIGHT:
-            (_, older), (newer, last) = self.in_flight[:2]
-            self.in_flight[:2] = [(newer, {k: older[k] + last[k] for k in older})]
+        # Kept as the master will apply it: in the upload's precision (half the memory in bf16)
+        dtype = torch.float32 if self.config.delta_dtype == "fp32" else torch.bfloat16
+        kept = {k: v.detach().to("cpu", dtype, copy=True) for k, v in delta.items()}
+        self.in_flight.append(InFlight(seq, seq, kept))
+        if len(self.in_flight) > MAX_IN_FLIGHT:  # the master is not keeping up: merge the oldest
+            older, newer = self.in_flight[:2]
+            merged = {k: older.delta[k] + newer.delta[k] for k in older.delta}
+            self.in_flight[:2] = [InFlight(older.first, newer.last, merged)]
 
     def not_included(self, included_seq: int) -> dict[str, torch.Tensor] | None:
         """The sum of every delta of this node that a global including its deltas up to
         ``included_seq`` lacks: sent later, being sent, or not sent yet (CPU, fp32)."""
         with self.lock:
-            self.in_flight = [(seq, d) for seq, d in self.in_flight if seq > included_seq]
-            parts = [d for _, d in self.in_flight]
+            self.in_flight = [b.after(included_seq) for b in self.in_flight]
+            self.in_flight = [b for b in self.in_flight if b is not None]
+            parts = [b.delta for b in self.in_flight]
             unsent = (self.exact, self.sending, self.outbox)  # may have landed: by their seq
             parts += [p.delta for p in unsent if p is not None and not 0 < p.seq <= included_seq]
             if not parts:
                 return None
-            return {k: sum(part[k].detach().to("cpu") for part in parts) for k in parts[0]}
+            return {
+                k: sum(part[k].detach().to("cpu", torch.float32) for part in parts)
+                for k in parts[0]
+            }
 
     def _header(self, pending: Pending) -> DeltaHeader:
         return DeltaHeader(
@@ -198,7 +224,7 @@ class Uploader:
             unsent, exact = self.outbox, self.exact or self.sending
             return {
                 "chain": self.chain,
-                "in_flight": [[seq, dict(delta)] for seq, delta in self.in_flight],
+                "in_flight": [[b.first, b.last, dict(b.delta)] for b in self.in_flight],
                 "seq": self.seq,
                 "unsent": None if unsent is None else pending_state(unsent),
                 "exact": None if exact is None else pending_state(exact),
@@ -206,7 +232,7 @@ class Uploader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.chain = state.get("chain", self.chain)  # older checkpoints: a new chain
-        self.in_flight = [(int(seq), delta) for seq, delta in state.get("in_flight", [])]
+        self.in_flight = [InFlight(int(a), int(b), d) for a, b, d in state.get("in_flight", [])]
         self.seq = int(state["seq"])
         unsent, exact = state.get("unsent"), state.get("exact")
         self.outbox = None if unsent is None else Pending(**unsent)
