@@ -17,7 +17,6 @@ from speedtronic.distributed.codec import BadDelta, decode_delta, expected_delta
 from speedtronic.distributed.outer import ReceivedDelta, delta_identity
 from speedtronic.distributed.protocol import parse_delta_path
 from speedtronic.distributed.transport import DeltaRef, Transport
-from speedtronic.errors import SpeedtronicError
 
 
 class DeltaIntake:
@@ -42,7 +41,7 @@ class DeltaIntake:
             elif self.settled_versions.get(ref.path) != ref.version:
                 try:
                     self._take(ref, master)
-                except (SpeedtronicError, OSError) as exc:  # one bad read stops no round
+                except Exception as exc:  # one bad read stops no round
                     if getattr(exc, "permanent", False):
                         raise
                     self.logger.warn(f"diloco master: cannot read {ref.path} ({exc}); next poll")
