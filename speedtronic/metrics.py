@@ -234,6 +234,8 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         return f"{event}: {payload['message']}"
     if event in ("diloco_boundary", "diloco_round"):
         return _diloco_line(event, payload)
+    if event == "diloco_install":
+        return f"diloco install at step {payload['step']} | global {payload['outer_step']} (eager)"
     if event == "run_start" and "params" not in payload:  # a master that only coordinates
         return f"run {payload['name']}: DumbDiLoCo master on {payload.get('repo')}, no training"
     if event == "run_start":
@@ -282,7 +284,7 @@ _MOMENTUM_WORDS = {
     "off": "no outer momentum (plain averaging)",
     "applied": "outer momentum applied",
     # delayed Nesterov: the look-ahead waits until the rounds hold one inner loop of the fleet
-    "pending": "outer momentum pending (until a fleet's inner loop of tokens is in)",
+    "pending": "outer momentum pending (until the rounds hold a whole fleet inner loop)",
 }
 
 

@@ -285,15 +285,20 @@ class FromGroup:
         hooks.load_state_dict(state)
 
 
+EAGER_LOOKS = 8  # a DDP node looks for an eager install this many times an inner loop
+
+
 class NodeSync:
     """DumbDiLoCo with DDP: one node = one group, and only rank 0 runs the node's plug-ins
     (transport, uploads, polls, master work; the pseudo-gradient once per node).
 
-    At start and at every boundary (every ``inner_steps``, which every rank counts: rank 0's
-    worker installs only there) rank 0 says, in one broadcast of a scalar, which global outer
-    step its weights come from; when that changed, it broadcasts the weights it installed and
-    every other rank resets its inner optimizer as rank 0 did. Between boundaries: nothing, not
-    even a host sync. Placed after the DiLoCo plug-ins and before the checkpoint one.
+    At start and at every boundary (every ``inner_steps``, which every rank counts) rank 0 says,
+    in one broadcast of a scalar, which global outer step its weights come from; when that
+    changed, it broadcasts the weights it installed and every other rank resets its inner
+    optimizer as rank 0 did. With eager installs rank 0's worker may install only every
+    ``every`` steps (``EAGER_LOOKS`` times an inner loop), where all ranks look too: always
+    between optimizer steps, never inside one. Otherwise nothing, not even a host sync. Placed
+    after the DiLoCo plug-ins and before the checkpoint one.
     """
 
     name = "ddp_node"
@@ -301,6 +306,8 @@ class NodeSync:
     def __init__(self, world: World, model: nn.Module, settings: Any, device: Any):
         self.world, self.model, self.device = world, model, device
         self.reset, self.inner_steps = settings.reset_inner_optimizer, settings.inner_steps
+        self.eager = settings.install == "eager"
+        self.every = max(1, self.inner_steps // EAGER_LOOKS)  # steps between eager looks
         self.worker: Any = None  # rank 0: the node's WorkerPlugin
         self.outer_step = -2  # the installed global's outer step as rank 0 last announced it
         self.boundary: int | None = None  # the step of the last boundary (the worker's too)
@@ -311,8 +318,11 @@ class NodeSync:
         self._follow(trainer, at_start=True)
 
     def after_optimizer_step(self, trainer: Any) -> None:
-        if trainer.step - self.boundary >= self.inner_steps:
+        since = trainer.step - self.boundary
+        if since >= self.inner_steps:
             self.boundary = trainer.step
+            self._follow(trainer, at_start=False)
+        elif self.eager and since % self.every == 0:  # rank 0 may have installed eagerly
             self._follow(trainer, at_start=False)
 
     def _follow(self, trainer: Any, at_start: bool) -> None:
@@ -359,6 +369,8 @@ def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logge
 
     plugins = coordinator_plugins(config, model, logger)
     sync.worker = next((p for p in plugins if p.name == "diloco"), None)
+    if sync.worker is not None:  # it installs eagerly only where the other ranks look
+        sync.worker.install_every = sync.every
     return [*plugins, sync]
 
 

@@ -40,6 +40,15 @@ class Spy:
 
     def __init__(self):
         self.plugins, self.checksum = [], None
+        self.checksums: dict[int, float] = {}  # step -> weights after it (before installs)
+
+    def after_optimizer_step(self, trainer):
+        if self.every and trainer.step % self.every == 0:
+            self.checksums[trainer.step] = float(
+                sum(p.detach().double().sum() for p in trainer.params)
+            )
+
+    every = 0  # > 0: a checksum every that many steps
 
     def on_train_end(self, trainer, result):
         self.plugins = [p.name for p in trainer.plugins]
@@ -78,6 +87,7 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
     losses: dict[int, float] = {}
     evals: dict[int, tuple[float, int]] = {}
     notices: list[str] = []
+    installs: list[int] = []  # steps of eager installs (rank 0)
 
     def record(event, payload):
         if event == "train_step":
@@ -86,8 +96,11 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
             evals[payload["step"]] = (payload["eval_loss"], payload["eval_tokens"])
         elif event in ("notice", "warning"):
             notices.append(payload["message"])
+        elif event == "diloco_install":
+            installs.append(payload["step"])
 
     spy = Spy()
+    spy.every = extra.get("checksum_every", 0)
     plugins: list[Any] = [spy]
     if extra.get("stop_at"):
         plugins.append(StopAt(extra["stop_at"]))
@@ -115,6 +128,8 @@ def _rank_main(rank: int, world: int, port: int, config: dict, out: str, extra: 
         "checkpoint": result.checkpoint,
         "plugins": spy.plugins,
         "checksum": spy.checksum,
+        "checksums": spy.checksums,
+        "installs": installs,
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
 

@@ -271,6 +271,31 @@ def test_diloco_node_of_two_ranks_only_rank_0_talks_to_the_repo(ddp_config, tmp_
     assert rank0["checksum"] == rank1["checksum"]  # installed globals reached every rank
 
 
+def test_an_eager_install_lands_on_every_rank_at_the_same_step(ddp_config, tmp_path):
+    """Rank 0 installs a global mid-loop only at steps where every rank looks (8 a loop), and
+    broadcasts it there, between optimizer steps: the ranks' weights never differ."""
+    ddp_config["run"]["max_steps"] = 40
+    ddp_config["distributed"] = {
+        "enabled": True,
+        "role": "master",
+        "node_id": "node-a",
+        "repo_id": str(tmp_path / "repo"),
+        "inner_steps": 16,  # eager looks every 2 steps
+        "install": "eager",
+        "poll_interval": 0.02,
+        "min_deltas": 1,
+        "max_wait_s": 0,
+        "min_publish_interval_s": 0,
+        "delta_dtype": "fp32",
+        "outer_lr": 0.5,  # the global differs from the node's own weights: it must travel
+    }
+    rank0, rank1 = run_ranks(ddp_config, 2, tmp_path / "reports", checksum_every=1)
+    assert rank0["checksums"] == rank1["checksums"]  # the same weights after every step
+    mid_loop = [s for s in rank0["installs"] if s % 16]
+    assert mid_loop and all(s % 2 == 0 for s in mid_loop), rank0["installs"]
+    assert rank0["checksum"] == rank1["checksum"]
+
+
 def test_a_dead_rank_takes_the_group_down_within_the_timeout(ddp_config, tmp_path):
     """No launcher to kill the survivor: the group timeout and the broken link must."""
     ddp_config["run"]["group_timeout_s"] = 20

@@ -255,9 +255,12 @@ class DistributedConfig:
     inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
     poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
     reset_inner_optimizer: bool = True  # clear AdamW moments when a new global is installed
-    # install the global minus this node's own just-sent delta at the master's share, so the
-    # next inner loop does not start from weights that lack the node's last one
+    # install the global minus this node's deltas it lacks, at the master's share, so the node
+    # does not train on from weights that lack its own work
     reapply_own_delta: bool = True
+    # eager: install a newer global as soon as it is downloaded, carrying the progress since the
+    # last boundary; boundary: only at the end of an inner loop
+    install: Literal["eager", "boundary"] = "boundary"
     train_locally: bool = True  # false: a master that only coordinates
     outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
     state_dir: str | None = None  # master state; default <output_dir>/diloco_master
@@ -408,7 +411,9 @@ DOCS: dict[str, str] = {
     "distributed.inner_steps": "optimizer steps between syncs (H)",
     "distributed.poll_interval": "seconds between checks of the repo",
     "distributed.reset_inner_optimizer": "clear AdamW moments when a new global is installed",
-    "distributed.reapply_own_delta": "install the global minus this node's just-sent delta",
+    "distributed.reapply_own_delta": "install the global minus this node's deltas it lacks",
+    "distributed.install": "eager: install a newer global as soon as it is downloaded, "
+    "keeping the progress since the last boundary; boundary: only between inner loops",
     "distributed.train_locally": "false: a master that only coordinates, until outer_steps",
     "distributed.outer_steps": "a coordinating-only master stops after this many outer steps",
     "distributed.state_dir": "the master's state; null: <output_dir>/diloco_master",

@@ -2,12 +2,14 @@
 
 Every ``inner_steps`` optimizer steps (a boundary) the plug-in snapshots the weights, computes
 the pseudo-gradient against the weights of the last sync (``base - current``) and queues it for
-the ``Uploader``'s thread; then (I2) it installs the newest global that the ``GlobalFetcher``'s
-poller has downloaded and validated, resetting the inner optimizer if configured. The training
-thread never touches the network (I5): a failed or hung upload keeps its delta in the outbox,
-where the next boundary's delta is added to it (cumulative, never lost); the poller just keeps
-the last good global. The plug-in's state (base weights, the outbox, counters) goes into the
-run's checkpoints, so ``--resume`` continues exactly.
+the ``Uploader``'s thread; then it installs the newest global that the ``GlobalFetcher``'s
+poller has downloaded and validated, resetting the inner optimizer if configured. With
+``install: eager`` a global is installed as soon as it is downloaded, between any two
+optimizer steps, carrying the inner loop's progress so far (I2: no local progress is ever
+discarded). The training thread never touches the network (I5): a failed or hung upload keeps
+its delta in the outbox, where the next boundary's delta is added to it (cumulative, never
+lost); the poller just keeps the last good global. The plug-in's state (base weights, the
+outbox, counters) goes into the run's checkpoints, so ``--resume`` continues exactly.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class WorkerPlugin:
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
         self.rate = 0.0  # tokens per step of the last inner loop: this node's pace in the fleet
+        self.eager = getattr(config, "install", "boundary") == "eager"
+        self.install_every = 1  # eager: steps between looks (a DDP node's ranks agree on it)
         self._started: float | None = None  # when training started, to time the first loop
         self._threads: list[threading.Thread] = []
 
@@ -108,8 +112,11 @@ class WorkerPlugin:
 
     def after_optimizer_step(self, trainer: Any) -> None:
         self.status.raise_if_fatal()
-        if trainer.step - self.boundary_step >= self.config.inner_steps:
+        since = trainer.step - self.boundary_step
+        if since >= self.config.inner_steps:
             self.boundary(trainer)
+        elif self.eager and since % self.install_every == 0 and self.fetcher.ready is not None:
+            self.install_eagerly(trainer)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
         """A last boundary for the steps since the previous one, then its upload (bounded)."""
@@ -171,7 +178,19 @@ class WorkerPlugin:
             time.sleep(pace if sent else 0.01)
         return False
 
-    def install_ready(self, trainer: Any) -> int | None:
+    def install_eagerly(self, trainer: Any) -> int | None:
+        """Between boundaries: install the waiting global now, carrying the progress made since
+        the last boundary (new = G + (local - base)), so nothing local is lost (I2)."""
+        start = time.perf_counter()
+        installed = self.install_ready(trainer, carry_progress=True)
+        if installed is not None:
+            stall = time.perf_counter() - start
+            self.logger.log(
+                "diloco_install", {"step": trainer.step, "outer_step": installed, "stall_s": stall}
+            )
+        return installed
+
+    def install_ready(self, trainer: Any, carry_progress: bool = False) -> int | None:
         """Install a downloaded global newer than the base; its outer step, or None.
 
         The global lacks this node's deltas it does not name as included (sent since, or not
@@ -184,6 +203,10 @@ class WorkerPlugin:
         if ready is None or ready.outer_step <= self.base_outer_step:
             return None
         missing = self.uploader.not_included(ready.own_seq)
+        progress = None
+        if carry_progress:  # what this inner loop has done so far: the next delta holds it
+            with torch.no_grad():
+                progress = {k: p.detach().float() - self.base[k] for k, p in self.params.items()}
         self._load_weights(ready.weights)
         if missing is not None and ready.fleet_rate and self.config.reapply_own_delta:
             share = self.config.outer_lr * min(1.0, self.rate / ready.fleet_rate)
@@ -191,6 +214,10 @@ class WorkerPlugin:
                 for name, param in self.params.items():
                     param.sub_(missing[name].to(param.device, param.dtype), alpha=share)
         self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
+        if progress is not None:
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.add_(progress[name].to(param.dtype))
         if self.config.reset_inner_optimizer:
             trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
         return ready.outer_step

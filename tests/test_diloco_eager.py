@@ -1,0 +1,104 @@
+"""Eager installs (issue 19, I2): a newer global is installed as soon as it is downloaded,
+between any two optimizer steps, carrying the progress made since the last boundary."""
+
+from __future__ import annotations
+
+import torch
+from diloco_support import Log, settings
+from test_diloco_nodes import FakeTrainer, model
+
+from speedtronic.distributed.codec import decode_delta, encode_weights
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker import WorkerPlugin
+
+REFERENCE = {"weight": torch.ones(1, 2)}
+
+
+def eager_worker(transport, log=None, **overrides):
+    net = model(1.0)
+    config = settings(
+        **{"inner_steps": 4, "install": "eager", "reapply_own_delta": False, **overrides}
+    )
+    worker = WorkerPlugin(config, net, transport, log or Log(), background=False)
+    trainer = FakeTrainer(net)
+    worker.on_train_start(trainer)
+    return worker, trainer, net
+
+
+def publish_global(transport, value: float, outer_step: int, own_seq: int) -> None:
+    nodes = {"node-a": {"seq": own_seq, "base_outer_step": 0, "tokens": 40, "last_delta_at": "t"}}
+    weights = encode_weights({"weight": torch.full((1, 2), value)}, outer_step)
+    transport.publish(weights, {"outer_step": outer_step, "nodes": nodes}, [])
+
+
+def steps(worker, trainer, n):
+    for _ in range(n):
+        trainer.train_step(worker, move=-0.25)
+        worker.uploader.send_pending()
+
+
+def test_I2_an_eager_install_mid_loop_is_the_global_plus_the_progress_since_the_boundary(
+    tmp_path,
+):
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = eager_worker(transport, log)
+    steps(worker, trainer, 6)  # a boundary at step 4 (base 0.0), then -0.5 of progress
+    publish_global(transport, 2.0, outer_step=1, own_seq=1)  # a crafted global, mid-loop
+    worker.fetcher.refresh()
+    steps(worker, trainer, 1)  # step 7: -0.75 since the boundary; installed after it
+    assert worker.base_outer_step == 1
+    torch.testing.assert_close(net.weight, torch.full((1, 2), 2.0 - 0.75))  # G + progress
+    [install] = [p for e, p in log.events if e == "diloco_install"]
+    assert install["step"] == 7 and install["outer_step"] == 1
+    steps(worker, trainer, 1)  # step 8: the boundary's delta holds all four steps' work
+    header, delta = decode_delta(
+        transport.read("nodes/node-a/delta_00000002.safetensors", 1 << 20),
+        "nodes/node-a/delta_00000002.safetensors",
+        REFERENCE,
+    )
+    assert header.base_outer_step == 1 and header.steps == 4
+    torch.testing.assert_close(delta["weight"], torch.full((1, 2), 1.0))  # 4 x 0.25: no loss
+
+
+def test_boundary_installs_wait_for_the_end_of_the_inner_loop(tmp_path):
+    transport = LocalTransport(tmp_path)
+    worker, trainer, net = eager_worker(transport, install="boundary")
+    steps(worker, trainer, 6)
+    publish_global(transport, 2.0, outer_step=1, own_seq=1)
+    worker.fetcher.refresh()
+    steps(worker, trainer, 1)
+    assert worker.base_outer_step == -1  # nothing installed before the boundary at step 8
+    steps(worker, trainer, 1)
+    assert worker.base_outer_step == 1
+
+
+def run_to(worker, trainer, transport, end):
+    """Steps up to ``end``, with a global arriving before step 7 (an eager install there)."""
+    while trainer.step < end:
+        if trainer.step == 6:
+            publish_global(transport, 2.0, outer_step=1, own_seq=1)
+            worker.fetcher.refresh()
+        steps(worker, trainer, 1)
+
+
+def test_an_eager_install_resumes_exactly_from_a_checkpoint_after_it(tmp_path):
+    straight = LocalTransport(tmp_path / "straight")
+    worker, trainer, net = eager_worker(straight)
+    run_to(worker, trainer, straight, 9)
+    state = {"plugin": worker.state_dict(), "weights": net.weight.detach().clone()}
+    state["trainer"] = (trainer.step, trainer.tokens)
+    run_to(worker, trainer, straight, 16)
+
+    resumed_repo = tmp_path / "resumed"
+    resumed_transport = LocalTransport(resumed_repo)
+    publish_global(resumed_transport, 2.0, outer_step=1, own_seq=1)  # the repo as it was
+    again, again_trainer, again_net = eager_worker(resumed_transport)
+    again.load_state_dict(state["plugin"])
+    with torch.no_grad():
+        again_net.weight.copy_(state["weights"])
+    again_trainer.step, again_trainer.tokens = state["trainer"]
+    run_to(again, again_trainer, resumed_transport, 16)
+    assert torch.equal(again_net.weight, net.weight)
+    for seq in (3, 4):  # the deltas after the checkpoint: the same bytes
+        path = f"nodes/node-a/delta_{seq:08d}.safetensors"
+        assert straight.read(path, 1 << 20) == resumed_transport.read(path, 1 << 20)
