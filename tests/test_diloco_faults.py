@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 
 import pytest
 import torch
@@ -486,3 +487,58 @@ def test_I2_a_single_node_installs_change_nothing_however_uploads_and_rounds_int
         if rng.random() < 0.3:
             worker.fetcher.refresh()
     assert worker.base_outer_step >= 10  # it did install, many times
+
+
+def test_I3_a_restart_keeps_the_nodes_applied_seqs_and_the_fleets_pace_from_its_state(
+    tmp_path,
+):
+    """A restarted master republished the repo's (tampered, or older) ``nodes`` summary and a
+    fleet pace of 0, so a node reapplied deltas the global held, or none it lacked: the chaos
+    run's global drifted 1.5 from the worker's own weights in 2 runs of 5."""
+    repo = tmp_path / "repo"
+    transport = LocalTransport(repo)
+    run_master_to(tmp_path, transport, Log(), steps=3)
+    before = json.loads((repo / STEP_COUNT).read_text())
+    (repo / STEP_COUNT).write_text(json.dumps({"outer_step": 1_000_000}))
+    restarted = master_loop(tmp_path, transport, Log())
+    restarted.start()
+    after = json.loads((repo / STEP_COUNT).read_text())
+    assert after["fleet_tokens_per_step"] == before["fleet_tokens_per_step"] == 10
+    node = {"seq": 3, "base_outer_step": 2, "tokens": 20, "last_delta_at": "2026-01-01T00:00:00Z"}
+    assert after["nodes"] == before["nodes"] == {"node-a": node}
+
+
+# ---- issue 19: a publish that does not block polling --------------------------------------
+
+
+class SlowPublish(LocalTransport):
+    """Publishes block until ``release`` is set; the first ``fail`` of them raise."""
+
+    def __init__(self, root, fail=0):
+        super().__init__(root)
+        self.release, self.fail, self.published = threading.Event(), fail, []
+
+    def publish(self, weights, step_count, consumed):
+        self.release.wait(30)
+        if self.fail:
+            self.fail -= 1
+            raise TransportError("503 Service Unavailable")
+        super().publish(weights, step_count, consumed)
+        self.published.append(step_count["outer_step"])
+
+
+def test_polls_go_on_while_a_publish_is_in_flight_and_only_the_newest_step_is_sent(tmp_path):
+    transport = SlowPublish(tmp_path / "repo")
+    transport.release.set()
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()  # step 0, synchronously
+    transport.release.clear()
+    transport.fail = 1
+    loop.start_sending()
+    for seq in (1, 2, 3):  # three rounds while the first publish hangs
+        upload_delta(transport, seq, base=0, move=0.01)
+        assert loop.poll_once().outer_step == seq  # the poll returns: nothing blocks it
+    transport.release.set()
+    loop.stop_sending(timeout=30)  # the first send fails once, then the newest goes
+    assert transport.published == [0, 3] and published_step(tmp_path / "repo") == 3
+    assert not list((tmp_path / "repo").glob("nodes/*/delta_*"))  # every round's deletes done

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from speedtronic.distributed.master_intake import DeltaIntake
-from speedtronic.distributed.master_publish import Publisher
+from speedtronic.distributed.master_publish import Publisher, PublishSender
 from speedtronic.distributed.master_repo import RepoGuard
 from speedtronic.distributed.master_state import master_id
 from speedtronic.distributed.node_status import Throttle
@@ -75,6 +75,7 @@ class MasterLoop:
         self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
+        self.sender: PublishSender | None = None  # publishes off the poll thread when running
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
 
@@ -113,8 +114,9 @@ class MasterLoop:
             if state is not None:
                 self._resume(state)
             return
-        self.intake.nodes = dict(view.nodes or {})
         state, publish = self.guard.at_start(state, view)
+        # the state's own summary when it has one (older states: the repo's)
+        self.intake.nodes = dict((state.nodes if state else None) or view.nodes or {})
         self._resume(state)
         self.guard.last_check = self.clock()
         if not publish and view.step is not None:  # the repo holds this master's step
@@ -151,6 +153,10 @@ class MasterLoop:
             self._start_now()
             if not self.guard.checked:
                 return None
+        if self.sender is not None:
+            self.intake.deleted(self.sender.take_landed())
+            if self.sender.fatal is not None:
+                raise self.sender.fatal
         if self.guard.due():
             self._check_repo()
         self.intake.poll(self.master)
@@ -159,7 +165,7 @@ class MasterLoop:
         with self.lock:
             result = self.master.round(self.clock(), force=force)
         if result is None:
-            if self.publisher.unpublished:  # the last publish failed: the repo is behind
+            if self.publisher.unpublished and self._sent():  # it failed: the repo is behind
                 with self.lock:
                     weights = {k: t.clone() for k, t in self.master.global_weights.items()}
                 self._publish(weights)
@@ -177,12 +183,33 @@ class MasterLoop:
             self.publisher.unpublished = True  # restored by this poll's publish
 
     def _publish(self, weights: Tensors) -> None:
-        """Publish, deleting every settled file; if it fails, the next poll tries again."""
+        """Save, then publish (in the sender's thread when running), deleting every settled
+        file; if it fails, it is sent again (the sender) or the next poll publishes again."""
         self._check_repo()  # also refuses to publish over another master's step
         consumed = list(self.intake.unusable)
-        extra = {"nodes": self.intake.nodes, "master": self.master_id}
+        extra = {"nodes": dict(self.intake.nodes), "master": self.master_id}
+        if self.sender is not None:
+            self.sender.submit(self.publisher.save(self.master, weights, consumed, extra))
+            return
         self.publisher.publish(self.master, weights, consumed, extra)
         self.intake.deleted(consumed)
+
+    def _sent(self) -> bool:
+        return self.sender is None or self.sender.idle()
+
+    def start_sending(self) -> None:
+        """Publish from a thread of its own from now on: polls go on during a slow publish."""
+        self.sender = PublishSender(self.publisher, self.logger, self.config.poll_interval)
+
+    def stop_sending(self, timeout: float) -> None:
+        """Let the sends waiting land (up to ``timeout``); later publishes are synchronous."""
+        sender, self.sender = self.sender, None
+        if sender is None:
+            return
+        sender.close(timeout)
+        self.intake.deleted(sender.take_landed())
+        if sender.fatal is not None:
+            self.fatal = self.fatal or sender.fatal
 
     def _count_round(self, result: RoundResult) -> None:
         counters = self.intake.counters
@@ -204,6 +231,7 @@ class MasterLoop:
     # ------------------------------------------------------------------ running
 
     def run_in_background(self, stop: threading.Event) -> threading.Thread:
+        self.start_sending()
         thread = threading.Thread(target=self._loop, args=(stop,), name="diloco-master")
         thread.daemon = True
         thread.start()
@@ -233,11 +261,19 @@ class MasterLoop:
 
     def serve(self, outer_steps: int, stop: threading.Event) -> None:
         """Coordinate only (no local training) until ``outer_steps`` rounds or ``stop``."""
-        while not stop.is_set() and (self.master is None or self.master.outer_step < outer_steps):
-            self.poll_safely()
-            if self.fatal is not None:
-                raise self.fatal
-            stop.wait(self.config.poll_interval)
+        self.start_sending()
+        try:
+            while not stop.is_set() and (
+                self.master is None or self.master.outer_step < outer_steps
+            ):
+                self.poll_safely()
+                if self.fatal is not None:
+                    raise self.fatal
+                stop.wait(self.config.poll_interval)
+        finally:
+            self.stop_sending(timeout=self.config.upload_timeout_s)
+        if self.fatal is not None:
+            raise self.fatal
 
 
 class MasterPlugin:
@@ -268,6 +304,7 @@ class MasterPlugin:
         if self._thread.is_alive():
             self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
             return
+        self.loop.stop_sending(timeout=self.loop.config.upload_timeout_s)
         self.loop.poll_safely(force=True)  # what arrived while training ended
         if self.loop.fatal is not None:
             raise self.loop.fatal
@@ -296,10 +333,17 @@ class MasterPlugin:
             "weights": weights,
             "optimizer": state.optimizer_state,
             "processed": sorted(state.processed),
+            "nodes": dict(self.loop.intake.nodes),
+            "fleet": state.fleet,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             self.restored = MasterState(
-                state["outer_step"], state["weights"], state["optimizer"], set(state["processed"])
+                state["outer_step"],
+                state["weights"],
+                state["optimizer"],
+                set(state["processed"]),
+                state.get("nodes", {}),
+                state.get("fleet", {}),
             )

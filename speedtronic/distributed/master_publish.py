@@ -6,13 +6,16 @@ republishes the same weights. The publish itself is one transport call (the weig
 count and the deletes of consumed deltas: one Hub commit, or write-then-rename on a directory);
 if it fails, ``unpublished`` stays set and the next poll publishes again. It also spaces
 publishes by the transport's ``min_publish_interval_s`` (the Hub limits commits per repo).
+``PublishSender`` sends saved steps from a thread of its own, so polling goes on meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,21 @@ from typing import Any
 import torch
 
 from speedtronic.distributed.codec import encode_weights
+from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.transport import Transport
 
 Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A saved outer step to publish: its weights (a copy), the files it deletes, extras."""
+
+    outer_step: int
+    weights: Tensors
+    consumed: list[str]
+    extra: dict[str, Any]
+    fleet_rate: int
 
 
 class Publisher:
@@ -52,24 +67,120 @@ class Publisher:
     ) -> None:
         """Save ``master``'s state, then publish ``weights`` at its outer step, deleting
         ``consumed``; ``extra`` joins the step count. Raises when it did not land."""
+        self.send(self.save(master, weights, consumed, extra))
+
+    def save(
+        self, master: Any, weights: Tensors, consumed: list[str], extra: dict[str, Any]
+    ) -> Publication:
+        """Save ``master``'s state (I3: before the repo sees its step); what to send."""
         self.unpublished = True
-        outer_step = master.outer_step
-        master.snapshot().save(self.state_dir)  # before publishing: I3
-        data = encode_weights(weights, outer_step)
+        state = master.snapshot()
+        state.nodes = extra.get("nodes", {})
+        state.save(self.state_dir)
+        fleet = round(master.fleet_rate)
+        return Publication(master.outer_step, weights, list(consumed), extra, fleet)
+
+    def send(self, publication: Publication) -> None:
+        """Publish a saved step: weights and step_count together, consumed deltas deleted."""
+        outer_step = publication.outer_step
+        data = encode_weights(publication.weights, outer_step)
         step_count = {
             "outer_step": outer_step,
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "weights_sha256": hashlib.sha256(data).hexdigest(),
             "format": 1,
             # the fleet's pace: a node reapplies its deltas a global lacks at its share of it
-            "fleet_tokens_per_step": round(master.fleet_rate),
-            **extra,
+            "fleet_tokens_per_step": publication.fleet_rate,
+            **publication.extra,
         }
         start = time.perf_counter()
-        self.transport.publish(data, step_count, consumed)
+        self.transport.publish(data, step_count, publication.consumed)
         self.last_publish, self.unpublished = self.clock(), False
         self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},
         )
+
+
+class PublishSender:
+    """Sends saved steps from a thread of its own, so a publish (seconds to minutes of upload on
+    a slow link) never holds up the master's polls. Only the newest step waiting is sent: an
+    older one it supersedes is skipped, its deletes carried over. A failed send is retried
+    after ``retry_s``; a permanent failure is kept in ``fatal`` for the poll thread to raise.
+    ``landed`` holds the deletes of sends that landed, for the poll thread to settle.
+    """
+
+    def __init__(self, publisher: Publisher, logger: Any, retry_s: float):
+        self.publisher, self.logger, self.retry_s = publisher, logger, retry_s
+        self.waiting: Publication | None = None
+        self.landed: list[str] = []
+        self.fatal: Exception | None = None
+        self.busy = False
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.throttle = Throttle()
+        self.thread = threading.Thread(target=self._run, name="diloco-publish", daemon=True)
+        self.thread.start()
+
+    def submit(self, publication: Publication) -> None:
+        """Send ``publication`` next, in place of (and with the deletes of) one waiting."""
+        with self.lock:
+            if self.waiting is not None:
+                consumed = dict.fromkeys([*self.waiting.consumed, *publication.consumed])
+                publication = replace(publication, consumed=list(consumed))
+            self.waiting = publication
+        self.wake.set()
+
+    def idle(self) -> bool:
+        with self.lock:
+            return self.waiting is None and not self.busy
+
+    def take_landed(self) -> list[str]:
+        with self.lock:
+            landed, self.landed = self.landed, []
+        return landed
+
+    def close(self, timeout: float) -> None:
+        """Let the sends waiting finish (up to ``timeout``), then stop the thread."""
+        deadline = time.monotonic() + timeout
+        while not self.idle() and self.fatal is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.stop.set()
+        self.wake.set()
+        self.thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.wake.wait()
+            self.wake.clear()
+            with self.lock:
+                publication, self.waiting = self.waiting, None
+                self.busy = publication is not None
+            if publication is None or self._send(publication):
+                continue
+            self.stop.wait(self.retry_s)
+            with self.lock:  # back in line, under a newer step if one came meanwhile
+                self.waiting = publication if self.waiting is None else self.waiting
+                if self.waiting is not publication:
+                    merged = dict.fromkeys([*publication.consumed, *self.waiting.consumed])
+                    self.waiting = replace(self.waiting, consumed=list(merged))
+            self.wake.set()
+
+    def _send(self, publication: Publication) -> bool:
+        try:
+            self.publisher.send(publication)
+            landed = True
+        except Exception as exc:  # anything: the thread lives on and retries (I5)
+            landed = False
+            if getattr(exc, "permanent", False):
+                self.fatal = self.fatal or exc
+                self.stop.set()
+            elif line := self.throttle.line(f"diloco master: publish failed ({exc}); retrying"):
+                self.logger.warn(line)
+        with self.lock:
+            self.busy = False
+            if landed:
+                self.landed += publication.consumed
+        return landed

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from speedtronic.checkpoint.files import fsync_dir, replace_atomically
+from speedtronic.distributed.protocol import check_nodes
 from speedtronic.errors import CheckpointError
 
 STATE_FORMAT = "speedtronic-master-1"
@@ -55,6 +56,12 @@ class MasterState:
     global_weights: Tensors
     optimizer_state: dict[str, Any] = field(default_factory=dict)
     processed: set[str] = field(default_factory=set)
+    # node -> its newest applied delta (step_count's ``nodes``): what each node's installs
+    # reapply depends on it, so it is this master's to keep, never the repo's to say
+    nodes: dict[str, Any] = field(default_factory=dict)
+    # node -> [tokens per step, outer step last heard]: the fleet's pace, which sets every
+    # round's share and what nodes reapply; lost, a restart would publish a pace of 0
+    fleet: dict[str, list[float]] = field(default_factory=dict)
 
     def save(self, state_dir: str | os.PathLike) -> Path:
         """Write atomically and durably; return the manifest.
@@ -78,6 +85,8 @@ class MasterState:
             "processed": _write_content(
                 root, "processed.json", json.dumps(sorted(self.processed)).encode()
             ),
+            "nodes": self.nodes,
+            "fleet": self.fleet,
         }
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
@@ -185,7 +194,27 @@ def _read_state(root: Path, step: int) -> MasterState:
         raise CheckpointError("tensor names are not weights/<name> and momentum/<weight name>")
     if not all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in tensors.values()):
         raise CheckpointError("tensors are not finite float32")
-    return MasterState(step, weights, {"momentum_buffer": buffers}, set(processed))
+    try:  # absent in states of older versions: then the repo's summary is the best there is
+        nodes = check_nodes(manifest.get("nodes", {}))
+    except ValueError as exc:
+        raise CheckpointError(f"manifest nodes: {exc}") from None
+    fleet = _checked_fleet(manifest.get("fleet", {}))
+    return MasterState(step, weights, {"momentum_buffer": buffers}, set(processed), nodes, fleet)
+
+
+def _checked_fleet(fleet: Any) -> dict[str, list[float]]:
+    """The manifest's ``fleet``: node -> [tokens per step > 0, outer step >= 0]."""
+    ok = isinstance(fleet, dict) and all(
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        and v[0] > 0
+        and v[1] >= 0
+        for v in fleet.values()
+    )
+    if not ok:
+        raise CheckpointError("manifest fleet is not node -> [tokens per step, outer step]")
+    return {str(k): [float(v[0]), int(v[1])] for k, v in fleet.items()}
 
 
 def master_id(state_dir: str | os.PathLike) -> str:

@@ -327,8 +327,8 @@ class Master:
         self._pending: dict[str, ReceivedDelta] = {}
         self._first_pending_at: float | None = None
         # node -> (its tokens per step, outer step then): the fleet's pace, which scales each
-        # round. In memory only: after a restart it is re-learnt.
-        self._fleet: dict[str, tuple[float, int]] = {}
+        # round (saved with the state: a restart publishes the same pace)
+        self._fleet = {node: (float(rate), int(step)) for node, (rate, step) in state.fleet.items()}
         self._stale: list[str] = []  # settled since the last round, reported by the next
         self._bad: dict[str, str] = {}
         for message in config.warnings():
@@ -417,7 +417,8 @@ class Master:
     def snapshot(self) -> MasterState:
         """The state to save; it shares tensors with the master: save it before the next round."""
         buffers = self._optimizer.state_dict()
-        return MasterState(self._step, self._weights, buffers, set(self._processed))
+        fleet = {node: [rate, step] for node, (rate, step) in self._fleet.items()}
+        return MasterState(self._step, self._weights, buffers, set(self._processed), fleet=fleet)
 
 
 def _fp32_copies(tensors: Tensors) -> Tensors:

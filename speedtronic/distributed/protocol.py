@@ -230,11 +230,11 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
             raise ValueError(f"weights_sha256 {short_repr(sha)}: must be 64 lowercase hex digits")
         checked["weights_sha256"] = sha
     if "nodes" in value:
-        checked["nodes"] = _checked_nodes(value["nodes"])
+        checked["nodes"] = check_nodes(value["nodes"])
     return checked
 
 
-def _checked_nodes(nodes: object) -> dict[str, dict[str, Any]]:
+def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
     """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked."""
     if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
         raise ValueError(f"nodes: must be an object of at most {_MAX_NODES} node ids")
