@@ -55,8 +55,8 @@ def train(
     repo: str | None = typer.Option(
         None,
         "--repo",
-        help="The run's shared repo: a Hub repo id, or a directory path or file:// URL "
-        "(distributed.repo_id).",
+        help="The run's shared repo: a Hub repo id, a bucket s3://bucket/prefix, or a directory "
+        "path or file:// URL (distributed.repo_id).",
     ),
     nproc_per_node: int | None = typer.Option(
         None,
