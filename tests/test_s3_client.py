@@ -42,8 +42,8 @@ def test_each_operation_is_one_request_and_paths_stay_under_the_prefix(s3_store,
     assert client.delete([PATH, "nodes/never-there"]) == []
     assert client.list("nodes") == []
     counts = client.counter.snapshot()
-    assert counts["s3_requests_put"] == 1 and counts["s3_requests_get"] == 2
-    assert counts["s3_requests_list"] == 2 and counts["s3_requests_delete"] == 1
+    assert counts["s3_put"] == 1 and counts["s3_get"] == 2
+    assert counts["s3_list"] == 2 and counts["s3_delete"] == 1
     assert counts["s3_requests"] == 6 and counts["s3_retries"] == 0
     assert counts["s3_bytes_up"] == 5 and counts["s3_bytes_down"] == 5
 
@@ -79,7 +79,7 @@ def test_transient_faults_are_retried_and_every_attempt_counted(s3_store, bucket
     client.put(PATH, b"delta")
     assert s3_store.keys(bucket) == {f"run/{PATH}": b"delta"}
     counts = client.counter.snapshot()
-    assert counts["s3_requests_put"] == 3 and counts["s3_retries"] == 2
+    assert counts["s3_put"] == 3 and counts["s3_retries"] == 2
 
 
 def test_reads_and_listings_survive_faults_too(s3_store, bucket):

@@ -158,11 +158,8 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
     for _, _, kind in faults:
         kinds[str(kind)] = kinds.get(str(kind), 0) + 1
     stats = events(tmp_path, WORKERS[0], "diloco_boundary")[-1]
-    per_op = {
-        k[len("s3_requests_") :]: v
-        for k, v in stats.items()
-        if k.startswith("s3_requests_") and v and k != "s3_requests_1h"
-    }
+    operations = ("put", "get", "list", "delete", "head_bucket", "create_bucket")
+    per_op = {op: stats[f"s3_{op}"] for op in operations if stats[f"s3_{op}"]}
     print(
         f"\ns3 e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
         f"installs {sum(t.count('installed global') for t in logs.values())}, "

@@ -42,8 +42,8 @@ def open_transport(repo: str, settings: Any = None) -> Transport:
         return LocalTransport(Path(repo).expanduser())
     if not is_hub_repo_id(repo):
         raise TransportError(
-            f"{repo!r} is neither a directory, a bucket (s3://bucket/prefix) nor a Hugging Face "
-            "Hub repo id (owner/name)",
+            f"{repo!r} is neither a directory nor a Hugging Face Hub repo id (owner/name), nor "
+            "a bucket (s3://bucket/prefix)",
             hint="set distributed.repo_id to my-org/my-run, s3://bucket/run, or a path",
         )
     return _hub_transport(repo, settings)

@@ -3,7 +3,9 @@
 Every attempt that goes on the wire is counted (retries included) under the S3 operation's
 name, so the numbers are what the store bills and rate-limits, not what the code asked for.
 Thread-safe (a node's uploader, poller and master threads share one); the hour is a sliding
-window of timestamps. ``snapshot`` gives the flat, numbers-only dict the transport logs.
+window of timestamps. ``snapshot`` gives the flat, numbers-only dict the transport logs:
+``s3_requests`` (all), ``s3_requests_1h``, one ``s3_<operation>`` per operation (``s3_put``,
+``s3_get``, ``s3_list``, ``s3_delete``, ...), ``s3_retries``, ``s3_bytes_up``, ``s3_bytes_down``.
 Stdlib only, no I/O.
 """
 
@@ -63,7 +65,7 @@ class RequestCounter:
         with self._lock:
             now = self.clock()
             last_hour = sum(1 for t in self._recent if t > now - HOUR_S)
-            by_op = {f"s3_requests_{name}": n for name, n in self._by_op.items()}
+            by_op = {f"s3_{name}": n for name, n in self._by_op.items()}
             totals = {f"s3_{name}": n for name, n in self._totals.items()}
             total = sum(self._by_op.values())
         return {"s3_requests": total, "s3_requests_1h": last_hour, **by_op, **totals}
