@@ -13,8 +13,8 @@ import pytest
 from s3_proxy import DROP, LOST, STALL
 from s3_support import ACCESS_KEY, SECRET_KEY, fresh_bucket, running_store
 
-from speedtronic.distributed.s3.client import NOT_MODIFIED, S3Client, resolve_endpoint
-from speedtronic.distributed.s3.errors import PreconditionFailed, S3Error
+from speedtronic.distributed.s3.client import S3Client, resolve_endpoint
+from speedtronic.distributed.s3.errors import NOT_MODIFIED, PreconditionFailed, S3Error
 from speedtronic.errors import ConfigError, TransportError
 
 PATH = "nodes/a/delta_00000001.safetensors"

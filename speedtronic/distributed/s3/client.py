@@ -1,61 +1,37 @@
 """One bucket and prefix over the S3 API, as DumbDiLoCo needs it; the only ``boto3`` importer.
 
-``S3Client`` owns the requests and their failure policy, in one place (``_run``): botocore's
-own retries are off (one attempt per call) so that every attempt is counted, bounded by the
-client's timeouts, and classified here: timeouts, dropped connections, 5xx, 503 SlowDown and
-429 are retried with exponential back-off and full jitter; 403, a missing bucket, missing
-credentials and other 4xx fail at once in one line naming the object and the store's code;
-404 NoSuchKey is "absent", 304 "unchanged", 412 ``PreconditionFailed``. A write whose answer
-was lost is sent again as it was (an unconditional PUT of the same bytes is idempotent); a
-conditional one that then meets a 412 says so (``after_lost``) for the caller to look. Paths
-are repo paths (``nodes/a/delta_1.safetensors``), the prefix is added and removed here.
-Credentials come from boto3's standard chain (environment, profiles, SSO, instance roles) and
-never appear in a message: they are scrubbed from every error text.
+``S3Client`` owns the requests: each operation is one botocore call per attempt (botocore's own
+retries are off) under ``policy.RequestPolicy``, which retries what is transient and words what
+is not; every attempt is counted per operation by a botocore event hook and bounded by the
+client's timeouts (connect, read, and a deadline on each body read). 404 NoSuchKey is "absent",
+304 "unchanged", 412 ``PreconditionFailed``. A write whose answer was lost is sent again as it
+was (an unconditional PUT of the same bytes is idempotent); a conditional one that then meets a
+412 says so (``after_lost``) for the caller to look. Paths are repo paths
+(``nodes/a/delta_1.safetensors``): the prefix is added and removed here. Credentials come from
+boto3's standard chain (environment, profiles, SSO, instance roles), never from the config.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import boto3
-import tenacity
 from botocore import exceptions as bx
 from botocore.config import Config
 
 from speedtronic.config.storage import endpoint_url_problem
 from speedtronic.distributed.s3.counter import RequestCounter
-from speedtronic.distributed.s3.errors import PreconditionFailed, S3Error, Unsupported
+from speedtronic.distributed.s3.errors import NOT_MODIFIED, PreconditionFailed, S3Error
+from speedtronic.distributed.s3.policy import RequestPolicy, Transient, code_of, status_of
 from speedtronic.errors import ConfigError
 
-T = TypeVar("T")
-log = logging.getLogger("speedtronic.s3")
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # botocore's own names, in order
-NOT_MODIFIED = object()  # get(): the object still has the version named by if_none_match
 MAX_PUT_BYTES = 5 * 1024**3  # S3's limit for one PUT; bigger objects need multipart uploads
 MIN_DOWNLOAD_RATE = 1 << 20  # bytes/s: a body slower than this (after timeout_s) is retried
-_NOT_SENT = (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ProxyConnectionError)
-_NETWORK = (bx.HTTPClientError, bx.ResponseStreamingError, bx.IncompleteReadError)
-_NO_CREDENTIALS = (
-    bx.NoCredentialsError,
-    bx.PartialCredentialsError,
-    bx.ProfileNotFound,
-    bx.TokenRetrievalError,
-    bx.SSOError,
-    bx.CredentialRetrievalError,
-)
-_CREDENTIALS_HINT = (
-    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); see docs/storage.md"
-)
-# Answers that mean "later": throttling and the store's own trouble (S3's codes and statuses)
-_TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"}
-_TRANSIENT_CODES |= {"Throttling", "ThrottlingException"}
-_NOT_APPLIED = {429, 503}  # refused before doing anything: a write with this answer did not land
 
 
 @dataclass(frozen=True)
@@ -73,15 +49,6 @@ class Got:
 
     data: bytes
     etag: str
-
-
-class Transient(Exception):
-    """Inside the client only: worth another attempt. ``ambiguous``: a write that may have
-    landed, its answer lost; ``wait_s``: what the store asked for (Retry-After)."""
-
-    def __init__(self, status, detail: str, ambiguous: bool = False, wait_s=None):
-        super().__init__(detail)
-        self.status, self.detail, self.ambiguous, self.wait_s = status, detail, ambiguous, wait_s
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
@@ -118,9 +85,18 @@ class S3Client:
         self.bucket, self.prefix, self.node_id = bucket, prefix.strip("/"), node_id
         self.endpoint_url = resolve_endpoint(endpoint_url)
         self.counter = counter if counter is not None else RequestCounter()
-        self.timeout_s, self.max_attempts = timeout_s, max(1, max_attempts)
-        self.max_backoff_s, self._sleep = max_backoff_s, sleep
+        self.timeout_s = timeout_s
         self._session = session if session is not None else boto3.session.Session()
+        self.policy = RequestPolicy(
+            counter=self.counter,
+            node_id=node_id,
+            where=self.endpoint_url or "AWS S3",
+            session=self._session,
+            max_attempts=max_attempts,
+            max_backoff_s=max_backoff_s,
+            sleep=sleep,
+        )
+        self._run = self.policy.run
         self._s3 = self._session.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -128,8 +104,6 @@ class S3Client:
             config=self._config(),
         )
         self._s3.meta.events.register("before-send.s3", self._on_send)
-        self._backoff = tenacity.wait_random_exponential(multiplier=0.25, max=max_backoff_s)
-        self._secret_cache: set[str] | None = None
 
     def _config(self) -> Config:
         return Config(
@@ -146,6 +120,10 @@ class S3Client:
             max_pool_connections=16,
             user_agent_extra="speedtronic",
         )
+
+    @property
+    def max_attempts(self) -> int:
+        return self.policy.max_attempts
 
     def __repr__(self) -> str:  # never the credentials
         return f"S3Client({self.url()!r}, endpoint_url={self.endpoint_url!r})"
@@ -177,7 +155,7 @@ class S3Client:
             try:
                 self._s3.create_bucket(Bucket=self.bucket, **self._location())
             except bx.ClientError as exc:
-                if _code(exc) not in ("BucketAlreadyOwnedByYou",):  # a retry after a lost answer
+                if code_of(exc) != "BucketAlreadyOwnedByYou":  # a retry after a lost answer
                     raise
 
         self._run("cannot create the bucket", self.url(), create, write=True)
@@ -196,7 +174,7 @@ class S3Client:
         """PUT ``data`` at ``path``; its new ETag. ``if_match`` (an ETag) or ``if_none_match``
         ("*": only if absent) make it conditional: ``PreconditionFailed`` when not met."""
         if len(data) > MAX_PUT_BYTES:  # one PUT's limit: refused before sending
-            message = self._msg("cannot write", self.url(path), None, "over S3's 5 GiB per PUT")
+            message = self.policy.message("cannot write", self.url(path), None, "over 5 GiB")
             raise S3Error(message, permanent=True)
         kwargs = {"Bucket": self.bucket, "Key": self.key(path), "Body": data}
         kwargs.update({"IfMatch": if_match} if if_match else {})
@@ -207,7 +185,7 @@ class S3Client:
             try:
                 etag = self._s3.put_object(**kwargs)["ETag"]
             except Exception as exc:
-                err = self._classify(exc, "cannot write", self.url(path), write=True)
+                err = self.policy.classify(exc, "cannot write", self.url(path), write=True)
                 lost[0] = lost[0] or (isinstance(err, Transient) and err.ambiguous)
                 if isinstance(err, PreconditionFailed):
                     err.after_lost = lost[0]
@@ -235,9 +213,9 @@ class S3Client:
             try:
                 answer = self._s3.get_object(**kwargs)
             except bx.ClientError as exc:
-                if _status(exc) == 304:
+                if status_of(exc) == 304:
                     return NOT_MODIFIED
-                if _code(exc) == "NoSuchKey":
+                if code_of(exc) == "NoSuchKey":
                     return None
                 raise
             return Got(self._body(path, answer, max_bytes, started), answer["ETag"])
@@ -249,7 +227,7 @@ class S3Client:
         if size > max_bytes:  # a bad file, not a bad node: refused unread
             body.close()
             detail = f"{size} bytes, over the {max_bytes} byte cap; not downloaded"
-            raise S3Error(self._msg("refusing", self.url(path), 413, detail), status=413)
+            raise S3Error(self.policy.message("refusing", self.url(path), 413, detail), status=413)
         deadline = started + self.timeout_s + size / MIN_DOWNLOAD_RATE
         data = bytearray()
         try:
@@ -302,136 +280,3 @@ class S3Client:
             cut = len(self.key(""))
             failed += [e["Key"][cut:] for e in answer.get("Errors") or [] if "Key" in e]
         return failed
-
-    # -- the failure policy -------------------------------------------------------------------
-
-    def _run(self, what: str, subject: str, fn: Callable[[], T], write: bool = False) -> T:
-        """``fn()`` under the policy: transient failures retried, the rest raised at once."""
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts),
-            wait=self._wait,
-            retry=tenacity.retry_if_exception_type(Transient),
-            sleep=self._sleep,
-            before_sleep=lambda state: self._log_retry(what, subject, state),
-            reraise=True,
-        )
-
-        def attempt() -> T:
-            try:
-                return fn()
-            except (Transient, S3Error):
-                raise
-            except Exception as exc:
-                raise self._classify(exc, what, subject, write) from exc
-
-        try:
-            return retrying(attempt)
-        except Transient as exc:
-            message = self._msg(what, subject, exc.status, exc.detail)
-            message += f" (gave up after {self.max_attempts} attempts)"
-            raise S3Error(message, status=exc.status, maybe_landed=exc.ambiguous) from None
-
-    def _classify(self, exc: Exception, what: str, subject: str, write: bool) -> Exception:
-        """The exception to raise for ``exc``: ``Transient`` (retry) or an ``S3Error``."""
-        if isinstance(exc, (Transient, S3Error)):
-            return exc
-        if isinstance(exc, bx.ClientError):
-            return self._classify_answer(exc, what, subject, write)
-        if isinstance(exc, _NO_CREDENTIALS):
-            detail = f"no usable credentials ({self._detail(str(exc))}): {_CREDENTIALS_HINT}"
-            return S3Error(self._msg(what, subject, None, detail), permanent=True)
-        if isinstance(exc, _NOT_SENT):
-            return Transient(None, self._detail(f"{type(exc).__name__}: {exc}"))
-        if isinstance(exc, _NETWORK):  # sent, and then the answer was lost or cut
-            return Transient(None, self._detail(f"{type(exc).__name__}: {exc}"), ambiguous=write)
-        if isinstance(exc, (bx.ParamValidationError, bx.NoRegionError, ValueError)):
-            return S3Error(self._msg(what, subject, None, self._detail(str(exc))), permanent=True)
-        return exc  # not a store failure: a bug to see, not to retry
-
-    def _classify_answer(self, exc: bx.ClientError, what: str, subject: str, write: bool):
-        status, code = _status(exc), _code(exc)
-        detail = self._detail(f"{code}: {exc.response.get('Error', {}).get('Message') or code}")
-        if status in (408, 429) or (status or 0) >= 500 and status != 501:
-            ambiguous = write and status not in _NOT_APPLIED
-            return Transient(status, detail, ambiguous, _retry_after(exc))
-        if code in _TRANSIENT_CODES:
-            # a 4xx-coded store error; only an internal error may have applied the write
-            return Transient(status, detail, ambiguous=write and code == "InternalError")
-        if status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict"):
-            return PreconditionFailed(self._msg(what, subject, status, detail), status=status)
-        if status == 501:
-            return Unsupported(self._msg(what, subject, status, detail), status=501, code=code)
-        message, permanent = self._msg(what, subject, status, detail), status in (400, 401, 403)
-        if code == "NoSuchBucket" or (status == 404 and code in ("404", "NotFound", None)):
-            message = self._msg(what, subject, status, f"{detail}: no such bucket at {self._at()}")
-            permanent = True  # (a HEAD's 404 has no code; bucket_exists() turns it into False)
-        elif status in (401, 403):
-            message += f": the credentials may not do this (docs/storage.md, at {self._at()})"
-        elif code in ("PermanentRedirect", "AuthorizationHeaderMalformed"):
-            message += ": the bucket is in another region: set AWS_REGION to its region"
-            permanent = True
-        return S3Error(message, status=status, code=code, permanent=permanent)
-
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception()
-        self.counter.add("retries")
-        if isinstance(exc, Transient) and exc.wait_s is not None:
-            return min(exc.wait_s, self.max_backoff_s) + random.uniform(0.0, 0.5)
-        return self._backoff(state)
-
-    def _log_retry(self, what: str, subject: str, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception()
-        message, n = self._msg(what, subject, exc.status, exc.detail), state.attempt_number
-        log.info("%s (attempt %d of %d); retrying", message, n, self.max_attempts)
-
-    def _at(self) -> str:
-        return self.endpoint_url or "AWS S3"
-
-    def _msg(self, what: str, subject: str, status, detail: str) -> str:
-        prefix = f"{self.node_id}: " if self.node_id else ""
-        code = status if status is not None else "no answer"
-        return self._scrub(f"{prefix}{what} {subject} ({code}): {detail}")
-
-    def _detail(self, text: str) -> str:
-        first = next((line.strip() for line in text.splitlines() if line.strip()), "no message")
-        first = self._scrub(first)  # before cutting: a secret across the cut would survive it
-        return first if len(first) <= 200 else first[:197] + "..."
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets():
-            text = text.replace(secret, "<secret>")
-        return text
-
-    def _secrets(self) -> set[str]:
-        """The credentials in use (and in the environment), to be kept out of every message.
-
-        Looked up once: without credentials the chain may ask an instance metadata service."""
-        if self._secret_cache is not None:
-            return self._secret_cache
-        found = {os.environ.get(n, "") for n in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
-        found.add(os.environ.get("AWS_ACCESS_KEY_ID", ""))
-        try:
-            credentials = self._session.get_credentials()
-            frozen = credentials.get_frozen_credentials() if credentials else None
-        except Exception:  # no credentials at all is reported elsewhere
-            frozen = None
-        if frozen is not None:
-            found |= {frozen.access_key or "", frozen.secret_key or "", frozen.token or ""}
-        self._secret_cache = {s for s in found if len(s) >= 8}
-        return self._secret_cache
-
-
-def _status(exc: bx.ClientError) -> int | None:
-    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-
-
-def _code(exc: bx.ClientError) -> str | None:
-    return exc.response.get("Error", {}).get("Code")
-
-
-def _retry_after(exc: bx.ClientError) -> float | None:
-    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
-    try:
-        return max(0.0, float(headers.get("retry-after", "")))
-    except ValueError:
-        return None

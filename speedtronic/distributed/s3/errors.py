@@ -4,12 +4,15 @@
 node stops) and whether a write may have landed although its answer was lost
 (``maybe_landed``: send the very same bytes again, never others). ``PreconditionFailed`` is a
 conditional request refused (412, or S3's 409 for a conditional write racing another): the
-optimistic concurrency of the ``step_count.json`` pointer. Stdlib only.
+optimistic concurrency of the ``step_count.json`` pointer. ``NOT_MODIFIED`` is what a GET
+with ``If-None-Match`` gives back when nothing changed (304). Stdlib only.
 """
 
 from __future__ import annotations
 
 from speedtronic.errors import TransportError
+
+NOT_MODIFIED = object()  # a conditional GET's answer: the object still has the version named
 
 
 class S3Error(TransportError):

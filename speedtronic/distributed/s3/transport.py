@@ -6,10 +6,10 @@ first, then replaces ``global/step_count.json`` with a conditional PUT (``If-Mat
 ETag this master last read or wrote, ``If-None-Match: *`` when there was none): that pointer is
 the commit point, so a reader never sees a step count naming weights that are not there, and a
 second master shows up as a refused write whose step count is not ours. Consumed deltas and
-superseded weights are deleted after the swap (one DeleteObjects); what fails to go is retried
-with the next publish. Reads of ``global/latest.safetensors`` (the documented, logical name)
-fetch the object the last step count read names, and are checked against its sha256; reads of a
-listed delta are pinned to the listed ETag. An idle poll is one LIST (master) or one GET of the
+superseded weights are deleted after the swap (``garbage.Garbage``). Reads of
+``global/latest.safetensors`` (the documented, logical name) fetch the object the last step
+count read names, checked against its sha256; reads of a listed delta are pinned to the listed
+ETag. An idle poll is one LIST (master) or one GET of the
 pointer answered 304 (worker). The HTTP side (retries, timeouts, counting) is ``S3Client``'s.
 """
 
@@ -25,15 +25,13 @@ from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
-    WEIGHTS_DIR,
     delta_path_problem,
-    is_weights_key,
     parse_step_count,
     weights_key,
 )
 from speedtronic.distributed.s3.admin import check_access
-from speedtronic.distributed.s3.client import NOT_MODIFIED
-from speedtronic.distributed.s3.errors import PreconditionFailed
+from speedtronic.distributed.s3.errors import NOT_MODIFIED, PreconditionFailed
+from speedtronic.distributed.s3.garbage import Garbage
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef
 from speedtronic.errors import TransportError
 
@@ -70,12 +68,9 @@ class S3Transport:
         self._pointer: Pointer | None = None  # the newest step_count read or written here
         self._own: set[str] = set()  # sha256 of the step_count bodies this process wrote
         self._pins: dict[str, str] = {}  # delta path -> the ETag it was listed with
-        self._globals: set[str] | None = None  # weights objects there (None: not listed yet)
-        self._leftovers: set[str] = set()  # objects whose delete failed: tried again
+        self._garbage = Garbage(client)  # what the master's publishes delete
         self._warnings: list[str] = []
-        self._counts = dict.fromkeys(
-            ("uploads", "publishes", "publish_conflicts", "deleted", "delete_failures"), 0
-        )
+        self._counts = dict.fromkeys(("uploads", "publishes", "publish_conflicts"), 0)
 
     def describe(self) -> str:
         return self.client.url()
@@ -84,6 +79,10 @@ class S3Transport:
         """Requests per operation, bytes and this transport's counts; numbers only (logged)."""
         with self._lock:
             counts = {f"s3_{name}": value for name, value in self._counts.items()}
+        counts["s3_deleted"], counts["s3_delete_failures"] = (
+            self._garbage.deleted,
+            self._garbage.failed,
+        )
         return {**self.client.counter.snapshot(), **counts}
 
     def take_warnings(self) -> list[str]:
@@ -205,24 +204,17 @@ class S3Transport:
         body_sha = hashlib.sha256(data).hexdigest()
         with self._lock:  # a retried write of ours may land late: it is not another master's
             self._own.add(body_sha)
-        self._known_globals()
+        self._garbage.know_globals()
         self.client.put(key, weights)
-        with self._lock:
-            self._globals.add(key)
+        self._garbage.wrote(key)
         replaced = self._swap(data, body_sha, outer_step)
         keep = {key} | ({replaced["weights_key"]} if "weights_key" in replaced else set())
-        self._delete_after_publish(consumed, keep)
+        wanted = [check_repo_path(p) for p in consumed if p not in (GLOBAL_WEIGHTS, STEP_COUNT)]
+        deleted, warning = self._garbage.collect(wanted, keep)
         with self._lock:
             self._counts["publishes"] += 1
-
-    def _known_globals(self) -> None:
-        """The weights objects in the bucket: listed once (a crashed master's leave some)."""
-        with self._lock:
-            known = self._globals is not None
-        if not known:
-            found = {i.path for i in self.client.list(WEIGHTS_DIR) if is_weights_key(i.path)}
-            with self._lock:
-                self._globals = found if self._globals is None else self._globals | found
+            self._pins = {p: e for p, e in self._pins.items() if p not in set(deleted)}
+            self._warnings += [warning] if warning else []
 
     def _swap(self, data: bytes, sha: str, outer_step: int) -> dict[str, Any]:
         """Replace the pointer with ``data`` unless another master's is there; the value it
@@ -287,32 +279,6 @@ class S3Transport:
                 "only one master may run",
                 hint="stop the other master (or give this run its own prefix), then restart",
             )
-
-    def _delete_after_publish(self, consumed: list[str], keep: set[str]) -> None:
-        """Consumed deltas, superseded weights and earlier leftovers: one DeleteObjects."""
-        wanted = [check_repo_path(p) for p in consumed if p not in (GLOBAL_WEIGHTS, STEP_COUNT)]
-        with self._lock:
-            superseded = sorted((self._globals or set()) - keep)
-            targets = list(dict.fromkeys([*wanted, *superseded, *sorted(self._leftovers)]))
-        if not targets:
-            return
-        try:
-            failed = set(self.client.delete(targets))
-        except TransportError as exc:  # the publish landed; these wait for the next one
-            failed, reason = set(targets), str(exc)
-        else:
-            reason = "refused by the store"
-        with self._lock:
-            self._globals -= set(superseded) - failed
-            self._leftovers = failed
-            self._pins = {p: e for p, e in self._pins.items() if p not in targets}
-            self._counts["deleted"] += len(targets) - len(failed)
-            self._counts["delete_failures"] += len(failed)
-            if failed:
-                self._warnings.append(
-                    f"{self.describe()}: could not delete {len(failed)} object(s) after the "
-                    f"publish ({reason}); tried again with the next one"
-                )
 
 
 def check_repo_path(path: str) -> str:
