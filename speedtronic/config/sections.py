@@ -337,10 +337,9 @@ class DistributedConfig:
             problem = endpoint_url_problem(self.endpoint_url)
             if problem is None and self.repo and not is_s3_url(self.repo):
                 problem = "only for an s3:// repo_id"
-            if problem is not None:
-                problems.append(
-                    f"distributed.endpoint_url: {problem} (got {brief(self.endpoint_url)})"
-                )
+            if problem is not None:  # a URL holding credentials is not echoed
+                shown = "not shown" if "@" in str(self.endpoint_url) else brief(self.endpoint_url)
+                problems.append(f"distributed.endpoint_url: {problem} (got {shown})")
         return problems
 
 

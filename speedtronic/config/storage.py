@@ -24,7 +24,8 @@ _BUCKET_RULE = (
 # One folder of the prefix: safe as a key segment on every store and in every log line
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_SEGMENTS = 16
-_HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
+# a DNS name or IPv4 address, or an IPv6 address (urlsplit drops its brackets)
+_HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|[0-9A-Fa-f:.]{2,45}")
 _PATH_RE = re.compile(r"(/[A-Za-z0-9._~-]{1,128}){0,4}/?")
 
 
