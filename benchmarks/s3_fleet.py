@@ -177,7 +177,7 @@ def run_master(args: argparse.Namespace, url: str) -> tuple[dict, list[dict]]:
             spent, fetched = counter.requests() - before, counter.requests("get") - gets
             polls.append((time.perf_counter() - t0, spent, result, fetched))
             time.sleep(max(0.0, args.master_poll_s - (time.perf_counter() - t0)))
-        wall = time.monotonic() - began
+        wall, timed_included = time.monotonic() - began, loop.counters["included"]
         fleet_stats = json.loads(fleet.stdout.read())
         loop.poll_once(force=True)  # what arrived at the end: counted, not timed
         totals = link.stats()
@@ -194,6 +194,9 @@ def run_master(args: argparse.Namespace, url: str) -> tuple[dict, list[dict]]:
         "requests_per_idle_poll_median": statistics.median(n for _, n in idle) if idle else None,
         "idle_polls": len(idle),
         "busy_share": sum(p[0] for p in polls) / wall,
+        # the master's seconds per delta it took in (fetch, validate, offer; its share of the
+        # rounds' outer steps, saves and publishes): what bounds the fleet it keeps up with
+        "s_per_delta": sum(p[0] for p in polls) / max(timed_included, 1),
         "included": loop.counters["included"],
         "rejected": loop.counters["rejected"],
         "stale": loop.counters["stale"],
@@ -234,6 +237,7 @@ def summarize(args: argparse.Namespace, master: dict, fleet: list[dict], weights
             "up": per_hour(sum(s["s3_bytes_up"] for s in fleet) + master["s3_bytes_up"]),
             "down": per_hour(sum(s["s3_bytes_down"] for s in fleet) + master["s3_bytes_down"]),
         },
+        "master_keeps_up_with_nodes": args.inner_loop_s / master["s_per_delta"],
         "hub_commits_per_hour_same_cadence": commits,
         "hub_max_nodes_same_cadence": hub_max,
     }
@@ -255,6 +259,10 @@ def print_table(row: dict) -> None:
     print(
         f"  master requests             {m['requests_per_round_median']} per round, "
         f"{m['requests_per_idle_poll_median']} per idle poll; busy {m['busy_share']:.0%}"
+    )
+    print(
+        f"  master per delta            {m['s_per_delta']:.3f} s: keeps up with "
+        f"{row['master_keeps_up_with_nodes']:.0f} nodes at this cadence on this machine"
     )
     rh, bh = row["requests_per_hour"], row["bytes_per_hour"]
     print(

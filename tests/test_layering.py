@@ -30,6 +30,7 @@ TORCH_FREE = (
     "speedtronic.cli.errors",
     "speedtronic.cli.options",
     "speedtronic.cli.hub",
+    "speedtronic.cli.storage",
     "speedtronic.history",
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",

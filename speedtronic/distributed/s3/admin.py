@@ -28,6 +28,7 @@ class StoreReport:
 
     url: str
     endpoint: str
+    existed: bool = False
     created: bool = False
     writable: bool = False
     conditional: bool | None = None  # None: not checked (dry run)
@@ -79,7 +80,7 @@ def no_conditional_warning(client: Any) -> str:
 def init_store(client: Any, dry_run: bool = False) -> StoreReport:
     """``storage init``: create the bucket if missing, check writing and conditional writes."""
     report = StoreReport(client.url(), client.endpoint_url or "AWS S3 (region from the profile)")
-    exists = client.bucket_exists()
+    exists = report.existed = client.bucket_exists()
     if not exists and dry_run:
         report.notes.append(f"would create the bucket {client.bucket}")
         return report
