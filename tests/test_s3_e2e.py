@@ -171,3 +171,17 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
 
 def bucket_exists(store) -> bool:
     return any(b["Name"] == BUCKET for b in store.raw.list_buckets().get("Buckets", []))
+
+
+@pytest.mark.s3
+def test_a_worker_on_a_missing_bucket_stops_at_start_with_one_line(tmp_path, s3_store):
+    s3_store.proxy.reset()
+    repo = "s3://never-made/run"
+    worker = start(tmp_path, s3_store.url, "worker", "worker-1", 40, repo_id=repo)
+    assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
+    lines = (tmp_path / "worker-1.log").read_text().splitlines()
+    assert lines == [  # no traceback, no hint, no retry warnings
+        f"speedtronic: error: worker-1: bucket never-made not found at {s3_store.url} (or not "
+        f"visible to these credentials): create it with speedtronic storage init {repo}"
+    ]
+    assert [(m, p) for m, p, _ in s3_store.proxy.requests] == [("HEAD", "/never-made")]

@@ -45,10 +45,10 @@ class Listed:
 
 @dataclass(frozen=True)
 class Got:
-    """A downloaded object: its bytes and ETag."""
+    """A downloaded object: its bytes and ETag (None if the store sent none)."""
 
     data: bytes
-    etag: str
+    etag: str | None
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
@@ -170,7 +170,7 @@ class S3Client:
 
     def put(
         self, path: str, data: bytes, *, if_match: str | None = None, if_none_match=None
-    ) -> str:
+    ) -> str | None:
         """PUT ``data`` at ``path``; its new ETag. ``if_match`` (an ETag) or ``if_none_match``
         ("*": only if absent) make it conditional: ``PreconditionFailed`` when not met."""
         if len(data) > MAX_PUT_BYTES:  # one PUT's limit: refused before sending
@@ -183,7 +183,8 @@ class S3Client:
 
         def attempt() -> str:
             try:
-                etag = self._s3.put_object(**kwargs)["ETag"]
+                # a gateway that sends no ETag only costs the next pointer write a re-read
+                etag = self._s3.put_object(**kwargs).get("ETag")
             except Exception as exc:
                 err = self.policy.classify(exc, "cannot write", self.url(path), write=True)
                 lost[0] = lost[0] or (isinstance(err, Transient) and err.ambiguous)
@@ -218,7 +219,7 @@ class S3Client:
                 if code_of(exc) == "NoSuchKey":
                     return None
                 raise
-            return Got(self._body(path, answer, max_bytes, started), answer["ETag"])
+            return Got(self._body(path, answer, max_bytes, started), answer.get("ETag"))
 
         return self._run("cannot read", self.url(path), attempt)
 
@@ -253,7 +254,8 @@ class S3Client:
             )
             cut = len(self.key(""))
             for item in page.get("Contents") or []:
-                out.append(Listed(item["Key"][cut:], int(item["Size"]), item["ETag"]))
+                size, etag = int(item.get("Size") or 0), item.get("ETag") or ""
+                out.append(Listed(item["Key"][cut:], size, etag))
             token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
             if token is None:
                 return out

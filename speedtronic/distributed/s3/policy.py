@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -73,6 +74,7 @@ class RequestPolicy:
         self._sleep = sleep
         self._backoff = tenacity.wait_random_exponential(multiplier=0.25, max=max_backoff_s)
         self._secret_cache: set[str] | None = None
+        self._secret_lock = threading.Lock()  # a boto3 session is not thread-safe
 
     def run(self, what: str, subject: str, fn: Callable[[], T], write: bool = False) -> T:
         """``fn()`` under the policy: transient failures retried, the rest raised at once."""
@@ -177,8 +179,12 @@ class RequestPolicy:
         """The credentials in use (and in the environment), to be kept out of every message.
 
         Looked up once: without credentials the chain may ask an instance metadata service."""
-        if self._secret_cache is not None:
+        with self._secret_lock:
+            if self._secret_cache is None:
+                self._secret_cache = self._find_secrets()
             return self._secret_cache
+
+    def _find_secrets(self) -> set[str]:
         names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
         found = {os.environ.get(name, "") for name in names}
         try:
@@ -188,8 +194,7 @@ class RequestPolicy:
             frozen = None
         if frozen is not None:
             found |= {frozen.access_key or "", frozen.secret_key or "", frozen.token or ""}
-        self._secret_cache = {s for s in found if len(s) >= 8}
-        return self._secret_cache
+        return {s for s in found if len(s) >= 8}
 
 
 def status_of(exc: bx.ClientError) -> int | None:
