@@ -76,7 +76,13 @@ class S3Store:
         """Every object in the bucket under ``prefix``, straight from moto."""
         pages = self.raw.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         keys = [item["Key"] for page in pages for item in page.get("Contents") or []]
-        return {k: self.raw.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+        found = {}
+        for key in keys:  # the nodes may delete what was just listed (a probe, a delta)
+            try:
+                found[key] = self.raw.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except self.raw.exceptions.NoSuchKey:
+                continue
+        return found
 
     def put(self, bucket: str, key: str, data: bytes) -> None:
         self.raw.put_object(Bucket=bucket, Key=key, Body=data)
