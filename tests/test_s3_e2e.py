@@ -35,8 +35,8 @@ ROOT = Path(__file__).parent.parent
 BUCKET, PREFIX = "e2e-run", "run"
 FAULT_RATE = 0.2
 WORKERS = ("worker-1", "worker-2")
-STEPS = 80  # per worker, 5 per inner loop: 16 deltas each
-BATCH = 24  # slow enough that the workers install globals while they train
+STEPS = 60  # per worker, 5 per inner loop: 12 deltas each
+BATCH = 16  # with 12 inner loops each, the workers still install a global or two
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from speedtronic.errors import TransportError
 
 TOKEN = "hf_contractWriterToken0123456789"
 ATTEMPTS = 3  # every client retries this many times here, without sleeping
-DEAD_TIMEOUT_S = 0.5
+DEAD_TIMEOUT_S = 0.3
 _repos = itertools.count()
 
 
