@@ -30,6 +30,7 @@ TORCH_FREE = (
     "speedtronic.cli.errors",
     "speedtronic.cli.options",
     "speedtronic.cli.hub",
+    "speedtronic.cli.storage",
     "speedtronic.history",
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",
@@ -41,8 +42,15 @@ TORCH_FREE = (
     "speedtronic.distributed.hub.transport",
     "speedtronic.distributed.hub.access",
     "speedtronic.distributed.hub.admin",
+    "speedtronic.config.storage",
+    "speedtronic.distributed.s3.errors",
+    "speedtronic.distributed.s3.counter",
+    "speedtronic.distributed.s3.costs",
+    "speedtronic.distributed.s3.garbage",
+    "speedtronic.distributed.s3.admin",
+    "speedtronic.distributed.s3.transport",
 )
-HEAVY = ("torch", "safetensors", "huggingface_hub", "numpy")
+HEAVY = ("torch", "safetensors", "huggingface_hub", "numpy", "boto3", "botocore")
 
 
 def module_name(path: Path) -> str:
@@ -93,12 +101,27 @@ def test_only_the_hub_package_imports_huggingface_hub():
     assert users and all(in_hub_package(n) for n in users), sorted(users)
 
 
-def test_the_distributed_core_speaks_only_to_the_transport_interface():
-    """Outside ``distributed/hub/``, only the composition root may name a Hub module."""
+S3_PACKAGE = "speedtronic.distributed.s3"
+S3_CLIENTS = ("boto3", "botocore", "obstore", "s3transfer", "aiobotocore")
+
+
+def in_s3_package(name: str) -> bool:
+    return name == S3_PACKAGE or name.startswith(S3_PACKAGE + ".")
+
+
+def test_only_the_s3_package_imports_an_s3_client():
+    users = {n for n in MODULES if any(top(i) in S3_CLIENTS for i in imports_of(n))}
+    assert users and all(in_s3_package(n) for n in users), sorted(users)
+
+
+@pytest.mark.parametrize("package", [in_hub_package, in_s3_package])
+def test_the_distributed_core_speaks_only_to_the_transport_interface(package):
+    """Outside ``distributed/hub/`` and ``distributed/s3/``, only the composition root (and
+    the CLI's commands for them) may name one of their modules."""
     offenders = {
-        name: sorted(i for i in imports_of(name) if in_hub_package(resolve(i)))
+        name: sorted(i for i in imports_of(name) if package(resolve(i)))
         for name in MODULES
-        if not in_hub_package(name) and name != COMPOSITION_ROOT
+        if not package(name) and name != COMPOSITION_ROOT
         if name.startswith("speedtronic.") and not name.startswith("speedtronic.cli")
     }
     assert not {k: v for k, v in offenders.items() if v}

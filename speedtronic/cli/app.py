@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from speedtronic.cli import bench, ckpt, data, hub, train
+from speedtronic.cli import bench, ckpt, data, hub, storage, train
 from speedtronic.cli.errors import CliUsageError, report_usage_error
 
 app = typer.Typer(
@@ -39,7 +39,7 @@ def root(
     """Fast, reliable PyTorch training: one YAML config, one command."""
 
 
-for _group in (train, ckpt, data, bench, hub):
+for _group in (train, ckpt, data, bench, hub, storage):
     _group.register(app)
 
 

@@ -55,8 +55,8 @@ def train(
     repo: str | None = typer.Option(
         None,
         "--repo",
-        help="The run's shared repo: a Hub repo id, or a directory path or file:// URL "
-        "(distributed.repo_id).",
+        help="The run's shared repo: a Hub repo id, a bucket s3://bucket/prefix, or a directory "
+        "path or file:// URL (distributed.repo_id).",
     ),
     nproc_per_node: int | None = typer.Option(
         None,
@@ -185,13 +185,28 @@ def validate(
         help="Also import model.imports and build an import-path model to count its "
         "parameters. This runs code the config names: use it only on configs you trust.",
     ),
+    nodes: int = typer.Option(
+        4,
+        "--nodes",
+        min=1,
+        max=100_000,
+        help="Workers in the DumbDiLoCo fleet, for what it costs per hour (requests and bytes "
+        "for a bucket, commits for a Hub repo).",
+    ),
+    step_time: float = typer.Option(
+        1.0,
+        "--step-time",
+        min=0.001,
+        max=86400,
+        help="Seconds per optimizer step on a worker, for the same estimate.",
+    ),
 ) -> None:
     """Check a config: print the resolved (redacted) config and derived facts, or every problem.
 
     Runs no code the config names unless --build is given: only registered models are built.
     """
     cfg = load_config(config, list(overrides or []))
-    facts = derived_facts(cfg, build=build, world_size=world_size)
+    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=(nodes, step_time))
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
         print(json.dumps(doc, indent=2))
@@ -203,7 +218,10 @@ def validate(
 
 
 def derived_facts(
-    cfg: SpeedtronicConfig, build: bool = False, world_size: int | None = None
+    cfg: SpeedtronicConfig,
+    build: bool = False,
+    world_size: int | None = None,
+    fleet: tuple[int, float] = (4, 1.0),
 ) -> dict[str, Any]:
     """Facts that need torch: device and model problems are collected, not raised one by one."""
     from speedtronic.precision import resolve_device
@@ -229,6 +247,7 @@ def derived_facts(
         facts["parameters"], model = _parameter_fact(cfg, build)
         if cfg.distributed.enabled:
             facts.update(diloco_facts(cfg, model))
+            facts.update(fleet_facts(cfg, model, *fleet))
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
@@ -302,6 +321,50 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
             )
         )
     return facts
+
+
+def fleet_facts(cfg: SpeedtronicConfig, model: Any, nodes: int, step_time_s: float) -> dict:
+    """What ``nodes`` workers cost per hour: Hub commits against the repo's budget, and for a
+    bucket its requests and bytes (docs/storage.md); nothing for a shared directory."""
+    from speedtronic.config.storage import is_s3_url
+    from speedtronic.distributed.hub.budget import HUB_COMMITS_PER_HOUR, estimate_commits_per_hour
+    from speedtronic.distributed.repos import is_local_repo
+
+    dist = cfg.distributed
+    if not dist.repo or (is_local_repo(dist.repo) and not is_s3_url(dist.repo)):
+        return {}  # a shared directory: no budget, no bill
+    commits = estimate_commits_per_hour(
+        nodes=nodes,
+        inner_steps=dist.inner_steps,
+        step_time_s=step_time_s,
+        min_publish_interval_s=dist.min_publish_interval_s,
+    )
+    facts: dict[str, Any] = {
+        "diloco_hub_commits_per_hour": f"{commits:.0f} for {nodes} worker(s) at "
+        f"{step_time_s:g} s/step (a Hub repo takes about {HUB_COMMITS_PER_HOUR})"
+    }
+    if is_s3_url(dist.repo) and model is not None:
+        facts.update(_bucket_cost(cfg, model, nodes, step_time_s))
+    return facts
+
+
+def _bucket_cost(cfg: SpeedtronicConfig, model: Any, nodes: int, step_time_s: float) -> dict:
+    from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.s3.costs import describe, fleet_cost
+    from speedtronic.distributed.worker import parameters_of
+
+    dist, params = cfg.distributed, parameters_of(model)
+    cost = fleet_cost(
+        workers=nodes,
+        inner_steps=dist.inner_steps,
+        step_time_s=step_time_s,
+        poll_interval_s=dist.poll_interval,
+        min_publish_interval_s=dist.min_publish_interval_s,
+        min_deltas=dist.min_deltas,
+        delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
+        weights_bytes=expected_delta_bytes(params, "fp32"),
+    )
+    return {"diloco_bucket_per_hour": describe(cost, step_time_s), "diloco_bucket": cost.as_dict()}
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from speedtronic.config.messages import brief
+from speedtronic.config.storage import endpoint_url_problem, is_s3_url, parse_s3_url
 
 NODE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "abc\n" does not match
 DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,3})?")
@@ -240,7 +241,8 @@ class LoggingConfig:
 class DistributedConfig:
     """DumbDiLoCo settings (docs/diloco.md). The behaviour lives in ``speedtronic.distributed``.
 
-    ``repo_id`` is a Hugging Face Hub repo id, or a shared directory (a path or ``file://``
+    ``repo_id`` is a Hugging Face Hub repo id, an object-storage bucket (``s3://bucket/prefix``,
+    with ``endpoint_url`` for stores other than AWS) or a shared directory (a path or ``file://``
     URL); ``path`` is an alias for a directory. ``node_id`` defaults to ``$HF_USERNAME``, then
     ``$USER``, then ``local``; it names the node's folder in the repo, so it must be path-safe.
     """
@@ -251,6 +253,7 @@ class DistributedConfig:
     node_id: str | None = None
     repo_id: str | None = None
     path: str | None = None  # alias: a shared directory
+    endpoint_url: str | None = None  # s3:// repos: the store's URL; None: $AWS_ENDPOINT_URL, AWS
     token: str | None = field(default=None, repr=False)
     inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
     poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
@@ -310,8 +313,9 @@ class DistributedConfig:
         if self.enabled and not self.repo:
             problems.append(
                 "distributed.repo_id: required when distributed is enabled "
-                "(a Hub repo id, or a shared directory path or file:// URL)"
+                "(a Hub repo id, s3://bucket/prefix, or a shared directory path or file:// URL)"
             )
+        problems += self._check_storage()
         if self.enabled and not self.train_locally and (self.role != "master"):
             problems.append("distributed.train_locally: only a master may set it to false")
         if self.enabled and not self.train_locally and self.outer_steps is None:
@@ -322,6 +326,24 @@ class DistributedConfig:
             for name in self.collaborators
             if not is_hub_user_name(name)
         ]
+
+    def _check_storage(self) -> list[str]:
+        """An ``s3://`` repo spec and ``endpoint_url``: the bucket, prefix and URL rules."""
+        problems = []
+        key = "distributed.repo_id" if self.repo_id else "distributed.path"
+        if is_s3_url(self.repo):
+            try:
+                parse_s3_url(self.repo)
+            except ValueError as exc:
+                problems.append(f"{key}: {exc} (got {brief(self.repo)})")
+        if self.endpoint_url is not None:
+            problem = endpoint_url_problem(self.endpoint_url)
+            if problem is None and self.repo and not is_s3_url(self.repo):
+                problem = "only for an s3:// repo_id"
+            if problem is not None:  # a URL holding credentials is not echoed
+                shown = "not shown" if "@" in str(self.endpoint_url) else brief(self.endpoint_url)
+                problems.append(f"distributed.endpoint_url: {problem} (got {shown})")
+        return problems
 
 
 def is_hub_user_name(name: str) -> bool:
@@ -405,7 +427,10 @@ DOCS: dict[str, str] = {
     "distributed.mode": "the algorithm; only dumb_diloco",
     "distributed.role": "worker trains and uploads deltas; master also averages and publishes",
     "distributed.node_id": "this node's folder in the repo; null: $HF_USERNAME, $USER or local",
-    "distributed.repo_id": "a Hub repo id owner/name, or a shared directory path or file:// URL",
+    "distributed.repo_id": "a Hub repo id owner/name, a bucket s3://bucket/prefix "
+    "(docs/storage.md), or a shared directory path or file:// URL",
+    "distributed.endpoint_url": "s3:// repos only: the store's URL (MinIO, R2, the Hugging Face "
+    "gateway https://s3.hf.co/<namespace>); null: $AWS_ENDPOINT_URL, else AWS S3",
     "distributed.path": "alias of repo_id for a shared directory",
     "distributed.token": "Hub token; null: $HF_TOKEN or the saved login (never logged)",
     "distributed.inner_steps": "optimizer steps between syncs (H)",
@@ -428,7 +453,8 @@ DOCS: dict[str, str] = {
     "distributed.delta_dtype": "encoding of uploaded deltas: fp32, bf16 (half) or int8 (a quarter)",
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
     "distributed.sync_wait_s": "> 0: wait up to this long for the global with this node's delta",
-    "distributed.min_publish_interval_s": "the master's least pause between publishes (Hub only)",
+    "distributed.min_publish_interval_s": "the master's least pause between publishes (Hub and "
+    "buckets; every publish is full weights each worker downloads)",
     "distributed.squash_every": "Hub only: squash the repo's history every N publishes; 0: never",
     "distributed.collaborators": "Hub only: users the master tries to grant write access at start",
     "distributed.cache_dir": "Hub only: cache of downloaded globals; null: the user cache dir",
@@ -447,7 +473,9 @@ CHECKED: dict[str, str] = {
     "optimizer.betas": "each in [0, 1)",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
-    "distributed.repo_id": "required when enabled; not with a different path",
+    "distributed.repo_id": "required when enabled; not with a different path; s3://: a bucket "
+    "name of 3-63 letters, digits, . - _ and a prefix of safe folder names",
+    "distributed.endpoint_url": "http(s)://host[:port][/path], no credentials; s3:// repos only",
     "distributed.train_locally": "false only for a master",
     "distributed.outer_steps": "required when train_locally is false",
     "distributed.collaborators": "Hugging Face user names",

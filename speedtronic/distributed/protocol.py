@@ -44,6 +44,11 @@ _MAX_CREATED_AT_CHARS = 64
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
 _INT_FIELDS = ("seq", "base_outer_step", "steps", "tokens")
+# Where a bucket keeps each published global (``weights_key`` in step_count.json, which is the
+# commit point): named by outer step and content, so a publish never overwrites an object a
+# reader may be fetching. A directory or Hub repo has no such field (one file, replaced).
+WEIGHTS_DIR = "global/weights"
+_WEIGHTS_KEY_RE = re.compile(r"global/weights/[0-9]{12,19}-[0-9a-f]{16}\.safetensors")
 _STR_FIELDS = ("node_id", "encoding", "created_at")
 # A worker process's chain of increments (kept across --resume); optional for older nodes
 _CHAIN_RE = re.compile(r"[0-9a-f]{8,32}")
@@ -194,6 +199,19 @@ def short_repr(value: object) -> str:
 # ---------------------------------------------------------------------------- step_count.json
 
 
+def weights_key(outer_step: int, sha256: str) -> str:
+    """``global/weights/<outer_step:012d>-<sha256[:16]>.safetensors``, a bucket's global."""
+    _check_count("outer_step", outer_step)
+    if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+        raise ValueError(f"sha256 {short_repr(sha256)}: must be 64 lowercase hex digits")
+    return f"{WEIGHTS_DIR}/{outer_step:012d}-{sha256[:16]}.safetensors"
+
+
+def is_weights_key(path: object) -> bool:
+    """Whether ``path`` is a name ``weights_key`` gives (anything else there is not ours)."""
+    return isinstance(path, str) and _WEIGHTS_KEY_RE.fullmatch(path) is not None
+
+
 def parse_step_count(data: bytes) -> dict[str, Any]:
     """``step_count.json``'s bytes as a dict whose every known field is type- and range-checked.
 
@@ -229,6 +247,14 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
         if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
             raise ValueError(f"weights_sha256 {short_repr(sha)}: must be 64 lowercase hex digits")
         checked["weights_sha256"] = sha
+    if "weights_key" in value:
+        key = value["weights_key"]
+        if not is_weights_key(key):
+            raise ValueError(
+                f"weights_key {short_repr(key)}: must be "
+                f"{WEIGHTS_DIR}/<outer step>-<16 hex digits>.safetensors"
+            )
+        checked["weights_key"] = key
     if "nodes" in value:
         checked["nodes"] = check_nodes(value["nodes"])
     return checked

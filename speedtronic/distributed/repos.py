@@ -1,10 +1,12 @@
 """The one composition root of the transports: from a repo spec to the ``Transport`` serving it.
 
 A directory path or ``file://`` URL is a shared directory (``transport.LocalTransport``);
-``owner/name`` is a Hugging Face Hub repo (``hub.transport.HubTransport`` over a
-``hub.client.HubClient``). Only this module knows every implementation, and it imports each
-inside the function that builds it, so a shared-directory run never loads ``huggingface_hub``
-and the core (``transport``, ``master``, ``worker``) knows only the interface. Torch-free.
+``s3://bucket/prefix`` is object storage over the S3 API (``s3.transport.S3Transport`` over an
+``s3.client.S3Client``); ``owner/name`` is a Hugging Face Hub repo (``hub.transport.HubTransport``
+over a ``hub.client.HubClient``). Only this module knows every implementation, and it imports
+each inside the function that builds it, so a shared-directory run never loads
+``huggingface_hub`` or ``boto3`` and the core (``transport``, ``master``, ``worker``) knows only
+the interface. Torch-free.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from speedtronic.config.storage import is_s3_url, parse_s3_url
 from speedtronic.distributed.hub.names import is_hub_repo_id
 from speedtronic.distributed.transport import LocalTransport, Transport
 from speedtronic.errors import ConfigError
@@ -26,26 +29,34 @@ _SYSTEM_DIRS = tuple(Path(p) for p in ("/proc", "/sys", "/dev"))
 
 
 def open_transport(repo: str, settings: Any = None) -> Transport:
-    """A directory path or ``file://`` URL -> LocalTransport; a Hub repo id -> HubTransport.
+    """A directory path or ``file://`` URL -> LocalTransport; ``s3://bucket/prefix`` ->
+    S3Transport; a Hub repo id -> HubTransport.
 
     ``settings`` (the ``distributed`` config section, or anything with some of its fields:
-    node_id, token, cache_dir, min_publish_interval_s, squash_every) configures the Hub
-    transport. Nothing is contacted here: the first call on the transport is the first request.
-    A spec that cannot work is a ConfigError (exit 2) at start (``check_repo_spec``).
+    node_id, token, cache_dir, min_publish_interval_s, squash_every, endpoint_url) configures
+    the Hub and bucket transports. Nothing is contacted here: the first call on the transport
+    is the first request. A spec that cannot work is a ConfigError (exit 2) at start
+    (``check_repo_spec``).
     """
     kind, target = check_repo_spec(repo)
     if kind == "directory":
         return LocalTransport(target)
+    if kind == "s3":
+        return _s3_transport(target, settings)
     return _hub_transport(target, settings)
 
 
 def check_repo_spec(repo: str) -> tuple[str, str]:
-    """``(kind, target)`` of a repo spec: ``("directory", path)`` or ``("hub", repo_id)``.
+    """``(kind, target)`` of a repo spec: ``("directory", path)``, ``("s3", url)`` or
+    ``("hub", repo_id)``.
 
     Refused, in one line naming the key: ``file://`` with no path, the filesystem root or a
     system directory (/proc, /sys, /dev), a path that is a file, a directory this process
-    cannot write to (or create), and anything that is neither a path nor ``owner/name``.
+    cannot write to (or create), and anything that is neither a path, a bucket nor
+    ``owner/name``.
     """
+    if is_s3_url(repo):
+        return "s3", repo
     if repo.startswith("file://") or is_local_repo(repo):
         raw = repo[len("file://") :] if repo.startswith("file://") else repo
         if not raw.strip():
@@ -54,7 +65,8 @@ def check_repo_spec(repo: str) -> tuple[str, str]:
     if not is_hub_repo_id(repo):
         raise ConfigError(
             f"{REPO_KEY}: {repo!r} is neither a directory nor a Hugging Face Hub repo id "
-            "(owner/name); use my-org/my-run, or a path or file:// URL"
+            "(owner/name), nor a bucket (s3://bucket/prefix); use my-org/my-run, "
+            "s3://bucket/run, or a path or file:// URL"
         )
     return "hub", repo
 
@@ -73,6 +85,34 @@ def _check_directory(path: Path, spec: str) -> Path:
         what = "" if existing == resolved else f" (its nearest existing folder {existing})"
         raise ConfigError(f"{REPO_KEY}: {spec!r}{what} is not writable by this process")
     return path
+
+
+def _setting(settings: Any, name: str, default: Any) -> Any:
+    value = getattr(settings, name, None)
+    return default if value is None else value
+
+
+def _s3_transport(repo: str, settings: Any) -> Transport:
+    # Imported here so that other runs never load boto3 (an optional extra: [s3])
+    try:
+        from speedtronic.distributed.s3.client import S3Client
+    except ImportError as exc:
+        raise ConfigError(
+            f"{repo} needs the S3 client, which is not installed ({exc.name} is missing)",
+            hint="pip install 'speedtronic[s3]'",
+        ) from None
+    from speedtronic.distributed.s3.transport import S3Transport
+
+    try:
+        bucket, prefix = parse_s3_url(repo)
+    except ValueError as exc:
+        raise ConfigError(f"distributed.repo_id: {exc} (got {repo[:80]!r})") from None
+    node_id = _setting(settings, "node_id", None) or getattr(settings, "resolved_node_id", "")
+    client = S3Client(
+        bucket, prefix, endpoint_url=_setting(settings, "endpoint_url", None), node_id=node_id
+    )
+    interval = float(_setting(settings, "min_publish_interval_s", 0.0))
+    return S3Transport(client, min_publish_interval_s=interval)
 
 
 def _hub_transport(repo: str, settings: Any) -> Transport:

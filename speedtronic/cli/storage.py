@@ -1,0 +1,92 @@
+"""``speedtronic storage init``: set up a bucket for a DumbDiLoCo run, as ``hub init`` does a repo.
+
+The bucket side lives in ``speedtronic.distributed.s3.admin`` and is imported inside the
+command, so ``speedtronic --help`` never loads boto3 (an optional extra: ``[s3]``). Store
+failures become one line naming the bucket and the store's answer; never a credential.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
+from speedtronic.errors import ConfigError
+
+storage_app = typer.Typer(
+    name="storage",
+    help="Set up a bucket for DumbDiLoCo: Hugging Face Storage Buckets, AWS S3, R2 or MinIO, "
+    "over the S3 API (docs/storage.md).",
+    no_args_is_help=True,
+)
+
+RepoArg = typer.Argument(..., help="The run's bucket and prefix: s3://bucket/prefix.")
+EndpointOpt = typer.Option(
+    None,
+    "--endpoint-url",
+    help="The store's URL: MinIO or R2, or https://s3.hf.co/NAMESPACE for a Hugging Face "
+    "bucket; default $AWS_ENDPOINT_URL, else AWS S3.",
+)
+
+
+def _client(repo: str, endpoint_url: str | None) -> Any:
+    from speedtronic.config.storage import endpoint_url_problem, parse_s3_url
+
+    try:
+        bucket, prefix = parse_s3_url(repo)
+    except ValueError as exc:
+        raise ConfigError(f"{repo[:80]!r}: {exc}") from None
+    if endpoint_url is not None and (problem := endpoint_url_problem(endpoint_url)):
+        raise ConfigError(f"--endpoint-url: {problem}")
+    try:
+        from speedtronic.distributed.s3.client import S3Client
+    except ImportError as exc:
+        message = f"the S3 client is not installed ({exc.name} is missing)"
+        raise ConfigError(message, hint="pip install 'speedtronic[s3]'") from None
+    return S3Client(bucket, prefix, endpoint_url=endpoint_url)
+
+
+def init(
+    repo: str = RepoArg,
+    endpoint_url: str | None = EndpointOpt,
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Only look: create nothing, write nothing (one HeadBucket)."
+    ),
+    output_format: OutputFormat = format_option("a report and the config snippet"),
+) -> None:
+    """Create the bucket if it is missing; check that these credentials can write under the
+    prefix and that the store honours conditional writes; print the config snippet.
+
+    Idempotent: run it again and it creates nothing. Credentials come from the environment
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE), never from the command line.
+
+    Exit codes: 0 ready, 1 the store refused or failed, 2 bad usage.
+    """
+    from speedtronic.distributed.s3.admin import config_snippet, init_store
+
+    client = _client(repo, endpoint_url)
+    report = init_store(client, dry_run=dry_run)
+    snippet = config_snippet(client.url(), endpoint_url)
+    if output_format is OutputFormat.json:
+        doc = {"schema_version": JSON_SCHEMA_VERSION, **vars(report), "config": snippet}
+        print(json.dumps(doc, indent=2))
+        return
+    state = "exists" if report.existed else "created" if report.created else "missing"
+    print(f"{report.url} at {report.endpoint}: bucket {state}")
+    if report.conditional is not None:
+        yes = "yes" if report.conditional else "no (see docs/storage.md)"
+        print(f"  writable: {'yes' if report.writable else 'no'}; conditional writes: {yes}")
+    for note in report.notes:
+        print(f"  {note}")
+    print(f"\nThe config (every node runs the same file):\n\n{snippet}\n")
+    print("Then, on each machine, with the store's keys in its environment:")
+    print("  speedtronic train -c run.yaml --role master --node-id node-a")
+    print("  speedtronic train -c run.yaml --role worker --node-id node-b")
+
+
+def register(app: typer.Typer) -> None:
+    storage_app.command()(handle_errors(init))
+    app.add_typer(storage_app, name="storage")

@@ -1,0 +1,187 @@
+"""DumbDiLoCo over object storage, end to end: moto's S3 server behind a fault proxy, a master and
+two workers, all ``speedtronic train`` processes on ``s3://e2e-run/run``.
+
+The proxy fails about 20% of all requests at random: 500 InternalError, 503 SlowDown (S3's XML
+error bodies), connections dropped before the request reaches the server, and requests applied
+by the server whose answer is then lost (a PUT that landed, its client cannot know). The nodes
+find the store the standard way (``AWS_ENDPOINT_URL`` and the ``AWS_*`` keys in their
+environment); the master creates the bucket itself, coordinates only, and is stopped with
+SIGTERM once the workers are done and every delta is consumed. Then: every process exited as it
+should without a traceback, outer steps advanced one per round, every delta uploaded was applied
+exactly once (none stale, rejected or left over), the bucket holds the pointer and the weights it
+names (checked against its sha256) and nothing else, and the keys are nowhere in the logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from s3_support import SECRET_KEY, running_store
+from test_diloco_e2e import CONFIG, log_of, wait_until
+
+from speedtronic.distributed.protocol import STEP_COUNT
+
+ROOT = Path(__file__).parent.parent
+BUCKET, PREFIX = "e2e-run", "run"
+FAULT_RATE = 0.2
+WORKERS = ("worker-1", "worker-2")
+STEPS = 60  # per worker, 5 per inner loop: 12 deltas each
+BATCH = 16  # with 12 inner loops each, the workers still install a global or two
+
+
+@pytest.fixture(scope="module")
+def s3_store():
+    yield from running_store()
+
+
+def node_env(url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_"))}
+    return {
+        **env,
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},  # the fake keys
+        "AWS_ENDPOINT_URL": url,  # the standard variable: no speedtronic setting needed
+        "OMP_NUM_THREADS": "1",  # three processes on two cores
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    }
+
+
+def start(tmp_path: Path, url: str, role: str, node: str, steps: int, **more) -> subprocess.Popen:
+    config = {**CONFIG, "run": {**CONFIG["run"], "name": node, "max_steps": steps}}
+    config["logging"] = {**CONFIG["logging"], "json_file": "metrics.jsonl"}
+    config["data"] = {**CONFIG["data"], "micro_batch_size": BATCH}
+    config["distributed"] = {
+        **CONFIG["distributed"],
+        "role": role,
+        "node_id": node,
+        "repo_id": f"s3://{BUCKET}/{PREFIX}",
+        "outer_steps": 10_000,
+        "poll_interval": 0.2,
+        "min_publish_interval_s": 0,
+        "max_staleness": 1000,  # every delta counts: none dropped for staleness
+        **more,
+    }
+    path = tmp_path / f"{node}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / f"{node}.log", "w")  # noqa: SIM115 - closed with the process
+    command = [sys.executable, "-m", "speedtronic", "train", "-c", str(path)]
+    command += ["--output-dir", str(tmp_path / node)]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=node_env(url))
+
+
+def events(tmp_path: Path, node: str, kind: str) -> list[dict]:
+    path = tmp_path / node / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == kind]
+
+
+def master_rounds(tmp_path: Path) -> list[tuple[int, ...]]:
+    """(outer step, included, stale, rejected) per round, from the master's log."""
+    pattern = r"diloco round: outer step (\d+) \| deltas (\d+) in, (\d+) stale, (\d+) rejected"
+    text = (tmp_path / "master.log").read_text()
+    return [tuple(int(g) for g in m.groups()) for m in re.finditer(pattern, text)]
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path, s3_store):
+    store, began = s3_store, time.monotonic()
+    store.proxy.reset()
+    store.proxy.plan.random(FAULT_RATE, seed=1)
+    objects = lambda: store.keys(BUCKET, f"{PREFIX}/") if bucket_exists(store) else {}  # noqa: E731
+    processes: list[subprocess.Popen] = []
+    try:
+        master = start(tmp_path, store.url, "master", "master", 1, train_locally=False)
+        processes.append(master)
+        assert wait_until(lambda: f"{PREFIX}/{STEP_COUNT}" in objects(), 60), log_of(
+            tmp_path, "master"
+        )
+        phases = {"master up": time.monotonic() - began}
+        processes += [start(tmp_path, store.url, "worker", w, STEPS) for w in WORKERS]
+        for worker, process in zip(WORKERS, processes[1:], strict=True):
+            assert process.wait(timeout=180) == 0, log_of(tmp_path, worker)
+        phases["workers done"] = time.monotonic() - began
+        pending = lambda: [k for k in objects() if k.startswith(f"{PREFIX}/nodes/")]  # noqa: E731
+        assert wait_until(lambda: not pending(), 60), pending()
+        phases["deltas consumed"] = time.monotonic() - began
+        master.send_signal(signal.SIGTERM)
+        assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        store.proxy.plan.clear()
+    wall_s = time.monotonic() - began
+
+    for node in ("master", *WORKERS):
+        assert "Traceback" not in (tmp_path / f"{node}.log").read_text(), log_of(tmp_path, node)
+    requests, faults = list(store.proxy.requests), store.proxy.faults()
+    assert len(faults) >= FAULT_RATE / 2 * len(requests), (len(faults), len(requests))
+
+    # Outer steps advanced, one per round, and the workers trained from the published globals
+    rounds = master_rounds(tmp_path)
+    final = objects()
+    published = json.loads(final[f"{PREFIX}/{STEP_COUNT}"])
+    assert published["outer_step"] >= 1 and len(rounds) == published["outer_step"], rounds
+    assert [r[0] for r in rounds] == list(range(1, published["outer_step"] + 1)), rounds
+    logs = {w: (tmp_path / f"{w}.log").read_text() for w in WORKERS}
+    assert all("starting from global outer step" in text for text in logs.values()), logs
+
+    # Every delta uploaded was applied exactly once: none stale, rejected or left over
+    uploads = sum(len(events(tmp_path, w, "diloco_upload")) for w in WORKERS)
+    for worker in WORKERS:  # all its steps went out (a failed upload is folded into the next)
+        assert sum(e["steps"] for e in events(tmp_path, worker, "diloco_upload")) == STEPS
+    assert sum(r[1] for r in rounds) == uploads, (uploads, rounds)
+    assert sum(r[2] + r[3] for r in rounds) == 0, rounds
+
+    # The bucket holds the pointer and the weights it names, whole; nothing else stayed
+    weights = final[f"{PREFIX}/{published['weights_key']}"]
+    assert hashlib.sha256(weights).hexdigest() == published["weights_sha256"]
+    others = set(final) - {f"{PREFIX}/{STEP_COUNT}", f"{PREFIX}/{published['weights_key']}"}
+    assert len(others) <= 1 and all("/global/weights/" in k for k in others), others
+
+    # The keys never left the environment
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert SECRET_KEY.encode() not in path.read_bytes(), path
+
+    kinds: dict[str, int] = {}
+    for _, _, kind in faults:
+        kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+    stats = events(tmp_path, WORKERS[0], "diloco_boundary")[-1]
+    operations = ("put", "get", "list", "delete", "head_bucket", "create_bucket")
+    per_op = {op: stats[f"s3_{op}"] for op in operations if stats[f"s3_{op}"]}
+    print(
+        f"\ns3 e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
+        f"installs {sum(t.count('installed global') for t in logs.values())}, "
+        f"requests {len(requests)}, faults {len(faults)} {kinds}, "
+        f"{WORKERS[0]} requests {per_op} retries {stats['s3_retries']}, "
+        f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
+    )
+
+
+def bucket_exists(store) -> bool:
+    return any(b["Name"] == BUCKET for b in store.raw.list_buckets().get("Buckets", []))
+
+
+@pytest.mark.s3
+def test_a_worker_on_a_missing_bucket_stops_at_start_with_one_line(tmp_path, s3_store):
+    s3_store.proxy.reset()
+    repo = "s3://never-made/run"
+    worker = start(tmp_path, s3_store.url, "worker", "worker-1", 40, repo_id=repo)
+    assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
+    lines = (tmp_path / "worker-1.log").read_text().splitlines()
+    assert lines == [  # no traceback, no hint, no retry warnings
+        f"speedtronic: error: worker-1: bucket never-made not found at {s3_store.url} (or not "
+        f"visible to these credentials): create it with speedtronic storage init {repo}"
+    ]
+    assert [(m, p) for m, p, _ in s3_store.proxy.requests] == [("HEAD", "/never-made")]
