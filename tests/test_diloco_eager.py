@@ -102,3 +102,12 @@ def test_an_eager_install_resumes_exactly_from_a_checkpoint_after_it(tmp_path):
     for seq in (3, 4):  # the deltas after the checkpoint: the same bytes
         path = f"nodes/node-a/delta_{seq:08d}.safetensors"
         assert straight.read(path, 1 << 20) == resumed_transport.read(path, 1 << 20)
+
+
+def test_a_poll_interval_far_longer_than_an_upload_is_named_with_a_better_one():
+    from speedtronic.distributed.latency import poll_advice
+
+    advice = poll_advice(poll_interval_s=60, upload_s=2.0, loop_s=150)
+    assert "poll_interval 60 s" in advice and "about 2 s would do" in advice
+    assert "f = 0.01" in advice
+    assert poll_advice(poll_interval_s=3, upload_s=2.0, loop_s=150) is None

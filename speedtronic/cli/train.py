@@ -14,6 +14,7 @@ from typing import IO, Any
 
 import typer
 
+from speedtronic.cli.diloco_facts import Fleet, diloco_facts
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
@@ -25,6 +26,7 @@ from speedtronic.cli.options import (
     log_format_option,
 )
 from speedtronic.config import SpeedtronicConfig
+from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
 from speedtronic.errors import ConfigError
 
 
@@ -198,7 +200,16 @@ def validate(
         "--step-time",
         min=0.001,
         max=86400,
-        help="Seconds per optimizer step on a worker, for the same estimate.",
+        help="Seconds per optimizer step on a worker (measure it with speedtronic bench), for "
+        "the same estimate and the latency fraction f.",
+    ),
+    uplink: float = typer.Option(
+        DEFAULT_UPLINK_MBPS,
+        "--uplink",
+        min=0.01,
+        max=1e6,
+        help="A worker's upload bandwidth in Mbit/s, for the time a delta takes to reach the "
+        "repo (the latency fraction f).",
     ),
 ) -> None:
     """Check a config: print the resolved (redacted) config and derived facts, or every problem.
@@ -206,7 +217,8 @@ def validate(
     Runs no code the config names unless --build is given: only registered models are built.
     """
     cfg = load_config(config, list(overrides or []))
-    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=(nodes, step_time))
+    fleet = Fleet(nodes, step_time, uplink)
+    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet)
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
         print(json.dumps(doc, indent=2))
@@ -221,7 +233,7 @@ def derived_facts(
     cfg: SpeedtronicConfig,
     build: bool = False,
     world_size: int | None = None,
-    fleet: tuple[int, float] = (4, 1.0),
+    fleet: Fleet | None = None,
 ) -> dict[str, Any]:
     """Facts that need torch: device and model problems are collected, not raised one by one."""
     from speedtronic.precision import resolve_device
@@ -246,8 +258,7 @@ def derived_facts(
     try:
         facts["parameters"], model = _parameter_fact(cfg, build)
         if cfg.distributed.enabled:
-            facts.update(diloco_facts(cfg, model))
-            facts.update(fleet_facts(cfg, model, *fleet))
+            facts.update(diloco_facts(cfg, model, fleet or Fleet()))
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
@@ -288,83 +299,6 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
         return "not counted (model.imports not imported; pass --build to import them)", None
     built = check_model(cfg)  # on the meta device: counted without allocating
     return count_parameters(built), built
-
-
-def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
-    """What a DumbDiLoCo setting implies: rounds, bytes per delta, upload cadence, and for a Hub
-    repo the requests each operation costs and one worker's spend against the Hub's limits."""
-    from speedtronic.distributed.codec import expected_delta_bytes
-    from speedtronic.distributed.hub.budget import request_facts
-    from speedtronic.distributed.repos import check_repo_spec
-    from speedtronic.distributed.worker import parameters_of
-
-    dist = cfg.distributed
-    kind, _ = check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
-    facts: dict[str, Any] = {
-        "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
-        "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
-        "diloco_uploads_per_hour": f"3600 / ({dist.inner_steps} x seconds per step) per node, "
-        f"{3600 / dist.inner_steps:.1f} at 1 s/step",
-    }
-    if model is not None:
-        params = parameters_of(model)
-        facts["diloco_delta_bytes"] = {
-            encoding: expected_delta_bytes(params, encoding)
-            for encoding in ("fp32", "bf16", "int8")
-        }
-    if kind == "hub":  # docs/hub.md's figures
-        facts.update(
-            request_facts(
-                inner_steps=dist.inner_steps,
-                poll_interval_s=dist.poll_interval,
-                min_publish_interval_s=dist.min_publish_interval_s,
-            )
-        )
-    return facts
-
-
-def fleet_facts(cfg: SpeedtronicConfig, model: Any, nodes: int, step_time_s: float) -> dict:
-    """What ``nodes`` workers cost per hour: Hub commits against the repo's budget, and for a
-    bucket its requests and bytes (docs/storage.md); nothing for a shared directory."""
-    from speedtronic.config.storage import is_s3_url
-    from speedtronic.distributed.hub.budget import HUB_COMMITS_PER_HOUR, estimate_commits_per_hour
-    from speedtronic.distributed.repos import is_local_repo
-
-    dist = cfg.distributed
-    if not dist.repo or (is_local_repo(dist.repo) and not is_s3_url(dist.repo)):
-        return {}  # a shared directory: no budget, no bill
-    commits = estimate_commits_per_hour(
-        nodes=nodes,
-        inner_steps=dist.inner_steps,
-        step_time_s=step_time_s,
-        min_publish_interval_s=dist.min_publish_interval_s,
-    )
-    facts: dict[str, Any] = {
-        "diloco_hub_commits_per_hour": f"{commits:.0f} for {nodes} worker(s) at "
-        f"{step_time_s:g} s/step (a Hub repo takes about {HUB_COMMITS_PER_HOUR})"
-    }
-    if is_s3_url(dist.repo) and model is not None:
-        facts.update(_bucket_cost(cfg, model, nodes, step_time_s))
-    return facts
-
-
-def _bucket_cost(cfg: SpeedtronicConfig, model: Any, nodes: int, step_time_s: float) -> dict:
-    from speedtronic.distributed.codec import expected_delta_bytes
-    from speedtronic.distributed.s3.costs import describe, fleet_cost
-    from speedtronic.distributed.worker import parameters_of
-
-    dist, params = cfg.distributed, parameters_of(model)
-    cost = fleet_cost(
-        workers=nodes,
-        inner_steps=dist.inner_steps,
-        step_time_s=step_time_s,
-        poll_interval_s=dist.poll_interval,
-        min_publish_interval_s=dist.min_publish_interval_s,
-        min_deltas=dist.min_deltas,
-        delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
-        weights_bytes=expected_delta_bytes(params, "fp32"),
-    )
-    return {"diloco_bucket_per_hour": describe(cost, step_time_s), "diloco_bucket": cost.as_dict()}
 
 
 def register(app: typer.Typer) -> None:

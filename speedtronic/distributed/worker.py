@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic.distributed.latency import poll_advice
 from speedtronic.distributed.node_status import NodeStatus
-from speedtronic.distributed.protocol import parse_delta_path
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker_fetch import GlobalFetcher
 from speedtronic.distributed.worker_upload import Pending, Uploader
@@ -72,6 +72,8 @@ class WorkerPlugin:
         self.boundary_step = self.boundary_tokens = 0
         self.rate = 0.0  # tokens per step of the last inner loop: this node's pace in the fleet
         self.eager = getattr(config, "install", "boundary") == "eager"
+        self.step_time_s: float | None = None  # measured over the first inner loop
+        self._poll_advised = False
         self.install_every = 1  # eager: steps between looks (a DDP node's ranks agree on it)
         self._started: float | None = None  # when training started, to time the first loop
         self._threads: list[threading.Thread] = []
@@ -97,9 +99,7 @@ class WorkerPlugin:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
-        # New names start past every one this node used, also after the checkpoint: a reused
-        # name could be deleted unread by a master consuming the old file there (I1)
-        self.uploader.seq = max([self.uploader.seq, *self._own_sequence_numbers()])
+        self.uploader.number_past_used()
         if not self.background:
             return
         for target in (self.uploader.run, self.fetcher.run):
@@ -149,13 +149,25 @@ class WorkerPlugin:
             self._wait_for_own_round()
         installed = self.install_ready(trainer)
         if self._started is not None:  # the first loop gives the step time: check the budgets
-            step_time_s, self._started = (start - self._started) / max(steps, 1), None
-            for message in self.transport.cadence_warnings(self.config, step_time_s):
+            self.step_time_s, self._started = (start - self._started) / max(steps, 1), None
+            for message in self.transport.cadence_warnings(self.config, self.step_time_s):
                 self.logger.warn(f"diloco: {message}")
+        self._advise_poll_interval()
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
         self.logger.log("diloco_boundary", {**payload, **self.counters, **self.transport.stats()})
+
+    def _advise_poll_interval(self) -> None:
+        """Once three uploads are timed, say if the poll interval adds more waiting for each new
+        global than the network does (docs/diloco.md, latency)."""
+        timed = self.uploader.upload_seconds
+        if self._poll_advised or len(timed) < 3 or self.step_time_s is None:
+            return
+        self._poll_advised = True
+        loop_s = self.config.inner_steps * self.step_time_s
+        if advice := poll_advice(self.config.poll_interval, sorted(timed)[len(timed) // 2], loop_s):
+            self.logger.warn(f"diloco: {advice}")
 
     def _wait_for_own_round(self) -> bool:
         """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
@@ -249,27 +261,6 @@ class WorkerPlugin:
         self._load_weights(ready.weights)
         self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
         self.logger.notice(f"diloco: starting from global outer step {ready.outer_step}")
-
-    def _own_sequence_numbers(self) -> list[int]:
-        """Numbers this node used: its deltas in the repo and its latest the master accepted."""
-        try:
-            refs = self.transport.list_deltas()
-            counted = self.transport.read_step_count() or {}
-        except Exception as exc:  # any transport failure: number on from the checkpoint
-            if getattr(exc, "permanent", False):
-                raise
-            seq = self.uploader.seq
-            self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {seq}")
-            return []
-        accepted = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
-        listed = [
-            parsed[1]
-            for r in refs
-            if r.problem is None
-            and (parsed := parse_delta_path(r.path))
-            and parsed[0] == self.node_id
-        ]
-        return listed + ([accepted] if accepted is not None else [])
 
     # ------------------------------------------------------------------ checkpoint state
 

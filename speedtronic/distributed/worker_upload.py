@@ -21,7 +21,7 @@ import torch
 
 from speedtronic.distributed.codec import encode_delta
 from speedtronic.distributed.node_status import NodeStatus
-from speedtronic.distributed.protocol import DeltaHeader, delta_path
+from speedtronic.distributed.protocol import DeltaHeader, delta_path, parse_delta_path
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 # Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
@@ -79,8 +79,26 @@ class Uploader:
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
         self.in_flight: list[InFlight] = []  # sent, not yet in a published global; oldest first
+        self.upload_seconds: list[float] = []  # how long each upload took, for the poll advice
         self.lock = threading.Lock()
         self.wake = threading.Event()
+
+    def number_past_used(self) -> None:
+        """New names start past every one this node used, also after a checkpoint: its deltas
+        in the repo and its newest the master applied. A reused name could be deleted unread
+        by a master consuming the old file there (I1)."""
+        try:
+            refs = self.transport.list_deltas()
+            counted = self.transport.read_step_count() or {}
+        except Exception as exc:  # any transport failure: number on from the checkpoint
+            if getattr(exc, "permanent", False):
+                raise
+            self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
+            return
+        applied = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
+        mine = [parse_delta_path(r.path) for r in refs if r.problem is None]
+        used = [seq for node, seq in filter(None, mine) if node == self.node_id]
+        self.seq = max([self.seq, *used, *([applied] if applied is not None else [])])
 
     def queue(self, pending: Pending) -> None:
         with self.lock:
@@ -135,7 +153,9 @@ class Uploader:
         seq, header = pending.seq, self._header(pending)
         try:
             data = encode_delta(pending.delta, header)
+            start = time.monotonic()
             self.transport.upload(delta_path(self.node_id, seq), data)
+            self.upload_seconds.append(time.monotonic() - start)
         except Exception as exc:  # anything: the uploader thread must outlive it (I5)
             self._failed(pending, was_exact, exc)
             return False

@@ -1,0 +1,123 @@
+"""What ``validate`` says about a DumbDiLoCo config: rounds, bytes per delta, the latency
+fraction f with its advice, settings measured to hurt an asynchronous fleet, and what a fleet
+costs per hour (Hub commits, bucket requests and bytes). Heavy imports inside the functions:
+``validate`` pays for them only when distributed training is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The user's guess of the fleet: workers, seconds per optimizer step, uplink in Mbit/s."""
+
+    nodes: int = 4
+    step_time_s: float = 1.0
+    uplink_mbps: float = DEFAULT_UPLINK_MBPS
+
+
+def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, Any]:
+    """Every DumbDiLoCo fact ``validate`` prints; the repo spec is checked first (exit 2)."""
+    from speedtronic.distributed.repos import check_repo_spec
+
+    dist = cfg.distributed
+    kind, _ = check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
+    facts: dict[str, Any] = {
+        "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
+        "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
+        "diloco_uploads_per_hour": f"3600 / ({dist.inner_steps} x seconds per step) per node, "
+        f"{3600 / dist.inner_steps:.1f} at 1 s/step",
+    }
+    if model is not None:
+        facts.update(_delta_facts(cfg, model, kind, fleet))
+    if kind == "hub":  # docs/hub.md's figures
+        from speedtronic.distributed.hub.budget import request_facts
+
+        facts.update(
+            request_facts(
+                inner_steps=dist.inner_steps,
+                poll_interval_s=dist.poll_interval,
+                min_publish_interval_s=dist.min_publish_interval_s,
+            )
+        )
+    facts.update(fleet_facts(cfg, model, kind, fleet))
+    return facts
+
+
+def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict[str, Any]:
+    """Bytes per delta, and the latency fraction f they make at this uplink and step time."""
+    from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.latency import (
+        latency_advice,
+        latency_fraction,
+        suggested_poll_interval,
+        upload_seconds,
+    )
+    from speedtronic.distributed.worker import parameters_of
+
+    dist, params = cfg.distributed, parameters_of(model)
+    sizes = {enc: expected_delta_bytes(params, enc) for enc in ("fp32", "bf16", "int8")}
+    upload_s = upload_seconds(sizes[dist.delta_dtype], kind, fleet.uplink_mbps)
+    loop_s = dist.inner_steps * fleet.step_time_s
+    f = latency_fraction(upload_s, dist.inner_steps, fleet.step_time_s)
+    poll = suggested_poll_interval(upload_s, loop_s)
+    return {
+        "diloco_delta_bytes": sizes,
+        "diloco_latency": (
+            f"f = {f:.2f}: a {dist.delta_dtype} delta takes ~{upload_s:.1f} s to upload at "
+            f"{fleet.uplink_mbps:g} Mbit/s, an inner loop {dist.inner_steps} x "
+            f"{fleet.step_time_s:g} s = {loop_s:.0f} s (--uplink, --step-time); "
+            f"{latency_advice(f, dist.inner_steps)}"
+        ),
+        "diloco_poll_interval": f"{dist.poll_interval:g} s (about {poll:.0f} s keeps the wait "
+        "for a new global under an upload's)",
+    }
+
+
+def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict:
+    """What ``fleet.nodes`` workers cost per hour: Hub commits against the repo's budget, and
+    for a bucket its requests and bytes (docs/storage.md); nothing for a shared directory."""
+    from speedtronic.distributed.hub.budget import HUB_COMMITS_PER_HOUR, estimate_commits_per_hour
+
+    if kind == "directory":
+        return {}  # a shared directory: no budget, no bill
+    dist = cfg.distributed
+    commits = estimate_commits_per_hour(
+        nodes=fleet.nodes,
+        inner_steps=dist.inner_steps,
+        step_time_s=fleet.step_time_s,
+        min_publish_interval_s=dist.min_publish_interval_s,
+    )
+    facts: dict[str, Any] = {
+        "diloco_hub_commits_per_hour": f"{commits:.0f} for {fleet.nodes} worker(s) at "
+        f"{fleet.step_time_s:g} s/step (a Hub repo takes about {HUB_COMMITS_PER_HOUR})"
+    }
+    if kind == "s3" and model is not None:
+        facts.update(_bucket_cost(cfg, model, fleet))
+    return facts
+
+
+def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
+    from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.s3.costs import describe, fleet_cost
+    from speedtronic.distributed.worker import parameters_of
+
+    dist, params = cfg.distributed, parameters_of(model)
+    cost = fleet_cost(
+        workers=fleet.nodes,
+        inner_steps=dist.inner_steps,
+        step_time_s=fleet.step_time_s,
+        poll_interval_s=dist.poll_interval,
+        min_publish_interval_s=dist.min_publish_interval_s,
+        min_deltas=dist.min_deltas,
+        delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
+        weights_bytes=expected_delta_bytes(params, "fp32"),
+    )
+    described = describe(cost, fleet.step_time_s)
+    return {"diloco_bucket_per_hour": described, "diloco_bucket": cost.as_dict()}
