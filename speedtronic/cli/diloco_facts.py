@@ -69,7 +69,7 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
     poll = suggested_poll_interval(upload_s, loop_s)
     return {
         "diloco_delta_bytes": sizes,
-        "diloco_latency": (
+        "diloco_upload_share_of_loop": (
             f"f = {f:.2f}: a {dist.delta_dtype} delta takes ~{upload_s:.1f} s to upload at "
             f"{fleet.uplink_mbps:g} Mbit/s, an inner loop {dist.inner_steps} x "
             f"{fleet.step_time_s:g} s = {loop_s:.0f} s (--uplink, --step-time); "
