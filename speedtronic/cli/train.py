@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -24,8 +24,10 @@ from speedtronic.cli.options import (
     load_config,
     log_format_option,
 )
-from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
+
+if TYPE_CHECKING:  # the config package loads with the command, not with --help
+    from speedtronic.config import SpeedtronicConfig
 
 
 def train(
@@ -293,5 +295,10 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any) -> dict[str, Any]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(handle_errors(train))
-    app.command()(handle_errors(validate))
+    # short_help: the line in `speedtronic --help`, where the first sentence would be cut short
+    app.command(short_help="Train a model; no arguments: the embedded smoke run.")(
+        handle_errors(train)
+    )
+    app.command(short_help="Check a config: the resolved config and derived facts.")(
+        handle_errors(validate)
+    )
