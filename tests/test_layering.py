@@ -24,6 +24,7 @@ TORCH_FREE = (
     "speedtronic.checkpoint.layout",
     "speedtronic.checkpoint.inspection",
     "speedtronic.checkpoint.files",
+    "speedtronic.checkpoint.start",
     "speedtronic.data.tokenizer",
     "speedtronic.cli.app",
     "speedtronic.cli.errors",

@@ -83,9 +83,11 @@ def prune(
 
     Never deletes the one latest.json points to, nor damaged or incomplete ones.
     """
-    from speedtronic.checkpoint.inspection import apply_prune, left_alone, plan_prune
+    from speedtronic.checkpoint.inspection import apply_prune, left_alone, prune_plan
 
-    plan = plan_prune(path, keep)
+    plan, kept = prune_plan(path, keep)
+    for item in kept:
+        print(f"keeping {item['path']}: {item['reason']}")
     for item in left_alone(path):
         print(f"leaving {item['path']}: {item['status']} ({item['problem']}); delete it by hand")
     if not plan:

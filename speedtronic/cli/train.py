@@ -45,6 +45,12 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
     ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Start fresh where another run is: delete its checkpoints and logs first "
+        "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
+    ),
     role: str | None = typer.Option(
         None,
         "--role",
@@ -81,6 +87,8 @@ def train(
         sets.append("distributed.enabled=true")
     if resume:
         sets.append("checkpoint.resume=true")
+    if overwrite:
+        sets.append("checkpoint.overwrite=true")
     cfg = load_config(config, sets + list(overrides or []))
 
     from speedtronic.cli.display import make_display
@@ -98,7 +106,9 @@ def train(
             display.close()
     if result.status == "interrupted":
         saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
-        again = shlex.join(["speedtronic", *[a for a in sys.argv[1:] if a != "--resume"]])
+        # the same command continues the run: --overwrite would now delete what it saved
+        kept = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
+        again = shlex.join(["speedtronic", *kept])
         print(
             f"interrupted at step {result.steps}{saved}\nresume with: {again} --resume",
             file=sys.stderr,

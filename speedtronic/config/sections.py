@@ -217,6 +217,17 @@ class CheckpointConfig:
     interval: int = ranged(0, "[0, 2**40]")  # optimizer steps between saves; 0 -> at the end
     keep_last: int | None = ranged(3, "[1, 2**20]")
     resume: bool = False
+    # A fresh run in a directory that holds another run's checkpoints is refused unless this
+    # says to delete them first (issue 21: two runs in one directory mix without a word).
+    overwrite: bool = False
+
+    def check(self) -> list[str]:
+        if self.resume and self.overwrite:
+            return [
+                "checkpoint.overwrite: not with checkpoint.resume (--resume continues the run "
+                "in the directory, --overwrite deletes it)"
+            ]
+        return []
 
 
 @dataclass
@@ -393,6 +404,8 @@ DOCS: dict[str, str] = {
     "checkpoint.interval": "optimizer steps between saves; 0: only at the end",
     "checkpoint.keep_last": "newest complete checkpoints kept; null: keep all",
     "checkpoint.resume": "continue from the newest good checkpoint (as --resume)",
+    "checkpoint.overwrite": "delete the checkpoints of the run already in the directory and start "
+    "fresh (as --overwrite); false: such a directory is refused",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
@@ -441,6 +454,7 @@ CHECKED: dict[str, str] = {
     "data.eval_every": "needs eval_path or eval_fraction > 0",
     "optimizer.betas": "each in [0, 1)",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
+    "checkpoint.overwrite": "not with resume",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
     "distributed.repo_id": "required when enabled; not with a different path",
     "distributed.train_locally": "false only for a master",
