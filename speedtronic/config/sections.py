@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -119,6 +120,24 @@ class ModelConfig:
     name: str = "reference_transformer"
     imports: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> list[str]:
+        # Read from the text alone, so validate applies it without importing anything (issue
+        # 21: validate accepted os:system, train refused it). Building the model applies the
+        # rest of the rule: the object must be a class or function defined outside the stdlib.
+        module = self.name.partition(":")[0] if ":" in self.name else None
+        if module is None or not is_stdlib_module(module):
+            return []
+        return [
+            f"model.name: {brief(self.name)} is in the standard library ({module}), not a model "
+            "class or factory of your own; an import path must name one"
+        ]
+
+
+def is_stdlib_module(module: str) -> bool:
+    """Whether ``module`` (dotted) belongs to the standard library, builtins included."""
+    top = module.partition(".")[0]
+    return top == "builtins" or top in sys.stdlib_module_names
 
 
 @dataclass
@@ -454,6 +473,7 @@ CHECKED: dict[str, str] = {
     "data.eval_every": "needs eval_path or eval_fraction > 0",
     "optimizer.betas": "each in [0, 1)",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
+    "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
     "distributed.repo_id": "required when enabled; not with a different path",
