@@ -166,9 +166,10 @@ class MetricLogger:
     def drop_records_after(self, step: int) -> None:
         """Remove JSONL records of steps after ``step`` (logged before a crash, redone on resume).
 
-        The file is rewritten atomically and reopened, so a kill here loses nothing.
+        The file is rewritten atomically and reopened, so a kill here loses nothing. Only a
+        regular file is: the rename would replace a device such as /dev/null with a file.
         """
-        if self._json is None or self.json_path is None:
+        if self._json is None or self.json_path is None or not self.json_path.is_file():
             return
         self._json.close()
         kept = []

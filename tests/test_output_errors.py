@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from speedtronic import integrations
 from speedtronic.checkpoint import save as checkpoint_save
 from speedtronic.checkpoint.layout import list_tmp_dirs, read_latest, verify_checkpoint
 from speedtronic.cli.app import app
+from speedtronic.metrics import MetricLogger
 
 runner = CliRunner()
 FULL = Path("/dev/full")  # every write fails with ENOSPC, as on a full disk
@@ -93,3 +96,17 @@ def test_tensorboard_events_on_a_full_disk_name_the_key_and_directory(tiny, tmp_
     assert warning.endswith(
         f"logging.hooks: tensorboard: cannot write events in {where}: {os.strerror(errno.ENOSPC)}"
     )
+
+
+def test_resume_never_rewrites_a_jsonl_that_is_not_a_regular_file(tmp_path):
+    # Resume rewrites the JSONL through a rename; onto /dev/null that would replace the device
+    # with a regular file. A FIFO stands in for the device (a reader keeps it open).
+    fifo = tmp_path / "events"
+    os.mkfifo(fifo)
+    threading.Thread(target=fifo.read_bytes, daemon=True).start()
+    logger = MetricLogger(console=False, json_file=fifo)
+    dropping = threading.Thread(target=logger.drop_records_after, args=(0,), daemon=True)
+    dropping.start()
+    dropping.join(timeout=30)  # reading a FIFO nobody writes would block: a hang is a failure
+    assert not dropping.is_alive() and stat.S_ISFIFO(fifo.stat().st_mode)
+    logger.close()
