@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+import proc_support
 import pytest
 from typer.testing import CliRunner
 
@@ -451,13 +451,7 @@ def test_the_real_process_exits_with_the_codes_and_never_imports_torch(emu):
         "try:\n    main()\nfinally:\n"
         "    print('HEAVY', [m for m in ('torch', 'safetensors') if m in sys.modules])"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=60,
-    )
+    out = proc_support.run([sys.executable, "-c", code], env=dict(os.environ))
     assert out.returncode == 3, out.stderr
     assert "carol: manual step" in out.stdout and "HEAVY []" in out.stdout
     assert TOKEN not in out.stdout + out.stderr

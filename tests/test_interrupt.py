@@ -1,4 +1,8 @@
-"""Real processes, real signals: graceful stops, exit codes, and SIGKILL at random moments."""
+"""Real processes, real signals: graceful stops, exit codes, and SIGKILL at random moments.
+
+The processes are waited for by their progress, not a clock (``proc_support``): a loaded
+machine makes them slow, never wrong.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from proc_support import communicate, quiet_env, wait_for
 
 from speedtronic.checkpoint import find_latest, load_checkpoint
 from speedtronic.runtime import train_from_config
@@ -33,14 +38,8 @@ def start(config: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=quiet_env(),
     )
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for the training process"
-        time.sleep(0.02)
 
 
 def logged_steps(path: Path) -> int:
@@ -57,9 +56,9 @@ def test_first_signal_finishes_the_step_saves_and_says_how_to_resume(tiny, tmp_p
         tiny, out, run={"max_steps": 100000}, logging={"every_steps": 1, "json_file": "m.jsonl"}
     )
     proc = start(config)
-    wait_for(lambda: logged_steps(out / "m.jsonl") >= 3)
+    wait_for(lambda: logged_steps(out / "m.jsonl") >= 3, proc)
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = communicate(proc)
     assert proc.returncode == code, stderr
     assert "resume with: speedtronic train -c" in stderr and "--resume" in stderr
     assert "Traceback" not in stderr
@@ -73,10 +72,10 @@ def test_second_ctrl_c_aborts_at_once_and_keeps_the_last_good_checkpoint(tiny, t
     out = tmp_path / "run"
     config = write_config(tiny, out, run={"max_steps": 100000}, checkpoint={"interval": 1})
     proc = start(config)
-    wait_for(lambda: (out / "checkpoints" / "latest.json").exists())
+    wait_for(lambda: (out / "checkpoints" / "latest.json").exists(), proc)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = communicate(proc)
     assert proc.returncode == 130, stderr
     path = find_latest(out / "checkpoints", log=pytest.fail)
     assert path is not None and load_checkpoint(path).meta["step"] >= 1
@@ -86,7 +85,7 @@ def kill_then_resume(config: Path, after_steps: int, delay: float, checkpoint: d
     """Start training, SIGKILL it ``delay`` s after step ``after_steps`` is logged, resume."""
     out = Path(yaml.safe_load(config.read_text())["run"]["output_dir"])
     proc = start(config)
-    wait_for(lambda: logged_steps(out / "m.jsonl") >= after_steps or proc.poll() is not None)
+    wait_for(lambda: logged_steps(out / "m.jsonl") >= after_steps or proc.poll() is not None, proc)
     time.sleep(delay)  # lands anywhere in the next step or its checkpoint save
     proc.kill()
     proc.wait()

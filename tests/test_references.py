@@ -15,9 +15,9 @@ import importlib.util
 import inspect
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
+import proc_support
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,9 +142,7 @@ def shell(program: str, script: str, shim: Path) -> str:
     if shutil.which(program) is None:
         pytest.skip(f"{program} is not installed")
     env = {"PATH": f"{shim}:/usr/bin:/bin", "HOME": str(shim), "TERM": "dumb"}
-    done = subprocess.run(
-        [program, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
+    done = proc_support.run([program, "-c", script], env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
