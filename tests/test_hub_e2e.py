@@ -221,13 +221,20 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     assert sum(r[2] + r[3] for r in rounds) == 0, rounds
 
     # One commit each, nothing committed twice: the repo's first, the README, every upload
-    # and every publish (outer step 0 at start, then one per round)
+    # and every publish (outer step 0 at start, then one per round). A publish that failed
+    # (the faults; on a loaded machine also the workers' uploads moving the head under it
+    # until it gives up) is retried at the next poll, or superseded by the next round's:
+    # then that outer step is never published, and only then (seen under load).
     commits = stats["commits"][REPO]
-    publishes = 1 + len(rounds)
+    steps = [int(s) for c in commits for s in re.findall(r": publish outer step (\d+)$", c)]
+    assert len(steps) == len(set(steps)) and steps == sorted(steps), commits
+    assert steps[0] == 0 and steps[-1] == published["outer_step"] == rounds[-1][0], commits
+    failed = (tmp_path / "master.log").read_text().count("diloco master: poll failed (")
+    assert 0 <= 1 + len(rounds) - len(steps) <= failed, (steps, rounds, failed)
+    publishes = len(steps)
     assert len(commits) == 2 + uploads + publishes == len(history), commits
     deltas = [c for c in commits if ": delta " in c]
     assert len(deltas) == len(set(deltas)) == uploads, commits
-    assert sum(": publish outer step " in c for c in commits) == publishes, commits
     # ... and within the budget the transport computes for this cadence over the training
     # time (of the slower worker): one upload per inner loop and one publish per delta
     end = max((events(tmp_path, w, "run_end")[0] for w in WORKERS), key=lambda e: e["elapsed_s"])

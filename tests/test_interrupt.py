@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import proc_support
 import pytest
 import torch
 import yaml
@@ -129,3 +130,49 @@ def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp
     during = [n for n in resumed_from if "at step 24" not in n]  # not after training ended
     from_checkpoint = [n for n in during if "resumed from" in n]
     assert len(during) >= 7 and len(from_checkpoint) >= 5, resumed_from
+
+
+# A wrapper round the JSONL file that raises SIGTERM inside a write, as a signal that arrives
+# while the logger holds its lock and writes a line (under load, the likely moment).
+SIGNAL_MID_WRITE = """
+import json, signal, sys
+from speedtronic import metrics
+from speedtronic.runtime import train_from_config
+
+real_open = metrics._open_append
+
+class SignalMidWrite:
+    def __init__(self, handle):
+        self.handle, self.writes = handle, 0
+
+    def write(self, text):
+        self.writes += 1
+        if self.writes == 3:
+            signal.raise_signal(signal.SIGTERM)  # its Python handler runs before we return
+        return self.handle.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+def opening(path, *args):
+    handle = real_open(path, *args)
+    return SignalMidWrite(handle) if str(path).endswith(".jsonl") else handle
+
+metrics._open_append = opening
+result = train_from_config(json.loads(sys.argv[1]), console=False)
+print(result.status, result.signal)
+"""
+
+
+def test_a_signal_during_a_log_write_stops_the_run_instead_of_hanging_it(tiny, tmp_path):
+    # The handler used to log its notice itself: inside the logger's lock, on the same thread,
+    # it waited for that lock forever (found under load: a SIGTERM'd run hung for an hour).
+    out = tmp_path / "run"
+    write_config(tiny, out, run={"max_steps": 100000}, logging={"every_steps": 1})
+    tiny["logging"]["json_file"] = "m.jsonl"
+    command = [sys.executable, "-c", SIGNAL_MID_WRITE, json.dumps(tiny)]
+    done = proc_support.run(command, env=quiet_env())  # a hang fails it, after STALL_S
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted", str(int(signal.SIGTERM))]
+    notices = [json.loads(line).get("message", "") for line in (out / "m.jsonl").open()]
+    assert any(n.startswith("received SIGTERM: stopping after step ") for n in notices)
