@@ -13,6 +13,7 @@ import json
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -343,20 +344,26 @@ def test_help_documents_the_options_but_not_the_test_knobs():
 # ---- timing primitives and the shared raw loop -------------------------------------------
 
 
-def test_repeat_timed_times_blocks_that_fill_the_budget():
+def test_repeat_timed_times_blocks_that_fill_the_budget(monkeypatch):
     import torch
 
-    calls = []
+    from speedtronic.bench import probes
+
+    # A simulated clock: each call "takes" 2 ms of wall time and no CPU, exactly.
+    # time.sleep(0.002) oversleeps on a loaded machine, which changed n (issue 21).
+    now, calls = [0.0], []
+    clock = SimpleNamespace(perf_counter=lambda: now[0], process_time=lambda: 0.0)
+    monkeypatch.setattr(probes, "time", clock)
 
     def step():
         calls.append(1)
-        time.sleep(0.002)
+        now[0] += 0.002
 
     n, blocks, share = repeat_timed(step, torch.device("cpu"), seconds=0.06, repeats=3)
-    assert 3 <= n <= 10 and len(blocks) == 3  # 0.02 s per block of >= 2 ms calls
-    assert all(b >= n * 0.002 for b in blocks)  # a block is n calls, never fewer
+    assert n == 10 and len(blocks) == 3  # 0.02 s per block of 2 ms calls
+    assert all(b == pytest.approx(n * 0.002) for b in blocks)  # a block is n calls
     assert len(calls) > 3 * n  # the warm-up calls were made but not timed
-    assert 0 <= share < 0.5  # sleeping uses no CPU: a share far below 1
+    assert share == 0  # sleeping uses no CPU: a share far below 1
 
 
 def test_overhead_benchmark_shares_the_raw_loop():

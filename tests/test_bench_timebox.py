@@ -7,7 +7,6 @@ so an "emulated bf16" is simulated the same way on a CPU with AMX as on an AVX2-
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import torch
@@ -99,7 +98,16 @@ def test_slow_steps_get_fewer_warm_up_steps_and_rounds(tiny):
 
 
 def test_rounds_stop_at_the_budget_when_steps_turn_out_slower(monkeypatch):
-    monkeypatch.setattr(raw, "run_trainer", lambda runtime, steps: time.sleep(0.05 * steps))
+    # A simulated clock: each step "takes" 0.05 s exactly. time.sleep(0.05) overslept to 0.08 s
+    # on a loaded machine and the rounds stopped one early (issue 21).
+    now = [0.0]
+
+    def steps_of_50_ms(runtime, steps):
+        now[0] += 0.05 * steps
+
+    clock = SimpleNamespace(perf_counter=lambda: now[0], process_time=lambda: now[0])
+    monkeypatch.setattr(raw, "time", clock)
+    monkeypatch.setattr(raw, "run_trainer", steps_of_50_ms)
     runtime = SimpleNamespace(
         precision=SimpleNamespace(device=CPU, mode="bf16"),
         config=SimpleNamespace(tokens_per_step=128, run=SimpleNamespace(name="slow")),
