@@ -8,8 +8,13 @@ from torch import nn
 from speedtronic import SpeedtronicConfig, register_model
 from speedtronic.runtime import train_from_config
 
-# 1. The same run as `speedtronic train`: the embedded smoke config.
-config = SpeedtronicConfig.default()
+# 1. The same run as `speedtronic train`: the embedded smoke config. In a directory of its own
+#    (runs/smoke may hold your `speedtronic train`), replaced each time this example runs: a
+#    directory holds one run, and a fresh run refuses one that holds another unless told.
+ONE_RUN_EACH_TIME = ["checkpoint.overwrite=true"]
+config = SpeedtronicConfig.load(
+    SpeedtronicConfig.default(), ["run.output_dir=runs/example-smoke", *ONE_RUN_EACH_TIME]
+)
 result = train_from_config(config)
 print(f"reference model: {result.steps} steps, final loss {result.final_loss:.4f}")
 
@@ -40,7 +45,8 @@ custom = SpeedtronicConfig.from_dict(
         "data": {"micro_batch_size": 16, "target_batch_size": 32, "seq_len": 64},
         "optimizer": {"lr": 3e-3},
         "logging": {"every_steps": 20},
-    }
+    },
+    ONE_RUN_EACH_TIME,
 )
 result = train_from_config(custom)
 print(f"custom model: {result.steps} steps, final loss {result.final_loss:.4f}")

@@ -147,7 +147,8 @@ def anchor(heading: str) -> str:
 
 def config_keys() -> list[tuple[str, str, Any, str, str]]:
     """(key, type, default, rule, meaning) for every key, in the order of the sections."""
-    from speedtronic.config.sections import CHECKED, DOCS, SCALARS, SECTIONS
+    from speedtronic.config.key_docs import CHECKED, DOCS
+    from speedtronic.config.sections import SCALARS, SECTIONS
 
     rows = []
     for section, cls in SECTIONS.items():
@@ -169,7 +170,7 @@ def config_keys() -> list[tuple[str, str, Any, str, str]]:
 
 def reference_model_keys() -> list[tuple[str, str, Any, str, str]]:
     """The same for reference_transformer's own keys (``model.<key>``)."""
-    from speedtronic.config.sections import REFERENCE_DOCS
+    from speedtronic.config.key_docs import REFERENCE_DOCS
     from speedtronic.model import ReferenceConfig
 
     hints = typing.get_type_hints(ReferenceConfig)

@@ -1,31 +1,22 @@
 """Speedtronic: a fast, reliable PyTorch training framework.
 
 Public API: ``SpeedtronicConfig``, ``register_model``, ``MetricLogger`` (importing them does
-not import torch), and lazily ``train_from_config`` / ``build_runtime``.
+not import torch), and ``train_from_config`` / ``build_runtime`` (which do). Every name loads
+on first use: ``speedtronic --help`` and shell completion import this package at every TAB, and
+must not pay for the config loader, YAML or torch that only a command's body needs.
 """
 
-from typing import Any
-
-from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError, SpeedtronicError
-from speedtronic.metrics import MetricLogger
-from speedtronic.registry import register_model
+from speedtronic.lazy import lazy_exports
 
 __version__ = "0.1.0"
-__all__ = [
-    "ConfigError",
-    "MetricLogger",
-    "SpeedtronicConfig",
-    "SpeedtronicError",
-    "build_runtime",
-    "register_model",
-    "train_from_config",
-]
+_EXPORTS = {
+    "MetricLogger": "metrics",
+    "SpeedtronicConfig": "config",
+    "build_runtime": "runtime",
+    "register_model": "registry",
+    "train_from_config": "runtime",
+}
+__all__ = ["ConfigError", "SpeedtronicError", *sorted(_EXPORTS)]
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("train_from_config", "build_runtime"):
-        from speedtronic import runtime
-
-        return getattr(runtime, name)
-    raise AttributeError(f"module 'speedtronic' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

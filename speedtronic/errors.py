@@ -35,6 +35,11 @@ class CheckpointError(SpeedtronicError):
     """A checkpoint that cannot be written, read or trusted (exit 1)."""
 
 
+class OutputError(SpeedtronicError):
+    """A file the run writes (a log, the JSONL metrics, TensorBoard events) cannot be written
+    (exit 1). The message names the config key and the file: a full disk says which one."""
+
+
 class TrainingError(SpeedtronicError):
     """Training cannot continue, e.g. too many non-finite losses in a row (exit 1)."""
 

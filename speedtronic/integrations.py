@@ -17,19 +17,24 @@ TensorBoard takes the step axis as each scalar's step. W&B logs one row per even
 axes with ``define_metric`` (``train/step``, ``diloco_round/outer_step``), because its own
 ``_step`` must only grow and the master's rounds arrive from another thread on another axis.
 Neither hook flushes per event: both hand the values to their package's background writer.
+TensorBoard's writer reports a failed write (a full disk) at the next call; the hook turns it
+into an ``OutputError`` naming ``logging.hooks`` and the directory, which the logger reports
+as a failed hook and disables, as for any hook.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, OutputError
 
 INSTALL = "pip install 'speedtronic[logging]'"
 
@@ -68,22 +73,25 @@ class TensorBoardHook:
     def __init__(self, log_dir: str | Path | None = None):
         require("tensorboard", "tensorboard", via="torch.utils.tensorboard")
         self.log_dir, self.writer = log_dir, None
+        self.where: Path | None = None  # the event files' directory, once the run has started
         self._lock = threading.Lock()  # the DiLoCo master logs its rounds from its own thread
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         if event == "run_start":
             self.close()  # an instance reused for a second run starts a new event file
-            writer = _summary_writer(self.log_dir or Path(payload["output_dir"]) / "tensorboard")
+            self.where = Path(self.log_dir or Path(payload["output_dir"]) / "tensorboard")
+            with self._io_errors_named():
+                writer = _summary_writer(self.where)
             with self._lock:
                 self.writer = writer
             # The writer's thread is a daemon: at exit it dies with the events still queued (and,
             # on remote file systems, all since its 2-minute flush), the steps before a crash.
-            atexit.register(self.close)
+            atexit.register(self._close_at_exit)
         elif event == "run_end":
             self.close()
         else:
             found = scalars(event, payload)
-            with self._lock:
+            with self._lock, self._io_errors_named():
                 if found is None or self.writer is None:
                     return
                 step, values = found
@@ -94,8 +102,31 @@ class TensorBoardHook:
         with self._lock:
             writer, self.writer = self.writer, None
         if writer is not None:
-            atexit.unregister(self.close)
-            writer.close()
+            atexit.unregister(self._close_at_exit)
+            with self._io_errors_named():
+                writer.close()
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except OutputError as exc:  # too late to stop anything: say which files lost events
+            print(f"speedtronic: error: {exc}", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def _io_errors_named(self) -> Iterator[None]:
+        """An OSError of the writer (raised by the call after its thread failed) names the key
+        and the directory: the OS's own message names neither. The writer is dropped: the
+        logger disables the hook, and exit must not report the same failure again."""
+        try:
+            yield
+        except OSError as exc:
+            if self.writer is not None:
+                self.writer = None
+                atexit.unregister(self._close_at_exit)
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            raise OutputError(
+                f"logging.hooks: tensorboard: cannot write events in {self.where}: {reason}"
+            ) from None
 
 
 class WandbHook:

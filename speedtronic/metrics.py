@@ -7,7 +7,8 @@ Sinks write them (stdout lines, a text file, JSONL) and hooks receive them (call
 ``hook(event, payload)`` or objects with ``on_event``). A hook that raises is reported once
 and disabled, never fatal. ``event_record`` is the one JSON form of an event, versioned
 (``EVENT_SCHEMA_VERSION``, docs/events.md): the JSONL file and ``train --log-format json``
-both write it.
+both write it. A log file that cannot be written (a full disk) stops the run with an
+``OutputError`` naming the config key and the file, raised on the main thread.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, OutputError
 
 Hook = Callable[[str, dict[str, Any]], None]
 
@@ -40,6 +41,8 @@ RENAMED = {
     "total_bytes_down": "total_downloaded_bytes",
     "seconds": "elapsed_s",
 }
+# The config keys of the log files, named by every error about them.
+TEXT_KEY, JSON_KEY = "logging.file", "logging.json_file"
 # logging.level filters the plain lines (console, text file); JSONL and hooks get every event.
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_LEVELS = {"warning": LEVELS["warning"]}  # every other event is info
@@ -93,10 +96,12 @@ class MetricLogger:
         self.console = console
         self.min_level = LEVELS[level]
         self.stream = stream
-        self._text = _open_append(file)
+        self.text_path = Path(file) if file is not None else None
+        self._text = _open_append(file, TEXT_KEY)
         self.json_path = Path(json_file) if json_file is not None else None
-        self._json = _open_append(json_file)
+        self._json = _open_append(json_file, JSON_KEY)
         self._lock = threading.Lock()  # DumbDiLoCo logs from its threads too
+        self._failure: OutputError | None = None  # a sink that failed, for the main thread
         self.hooks: list[Hook] = [_as_callable(h) for h in hooks or []]
 
     def add_hook(self, hook: Any) -> None:
@@ -108,11 +113,11 @@ class MetricLogger:
             print(line, file=self.stream or sys.stdout, flush=True)
         with self._lock:
             if self._text and line:
-                self._text.write(line + "\n")
-                self._text.flush()
+                self._text = self._write(self._text, line, TEXT_KEY, self.text_path)
             if self._json:
-                self._json.write(record_line(event, payload) + "\n")
-                self._json.flush()
+                self._json = self._write(
+                    self._json, record_line(event, payload), JSON_KEY, self.json_path
+                )
         for hook in list(self.hooks):
             try:
                 hook(event, payload)
@@ -127,6 +132,30 @@ class MetricLogger:
                         f"disabled: {type(exc).__name__}: {exc}"
                     },
                 )
+        self._raise_failure()
+
+    def _write(self, handle: IO[str], line: str, key: str, path: Path | None) -> IO[str] | None:
+        """Write and flush one line; on an OSError close the sink and keep the error to raise.
+
+        The sink is dropped so that the run's last words (the error, a final checkpoint's
+        event) can still reach the other sinks; what it held before stays as written.
+        """
+        try:
+            handle.write(line + "\n")
+            handle.flush()
+            return handle
+        except OSError as exc:
+            _close_quietly(handle)
+            if self._failure is None:
+                self._failure = OutputError(f"{key}: cannot write {path}: {_reason(exc)}")
+            return None
+
+    def _raise_failure(self) -> None:
+        """Raise a sink's failure on the main thread (a DiLoCo thread logging must not die of
+        it: the main thread's next event stops the run, and says which file)."""
+        if self._failure is not None and threading.current_thread() is threading.main_thread():
+            failure, self._failure = self._failure, None
+            raise failure
 
     def warn(self, message: str) -> None:
         self.log("warning", {"message": message})
@@ -137,29 +166,43 @@ class MetricLogger:
     def drop_records_after(self, step: int) -> None:
         """Remove JSONL records of steps after ``step`` (logged before a crash, redone on resume).
 
-        The file is rewritten atomically and reopened, so a kill here loses nothing.
+        The file is rewritten atomically and reopened, so a kill here loses nothing. Only a
+        regular file is: the rename would replace a device such as /dev/null with a file.
         """
-        if self._json is None or self.json_path is None:
+        if self._json is None or self.json_path is None or not self.json_path.is_file():
             return
         self._json.close()
         kept = []
-        for line in self.json_path.read_text(encoding="utf-8").splitlines(keepends=True):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if not (isinstance(record.get("step"), int) and record["step"] > step):
-                kept.append(line)
         tmp = self.json_path.with_name(self.json_path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.json_path)
-        self._json = _open_append(self.json_path)
+        try:
+            for line in self.json_path.read_text(encoding="utf-8").splitlines(keepends=True):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+                if not (isinstance(record.get("step"), int) and record["step"] > step):
+                    kept.append(line)
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.json_path)
+        except OSError as exc:  # the original is intact: the rewrite goes to a sibling first
+            tmp.unlink(missing_ok=True)
+            raise OutputError(
+                f"{JSON_KEY}: cannot rewrite {self.json_path}: {_reason(exc)}"
+            ) from None
+        self._json = _open_append(self.json_path, JSON_KEY)
 
     def close(self) -> None:
-        for handle in (self._text, self._json):
-            if handle:
-                handle.close()
+        sinks = ((self._text, TEXT_KEY, self.text_path), (self._json, JSON_KEY, self.json_path))
         self._text = self._json = None
+        failure = None
+        for handle, key, path in sinks:
+            try:
+                if handle:
+                    handle.close()  # flushes: a full disk can show here first
+            except OSError as exc:
+                failure = failure or OutputError(f"{key}: cannot write {path}: {_reason(exc)}")
+        if failure is not None:
+            raise failure
 
 
 def shown_at(event: str, min_level: int) -> bool:
@@ -256,7 +299,7 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
     return ""
 
 
-def _open_append(path: str | Path | None) -> IO[str] | None:
+def _open_append(path: str | Path | None, key: str) -> IO[str] | None:
     if path is None:
         return None
     path = Path(path)
@@ -264,7 +307,19 @@ def _open_append(path: str | Path | None) -> IO[str] | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.open("a", encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot open log file {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{key}: cannot open log file {path}: {_reason(exc)}") from None
+
+
+def _reason(exc: OSError) -> str:
+    """The OS's words ("No space left on device"), without the errno and path noise."""
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _close_quietly(handle: IO[str]) -> None:
+    try:
+        handle.close()
+    except OSError:
+        pass  # the write that failed already said why
 
 
 def _as_callable(hook: Any) -> Hook:

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from speedtronic.config.sections import is_stdlib_module
 from speedtronic.errors import ConfigError
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
@@ -115,16 +116,11 @@ def _require_model_factory(name: str, target: Any) -> None:
             "function; an import path must name a model class or a factory function"
         )
     module = getattr(target, "__module__", None) or "builtins"
-    if _is_stdlib(module):
+    if is_stdlib_module(module):
         raise ConfigError(
             f"model.name: {name!r} is defined in the standard library ({module}), so it is not "
             "a model factory; name a model class or factory function of your own"
         )
-
-
-def _is_stdlib(module: str) -> bool:
-    top = module.partition(".")[0]
-    return top == "builtins" or top in sys.stdlib_module_names
 
 
 def build_model(name: str, params: dict[str, Any], imports: list[str] | None = None) -> Any:

@@ -16,9 +16,10 @@ from torch import nn
 
 from speedtronic import parallel
 from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
+from speedtronic.checkpoint.start import check_fresh_start, clear_checkpoints, held_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
 from speedtronic.optim import build_optimizer, build_scheduler
@@ -178,9 +179,13 @@ def _clear_locals(exc: BaseException | None) -> None:
 
 
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
+    # Rank 0 alone: it is the one that writes checkpoints, and the others must not race it.
+    cleared = prepare_output(config) if parallel.is_main_process() else None
     runtime = build_runtime(config, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     try:
+        if cleared:
+            logger.notice(cleared)
         if runtime.config.checkpoint.resume:
             resume_run(runtime, runtime.checkpoints)
         logger.log("run_start", runtime.facts())
@@ -204,6 +209,47 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()
         logger.close()
+
+
+def prepare_output(config: SpeedtronicConfig) -> str | None:
+    """Make sure a fresh run does not land on another run's checkpoints (issue 21).
+
+    Resuming uses what is there. A fresh run in a directory holding a run is refused, unless
+    ``checkpoint.overwrite`` says to delete that run first: its checkpoints, and the text and
+    JSONL logs this config writes in the output directory, which describe it (a log file
+    elsewhere may be shared, and a device such as /dev/null is never a run's). Returns the
+    notice to log, if any.
+    """
+    held = held_run(config.checkpoint_dir)
+    if config.checkpoint.resume or held is None:
+        return None
+    if not config.checkpoint.overwrite:  # name the key the user set the place with
+        if config.checkpoint.directory is not None:
+            check_fresh_start(held, "checkpoint.directory", config.checkpoint_dir)
+        else:
+            check_fresh_start(held, "run.output_dir", config.output_dir)
+    notice = clear_checkpoints(held)
+    for key, name in (
+        ("logging.file", config.logging.file),
+        ("logging.json_file", config.logging.json_file),
+    ):
+        path = _in_output(config, name)
+        if path is not None and path.is_file() and _inside(path, config.output_dir):
+            _remove_log(path, key)
+    return notice
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def _remove_log(path: Path, key: str) -> None:
+    try:
+        path.unlink()
+    except OSError as exc:
+        raise OutputError(
+            f"{key}: --overwrite could not delete {path}: {exc.strerror or exc}"
+        ) from exc
 
 
 def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLogger:

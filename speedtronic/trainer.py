@@ -103,7 +103,7 @@ class Trainer:
             return self._result(start, start_tokens, "at_target")
         self._call_plugins("on_train_start", self)
         status = "completed"
-        with self._signals():  # also covers the final save: a first Ctrl-C there waits for it
+        with self._signals() as guard:  # also covers the final save: a first Ctrl-C waits
             while status == "completed" and self.step < self.options.max_steps:
                 loss, grad_norm = self.train_step(self.step_log.window)
                 if self.step_log.due(self.step):
@@ -111,6 +111,7 @@ class Trainer:
                 if "stop" in self._call_plugins("after_optimizer_step", self):
                     status = "stopped"
                 if self._stop_signal is not None:
+                    guard.announce()
                     status = "interrupted"
             result = self._result(start, start_tokens, status)
             self._call_plugins("on_train_end", self, result)
@@ -299,10 +300,17 @@ class Trainer:
 
 
 class _SignalGuard:
-    """First SIGINT/SIGTERM: stop after this step. Second SIGINT: abort at once."""
+    """First SIGINT/SIGTERM: stop after this step. Second SIGINT: abort at once.
+
+    The handler only records the signal; the loop announces it once the step is done. A
+    handler runs between two bytecodes of the main thread, which may hold the logger's lock:
+    logging from it deadlocked (a SIGTERM during a JSONL write hung a run for good).
+    """
 
     def __init__(self, trainer: Trainer):
         self.trainer, self.previous = trainer, {}
+        self.caught: int | None = None
+        self.announced = False
 
     def __enter__(self) -> _SignalGuard:
         if threading.current_thread() is threading.main_thread():
@@ -313,11 +321,17 @@ class _SignalGuard:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.trainer._stop_signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        self.caught = signum
         self.trainer.request_stop(signum)
-        name = signal.Signals(signum).name
+
+    def announce(self) -> None:
+        """Say, once, which signal stops the run (from the loop, never from the handler)."""
+        if self.caught is None or self.announced:
+            return
+        self.announced = True
         self.trainer.logger.notice(
-            f"received {name}: stopping after the current step "
-            "(press Ctrl-C again to abort at once)"
+            f"received {signal.Signals(self.caught).name}: stopping after step "
+            f"{self.trainer.step} (press Ctrl-C again to abort at once)"
         )
 
     def __exit__(self, *exc: Any) -> None:
@@ -328,6 +342,9 @@ class _SignalGuard:
 class _NullGuard:
     def __enter__(self) -> _NullGuard:
         return self
+
+    def announce(self) -> None:
+        """A DDP group's agreed stop is announced by its own hooks (speedtronic.parallel)."""
 
     def __exit__(self, *exc: Any) -> None:
         return None

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import proc_support
 import pytest
 import torch
 from torch import nn
@@ -343,14 +343,7 @@ def test_inspect_verify_does_not_import_torch(tmp_path):
         "print(json.dumps(sorted(m for m in ('torch', 'safetensors') if m in sys.modules)))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    result = proc_support.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
 

@@ -1,9 +1,10 @@
 """Resume never silently starts over, and nothing deletes damaged checkpoints.
 
 End to end through ``train_from_config`` and ``speedtronic train``: a resume that finds only
-unusable checkpoints stops (exit 1) listing each and deletes nothing; an explicitly fresh run
-leaves them alone too; a trainer state of the wrong shape is a damaged checkpoint that resume
-falls back from; one that fits the shape but not the run is a clear error, not a traceback.
+unusable checkpoints stops (exit 1) listing each and deletes nothing; a fresh run is refused
+there and changes nothing, unless --overwrite says to replace them; a trainer state of the
+wrong shape is a damaged checkpoint that resume falls back from; one that fits the shape but
+not the run is a clear error, not a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from speedtronic.checkpoint import load_checkpoint, save_checkpoint
 from speedtronic.cli.app import app
-from speedtronic.errors import CheckpointError
+from speedtronic.errors import CheckpointError, ConfigError
 from speedtronic.runtime import train_from_config
 
 runner = CliRunner()
@@ -69,7 +70,8 @@ def test_resume_with_only_damaged_checkpoints_stops_and_deletes_nothing(damaged_
     for name, reason in reasons:
         assert f"checkpoint {name} {reason}" in message
     hint = info.value.hint
-    assert "--resume" in hint and "checkpoint.resume=false" in hint and f"move {ckpts}" in hint
+    assert "--overwrite" in hint and "checkpoint.overwrite: true" in hint
+    assert f"move {ckpts}" in hint
     assert snapshot(ckpts) == before  # nothing trained, saved, replaced or retained away
 
 
@@ -84,12 +86,14 @@ def test_cli_resume_with_only_damaged_checkpoints_exits_1_listing_each(damaged_r
     assert lines[0].startswith(f"speedtronic: error: no usable checkpoint in {ckpts}")
     for (name, reason), line in zip(reasons, lines[1:4], strict=True):
         assert line.startswith("speedtronic: error: ") and f"{name} {reason}" in line
-    assert lines[4].startswith("hint: nothing was deleted") and "without --resume" in lines[4]
+    assert lines[4].startswith("hint: nothing was deleted") and "--overwrite" in lines[4]
     assert "Traceback" not in result.stderr
     assert snapshot(ckpts) == before
 
 
-def test_fresh_run_retention_leaves_damaged_checkpoints_alone(tiny, tmp_path):
+def test_a_fresh_run_over_damaged_checkpoints_changes_nothing_unless_told(tiny, tmp_path):
+    # Retention's own rule (this run's complete checkpoints only) is tested in
+    # test_checkpoint_damage; here, a fresh run never gets to mix with the damaged run.
     tiny["run"]["max_steps"] = 3
     tiny["checkpoint"] = {"interval": 1}
     train_from_config(tiny, console=False)
@@ -97,20 +101,15 @@ def test_fresh_run_retention_leaves_damaged_checkpoints_alone(tiny, tmp_path):
     for step in (1, 2, 3):
         truncate(ckpts / f"step_000000000{step}" / "model.safetensors")
     before = snapshot(ckpts)
-    # Starting over without --resume is the explicit choice. Its step 2 replaces the old
-    # step 2 (same name), but keep_last=1 must only ever delete the new run's complete ones.
     tiny["run"]["max_steps"] = 4
     tiny["checkpoint"] = {"interval": 2, "keep_last": 1}
+    with pytest.raises(ConfigError, match="already holds a run .3 checkpoints, steps 1 to 3"):
+        train_from_config(tiny, console=False)
+    assert snapshot(ckpts) == before
+    # --overwrite is the explicit choice: the damaged run goes, the new one is alone
+    tiny["checkpoint"]["overwrite"] = True
     train_from_config(tiny, console=False)
-    assert sorted(p.name for p in ckpts.glob("step_*")) == [
-        "step_0000000001",
-        "step_0000000003",
-        "step_0000000004",
-    ]
-    after = snapshot(ckpts)
-    for key, data in before.items():
-        if key.startswith(("step_0000000001", "step_0000000003")):
-            assert after[key] == data, key
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_0000000004"]
 
 
 def rewrite_newest(ckpts: Path, change) -> None:

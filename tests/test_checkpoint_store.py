@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import proc_support
 import pytest
 import torch
 from safetensors import safe_open
@@ -456,14 +457,7 @@ def test_inspect_does_not_import_torch(tmp_path):
         "print(json.dumps(heavy))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-    )
+    result = proc_support.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
+import proc_support
 import pytest
 import yaml
+from proc_support import quiet_env
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
@@ -130,23 +131,20 @@ def test_custom_model_by_import_path_from_yaml(tiny, tmp_path, monkeypatch):
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "speedtronic", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
+    # waited for by its progress, not a clock: on a loaded machine a run takes minutes
+    return proc_support.run([sys.executable, "-m", "speedtronic", *args], env=quiet_env(env))
 
 
 def test_help_lists_only_implemented_commands_and_skips_torch():
+    # Nor what only a command's body needs: the config loader and YAML, Rich (issue 21: --help
+    # and every TAB of shell completion pay for whatever the app imports)
+    heavy = ("torch", "safetensors", "huggingface_hub", "speedtronic.config", "yaml", "rich")
     code = (
         "import sys; from speedtronic.cli.app import app; from typer.testing import CliRunner;"
         "r = CliRunner().invoke(app, ['--help']); print(r.stdout);"
-        "print('HEAVY', [m for m in ('torch', 'safetensors', 'huggingface_hub') "
-        "if m in sys.modules])"
+        f"print('HEAVY', [m for m in {heavy!r} if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    out = proc_support.run([sys.executable, "-c", code]).stdout
     assert "HEAVY []" in out
     commands = out.split("Commands")[-1]
     for command in ("train", "validate", "ckpt", "data", "hub"):
@@ -163,8 +161,9 @@ def test_real_process_exit_code_and_debug_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_run_learns():
-    result = run_cli("train", "--max-steps", "40", "--output-dir", "/tmp/speedtronic-default")
+def test_default_run_learns(tmp_path):
+    # its own directory: two suites running at once shared /tmp/speedtronic-default
+    result = run_cli("train", "--max-steps", "40", "--output-dir", str(tmp_path / "default"))
     assert result.returncode == 0, result.stderr
     losses = [
         float(line.split("loss ")[1].split()[0])

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+import proc_support
 import pytest
 from typer.testing import CliRunner
 
@@ -235,7 +235,8 @@ def test_status_reports_steps_nodes_and_budgets():
         "",
     )
     report = hub_admin.RepoWatcher(fake).status()
-    assert report["outer_step"] == 7 and 119 <= report["age_s"] <= 125
+    late = time.time() - published - 120 + 1  # what the machine's slowness added, and a second
+    assert report["outer_step"] == 7 and 119 <= report["age_s"] <= 120 + late
     assert report["commits_1h"] == 2 and report["commits_limit_1h"] == 128
     assert report["pending_deltas"] == 2 and report["size_bytes"] > 15
     a, b = report["nodes"]
@@ -243,7 +244,7 @@ def test_status_reports_steps_nodes_and_budgets():
     assert a["staleness_steps"] == 3 and a["tokens"] == 9 and a["last_delta_age_s"] >= 119
     assert (b["node_id"], b["pending_deltas"], b["pending_bytes"]) == ("node-b", 2, 15)
     assert b["base_outer_step"] is None and b["staleness_steps"] is None
-    assert b["newest_pending_age_s"] < 5 and b["last_delta_at"] == b["newest_pending_at"]
+    assert b["newest_pending_age_s"] < late and b["last_delta_at"] == b["newest_pending_at"]
     assert report["problems"] == ["1 file(s) under nodes/ are not deltas: ignored"]
     assert report["api_calls_5min"] == len(fake.log) == 7  # 2 commits + 5 calls of status
 
@@ -396,12 +397,13 @@ def test_cli_status_json_and_table(emu):
     result = hub("status", "alice/run", "--format", "json")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["outer_step"] == 5 and 59 <= report["age_s"] < 90
+    late = time.time() - now + 1  # a loaded machine's delay is not the code's: bound by it
+    assert report["outer_step"] == 5 and 59 <= report["age_s"] <= 60 + late
     assert report["commits_1h"] >= 2 and report["size_bytes"] > 100
     assert report["api_calls_5min"] >= 1 and report["pending_deltas"] == 1
     a, b = report["nodes"]
     assert a == {**a, "node_id": "node-a", "base_outer_step": 3, "staleness_steps": 2}
-    assert b["node_id"] == "node-b" and b["pending_bytes"] == 100 and b["last_delta_age_s"] < 90
+    assert b["node_id"] == "node-b" and b["pending_bytes"] == 100 and b["last_delta_age_s"] < late
     text = hub("status", "alice/run")
     assert text.exit_code == 0 and "node-a" in text.stdout and "node-b" in text.stdout
     assert "outer step 5" in text.stdout
@@ -452,13 +454,7 @@ def test_the_real_process_exits_with_the_codes_and_never_imports_torch(emu):
         "try:\n    main()\nfinally:\n"
         "    print('HEAVY', [m for m in ('torch', 'safetensors') if m in sys.modules])"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=60,
-    )
+    out = proc_support.run([sys.executable, "-c", code], env=dict(os.environ))
     assert out.returncode == 3, out.stderr
     assert "carol: manual step" in out.stdout and "HEAVY []" in out.stdout
     assert TOKEN not in out.stdout + out.stderr

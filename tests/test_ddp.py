@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import proc_support
 import pytest
 import torch
 from ddp_support import free_port, run_ranks
@@ -300,7 +301,7 @@ def test_a_dead_rank_takes_the_group_down_within_the_timeout(ddp_config, tmp_pat
     """No launcher to kill the survivor: the group timeout and the broken link must."""
     ddp_config["run"]["group_timeout_s"] = 20
     ddp_config["run"]["max_steps"] = 50
-    port, started = free_port(), time.monotonic()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RANK_SCRIPT, str(rank), str(port), json.dumps(ddp_config)],
@@ -311,9 +312,12 @@ def test_a_dead_rank_takes_the_group_down_within_the_timeout(ddp_config, tmp_pat
         )
         for rank in range(2)
     ]
-    codes = [p.wait(timeout=120) for p in procs]
-    assert codes[1] == 3, procs[1].stderr.read()[-2000:]  # the one that died
-    assert codes[0] != 0 and time.monotonic() - started < 60  # the survivor did not hang
+    # Waited for by progress, and timed from the death, not the start: on a loaded machine
+    # the start-up alone can take a minute
+    assert proc_support.wait(procs[1]) == 3, procs[1].stderr.read()[-2000:]  # the one that died
+    died = time.monotonic()
+    assert proc_support.wait(procs[0]) != 0  # the survivor did not hang...
+    assert time.monotonic() - died < 5 * ddp_config["run"]["group_timeout_s"]  # ...for long
     assert procs[0].stderr.read().strip()  # and it said why
 
 

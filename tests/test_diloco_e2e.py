@@ -8,13 +8,13 @@ global's loss is below the initial weights' loss.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import proc_support
 import pytest
 import torch
 import yaml
@@ -60,7 +60,7 @@ def start(tmp_path: Path, repo: Path, role: str, node: str, steps: int, **more) 
     path = tmp_path / f"{node}.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(tmp_path / f"{node}.log", "w")  # noqa: SIM115 - closed with the process
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # three processes on two cores
+    env = proc_support.quiet_env()  # one thread each: three processes on two cores
     command = [
         sys.executable,
         "-m",
@@ -94,14 +94,16 @@ def global_loss(weights: dict[str, torch.Tensor]) -> float:
 def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
     repo = tmp_path / "repo"
     master = start(tmp_path, repo, "master", "master", steps=1, train_locally=False)
-    assert wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists()), log_of(tmp_path, "master")
+    published = wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists(), watch=master)
+    assert published, log_of(tmp_path, "master")
     initial = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())[1]
     workers = [start(tmp_path, repo, "worker", f"worker-{i}", steps=100) for i in (1, 2)]
     for i, process in enumerate(workers, 1):
-        assert process.wait(timeout=240) == 0, log_of(tmp_path, f"worker-{i}")
-    assert wait_until(lambda: not list(repo.glob("nodes/*/delta_*.safetensors")))  # consumed
+        assert proc_support.wait(process) == 0, log_of(tmp_path, f"worker-{i}")
+    consumed = lambda: not list(repo.glob("nodes/*/delta_*.safetensors"))  # noqa: E731
+    assert wait_until(consumed, watch=master), log_of(tmp_path, "master")
     master.send_signal(signal.SIGTERM)
-    assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+    assert proc_support.wait(master) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
     step, final = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())
     assert step >= 2, log_of(tmp_path, "master")
     for name in ("worker-1", "worker-2"):
@@ -109,11 +111,17 @@ def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
     assert global_loss(final) < global_loss(initial) - 0.2  # learnt, through the global
 
 
-def wait_until(condition, timeout: float = 60.0) -> bool:
+def wait_until(condition, timeout: float = 60.0, watch: subprocess.Popen | None = None) -> bool:
+    """Whether ``condition()`` came true. With ``watch``, no clock: wait while that process
+    runs and shows progress (``proc_support``), so a loaded machine only makes it slower;
+    without, for ``timeout`` seconds (for in-process conditions)."""
+    progress = proc_support.Progress(watch) if watch is not None else None
     deadline = time.monotonic() + timeout
     while not condition():
-        if time.monotonic() > deadline:
+        if progress is None and time.monotonic() > deadline:
             return False
+        if progress is not None and (watch.poll() is not None or progress.stalled()):
+            return condition()
         time.sleep(0.05)
     return True
 

@@ -118,3 +118,10 @@ def test_a_poll_interval_far_longer_than_an_upload_is_named_with_a_better_one():
     assert "poll_interval 60 s" in advice and "about 2 s would do" in advice
     assert "f = 0.01" in advice
     assert poll_advice(poll_interval_s=3, upload_s=2.0, loop_s=150) is None
+
+
+def test_validate_fleet_default_uplink_is_the_latency_modules():
+    from speedtronic.cli.diloco_facts import Fleet
+    from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
+
+    assert Fleet().uplink_mbps == DEFAULT_UPLINK_MBPS  # a copy, so --help need not load it

@@ -12,9 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import proc_support
 import torch
 from diloco_support import Log, settings
 
@@ -56,14 +56,12 @@ def test_I3_master_killed_mid_publish_restarts_without_going_back(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
     try:
         transport = LocalTransport(repo)
-        deadline = time.monotonic() + 60
-        while transport.read_step_count() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # waited for by the child's progress, not a clock: it imports torch first
+        proc_support.wait_for(lambda: transport.read_step_count() is not None, child)
         header = DeltaHeader("node-a", 1, 0, 2, 20, "fp32", "t")
         delta = encode_delta({"weight": torch.full((1, 2), 0.5)}, header)
         transport.upload("nodes/node-a/delta_00000001.safetensors", delta)
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        proc_support.wait_for(marker.exists, child)
         assert marker.exists() and child.poll() is None
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)

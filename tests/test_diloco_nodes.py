@@ -44,7 +44,9 @@ class FakeTrainer:
         plugin.after_optimizer_step(self)
 
 
-def wait_for(condition, timeout=5.0):
+def wait_for(condition, timeout=60.0):
+    # In-process threads, done in milliseconds; the bound is only there so that a bug ends
+    # the test. Generous: a loaded machine may not schedule the thread for seconds.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

@@ -11,12 +11,12 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import subprocess
 import sys
 
+import proc_support
 import pytest
 import yaml
+from proc_support import quiet_env
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
@@ -166,8 +166,7 @@ def test_train_log_format_json_process(tiny, tmp_path):
     config.write_text(yaml.safe_dump(tiny))
     command = [sys.executable, "-m", "speedtronic", "train", "-c", str(config)]
     command += ["--max-steps", "4", "--log-format", "json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    done = proc_support.run(command, env=quiet_env())  # waited for by progress, not a clock
     assert done.returncode == 0, done.stderr
     records = parse_stream(done.stdout)
     assert [r["step"] for r in of(records, "train_step")] == [1, 2, 4]
@@ -319,10 +318,7 @@ def test_output_below_python_never_reaches_the_event_stream(tiny, tmp_path):
     config.write_text(yaml.safe_dump(tiny))
     command = [sys.executable, "-m", "speedtronic", "train", "-c", str(config)]
     command += ["--max-steps", "2", "--log-format", "json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
-    )
+    done = proc_support.run(command, env=quiet_env(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert [r["event"] for r in parse_stream(done.stdout)][-1] == "run_end"
     assert "not json" in done.stderr
@@ -335,10 +331,7 @@ def test_a_reader_closing_the_stream_stops_the_run_cleanly(tiny, tmp_path):
         f"{sys.executable} -m speedtronic train -c {config} --max-steps 100000 "
         f"--log-format json --output-dir {tmp_path / 'out'} | head -n 1"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        ["bash", "-c", script], capture_output=True, text=True, timeout=180, env=env
-    )
+    done = proc_support.run(["bash", "-c", script], env=quiet_env())
     assert json.loads(done.stdout)["event"] == "run_start"
     assert "the event stream's reader closed it; stopping" in done.stderr
     assert list((tmp_path / "out").glob("*/step_*")), done.stderr  # stopped with a checkpoint

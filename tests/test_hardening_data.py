@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import proc_support
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -92,7 +92,7 @@ def test_shrunk_token_file_is_an_error_not_a_sigbus(token_file):
             print("ERROR", exc)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = proc_support.run([sys.executable, "-c", code])
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "ERROR data.token_path: " in done.stdout and "shrank to 0 bytes" in done.stdout
 

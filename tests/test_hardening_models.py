@@ -40,8 +40,20 @@ def test_a_stdlib_callable_as_model_name_is_refused_not_run(tmp_path, command):
     config = {"model": {"name": "os:system", "command": f"touch {marker}"}}
     args = [command, "-c", write(tmp_path, config)]
     result = runner.invoke(app, [*args, "--build"] if command == "validate" else args)
-    assert_one_line_error(result, "model.name: 'os:system'", "not a class or a Python function")
+    assert_one_line_error(result, "model.name: 'os:system'", "standard library (os)")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["os:system", "subprocess:Popen", "os.path:join", "builtins:exec", "shutil:rmtree"]
+)
+def test_validate_refuses_a_stdlib_import_path_without_building_anything(tmp_path, name):
+    # Issue 21: validate (no --build) accepted os:system with exit 0 while train refused it.
+    # The rule needs only the text, so validate applies it, and without importing the module.
+    config = {"model": {"name": name, "command": "true"}}
+    result = runner.invoke(app, ["validate", "-c", write(tmp_path, config)])
+    module = name.partition(":")[0]
+    assert_one_line_error(result, f"model.name: '{name}' is in the standard library ({module})")
 
 
 @pytest.mark.parametrize(

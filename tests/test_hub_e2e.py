@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import proc_support
 import pytest
 import yaml
 from test_diloco_e2e import CONFIG, log_of, wait_until
@@ -80,13 +81,14 @@ class Emulator:
         command += ["--token", f"{TOKEN}=alice", "--token", f"{BOB}=bob", *args]
         self.log = open(tmp_path / "emulator.log", "w")  # noqa: SIM115 - closed in stop
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        assert wait_until(self.port_file.exists, 30), (tmp_path / "emulator.log").read_text()
+        started = wait_until(self.port_file.exists, watch=self.process)
+        assert started, (tmp_path / "emulator.log").read_text()
         self.url = self.port_file.read_text()
 
     def stop(self) -> dict:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        assert self.process.wait(timeout=30) == 0
+        assert proc_support.wait(self.process) == 0
         self.log.close()
         return json.loads(self.stats_file.read_text())
 
@@ -178,16 +180,18 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     try:
         master = start(tmp_path, emulator.url, "master", "master", 1, train_locally=False)
         processes.append(master)
-        assert wait_until(lambda: step_count(client) is not None, 60), log_of(tmp_path, "master")
+        up = wait_until(lambda: step_count(client) is not None, watch=master)
+        assert up, log_of(tmp_path, "master")
         phases = {"master up": time.monotonic() - began}
         processes += [start(tmp_path, emulator.url, "worker", w, STEPS) for w in WORKERS]
         for worker, process in zip(WORKERS, processes[1:], strict=True):
-            assert process.wait(timeout=120) == 0, log_of(tmp_path, worker)
+            assert proc_support.wait(process) == 0, log_of(tmp_path, worker)
         phases["workers done"] = time.monotonic() - began
-        assert wait_until(lambda: not pending_deltas(client), 60), pending_deltas(client)
+        consumed = wait_until(lambda: not pending_deltas(client), watch=master)
+        assert consumed, pending_deltas(client)
         phases["deltas consumed"] = time.monotonic() - began
         master.send_signal(signal.SIGTERM)
-        assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+        assert proc_support.wait(master) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
         published, history = step_count(client), client.commits()
     finally:
         for process in processes:
@@ -225,9 +229,11 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     # and every publish (outer step 0 at start, then at most one per round: a round whose
     # publish was still waiting when the next one came is superseded by it, never sent)
     commits = stats["commits"][REPO]
-    published_steps = [c.rsplit(" ", 1)[-1] for c in commits if ": publish outer step " in c]
-    publishes = len(published_steps)
-    assert 2 <= publishes <= 1 + len(rounds) and published_steps[-1] == str(rounds[-1][0])
+    steps = [int(s) for c in commits for s in re.findall(r": publish outer step (\d+)$", c)]
+    assert len(steps) == len(set(steps)) and steps == sorted(steps), commits
+    assert steps[0] == 0 and steps[-1] == published["outer_step"] == rounds[-1][0], commits
+    publishes = len(steps)
+    assert 2 <= publishes <= 1 + len(rounds)
     assert len(commits) == 2 + uploads + publishes == len(history), commits
     deltas = [c for c in commits if ": delta " in c]
     assert len(deltas) == len(set(deltas)) == uploads, commits
@@ -285,18 +291,16 @@ def test_a_worker_whose_token_cannot_write_stops_at_once_with_one_line(
     emulator = Emulator(tmp_path, "--token", f"{READONLY}=alice", "--readonly", READONLY)
     try:
         emulator.client(tmp_path).create_repo(private=private)
-        began = time.monotonic()
         worker = start(tmp_path, emulator.url, "worker", "worker-1", 40, token=token)
-        assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
-        took = time.monotonic() - began
+        assert proc_support.wait(worker) == 1, log_of(tmp_path, "worker-1")
     finally:
         stats = emulator.stop()
     lines = (tmp_path / "worker-1.log").read_text().splitlines()
     assert len(lines) == 1, lines  # no traceback, no hint, no retry warnings
     assert lines[0].startswith("speedtronic: error: worker-1: token cannot write to alice/run: ")
     assert why in lines[0]
-    assert took < 30  # the start-up of a python process, mostly
-    # It asked two questions (is the repo there, what may this token do) and stopped: no
+    # "At once" is counted in requests, not seconds (a loaded machine is slow, not wrong):
+    # it asked two questions (is the repo there, what may this token do) and stopped: no
     # upload, no retry loop (the request before them is the test's own create_repo)
     assert [tuple(r) for r in stats["requests"][1:]] == [ASK_REPO, ASK_TOKEN], stats["requests"]
     assert token not in (tmp_path / "worker-1.log").read_text()
@@ -306,7 +310,7 @@ def test_a_worker_on_a_missing_repo_is_told_to_run_hub_init(tmp_path):
     emulator = Emulator(tmp_path)
     try:
         worker = start(tmp_path, emulator.url, "worker", "worker-1", 40)
-        assert worker.wait(timeout=60) == 1, log_of(tmp_path, "worker-1")
+        assert proc_support.wait(worker) == 1, log_of(tmp_path, "worker-1")
     finally:
         stats = emulator.stop()
     lines = (tmp_path / "worker-1.log").read_text().splitlines()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import threading
 
+import proc_support
 import pytest
 from hub_fake import FakeHub, FakeHubClient, hub_error
 
@@ -502,4 +502,5 @@ def test_directory_transports_never_import_huggingface_hub(tmp_path):
         f"open_transport({str(tmp_path)!r}).list_deltas()\n"
         "assert 'huggingface_hub' not in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    done = proc_support.run([sys.executable, "-c", code])
+    assert done.returncode == 0, done.stderr

@@ -25,6 +25,7 @@ TORCH_FREE = (
     "speedtronic.checkpoint.layout",
     "speedtronic.checkpoint.inspection",
     "speedtronic.checkpoint.files",
+    "speedtronic.checkpoint.start",
     "speedtronic.data.tokenizer",
     "speedtronic.cli.app",
     "speedtronic.cli.errors",
@@ -157,6 +158,19 @@ def test_torch_free_modules_stay_torch_free(name):
     assert name in MODULES, f"{name} was moved: update TORCH_FREE and the README code map"
     heavy = sorted(i for i in load_closure(name) if top(i) in HEAVY)
     assert not heavy, f"importing {name} loads {heavy}"
+
+
+# What ``speedtronic --help`` and shell completion load: the app and every command module's
+# option declarations. The config loader (YAML), Rich and the engine load in command bodies.
+HELP_PATH_FORBIDDEN = ("rich", "yaml", "speedtronic.config", "speedtronic.runtime")
+
+
+def test_the_help_path_loads_no_command_bodies():
+    loaded = load_closure("speedtronic.cli.app")
+    heavy = sorted(
+        m for m in loaded if any(m == f or m.startswith(f + ".") for f in HELP_PATH_FORBIDDEN)
+    )
+    assert not heavy, f"importing speedtronic.cli.app loads {heavy}: import them where used"
 
 
 def package_of(name: str) -> str:

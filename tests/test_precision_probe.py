@@ -25,15 +25,16 @@ def fresh_cache(monkeypatch):
 
 
 def test_the_probe_is_cheap_cached_and_restores_the_thread_count():
+    # CPU time of this thread (the probe runs on it alone), not wall time: on a loaded
+    # machine the wall clock measures the other processes too
     threads = torch.get_num_threads()
-    start = time.perf_counter()
+    start = time.thread_time()
     probe = probe_matmul(CPU, "fp32")
-    first = time.perf_counter() - start
-    assert first < 0.2  # milliseconds on any CPU; generous for a busy machine
+    assert time.thread_time() - start < 0.2  # milliseconds on any CPU
     assert probe.size in precision.PROBE_SIZES and probe.seconds > 0 and probe.gflops > 0
-    start = time.perf_counter()
+    start = time.thread_time()
     assert probe_matmul(CPU, "fp32") is probe  # cached: no second measurement
-    assert time.perf_counter() - start < 1e-3
+    assert time.thread_time() - start < 1e-3
     assert torch.get_num_threads() == threads  # the probe runs on one thread, then gives back
 
 
@@ -59,14 +60,14 @@ def emulated_bf16_mm(slowdown_gflops: float):
 def test_a_400x_emulated_dtype_is_probed_within_50_ms(monkeypatch):
     # ~0.3 GFLOP/s: the bf16 rate that made a 2048x2048 block take 257 s (issue 10).
     monkeypatch.setattr(torch, "mm", emulated_bf16_mm(0.3))
-    start, cpu = time.perf_counter(), time.thread_time()
+    cpu = time.thread_time()
     factor, probe = precision.matmul_slowdown(CPU, "bf16")
-    cpu, elapsed = time.thread_time() - cpu, time.perf_counter() - start
+    cpu = time.thread_time() - cpu
     assert probe.size == 64  # 128 was predicted at ~14 ms a call: over the per-call box
     assert factor > 20  # far beyond EMULATION_FACTOR however fast fp32 is here
-    # Without the box: 64, 128 and 256, 4 calls each = 0.5 s of CPU. Wall time gets more
-    # room: another process may hold the cores meanwhile.
-    assert cpu < 0.05 and elapsed < 0.25, (cpu, elapsed)
+    # Without the box: 64, 128 and 256, 4 calls each = 0.5 s of CPU. CPU time, not wall
+    # time: another process may hold the cores meanwhile (issue 21).
+    assert cpu < 0.05, cpu
 
 
 def test_the_warning_reports_an_emulated_mode_with_its_factor(monkeypatch):
@@ -109,8 +110,9 @@ def test_a_kernel_missing_from_the_build_is_not_a_crash(monkeypatch):
 
 def test_the_real_probe_runs_end_to_end():
     # Hardware-neutral: whatever this CPU does, the answer is None or one line naming bf16,
-    # and it comes in milliseconds (generous bound for a busy machine).
-    start = time.perf_counter()
+    # and it costs milliseconds of this thread's CPU time (wall time would count a busy
+    # machine's other processes too).
+    start = time.thread_time()
     message = emulation_warning(CPU, "bf16")
-    assert time.perf_counter() - start < 0.2
+    assert time.thread_time() - start < 0.2
     assert message is None or message.startswith("precision.mode: bf16 is emulated on this CPU")

@@ -15,9 +15,9 @@ import importlib.util
 import inspect
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
+import proc_support
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def schema_keys() -> list[str]:
 
 
 def test_every_config_key_has_one_line_of_meaning():
-    from speedtronic.config.sections import CHECKED, DOCS, REFERENCE_DOCS
+    from speedtronic.config.key_docs import CHECKED, DOCS, REFERENCE_DOCS
     from speedtronic.model import ReferenceConfig
 
     keys = schema_keys()
@@ -104,7 +104,8 @@ def test_every_config_key_has_one_line_of_meaning():
 def test_checked_rules_name_keys_a_check_really_looks_at():
     """A rule in CHECKED must belong to code that reads that key (a check, or the builder)."""
     from speedtronic.config import build
-    from speedtronic.config.sections import CHECKED, SECTIONS
+    from speedtronic.config.key_docs import CHECKED
+    from speedtronic.config.sections import SECTIONS
 
     for key, rule in CHECKED.items():
         section, name = key.split(".")
@@ -142,9 +143,7 @@ def shell(program: str, script: str, shim: Path) -> str:
     if shutil.which(program) is None:
         pytest.skip(f"{program} is not installed")
     env = {"PATH": f"{shim}:/usr/bin:/bin", "HOME": str(shim), "TERM": "dumb"}
-    done = subprocess.run(
-        [program, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
+    done = proc_support.run([program, "-c", script], env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

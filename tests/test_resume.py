@@ -114,6 +114,7 @@ def test_iterable_without_state_resumes_by_skipping_with_a_notice(tiny, tmp_path
         hooks=[lambda e, p: e == "notice" and notices.append(p["message"])],
     )
     assert any("skipping 8 batches" in n for n in notices)
+    tiny["run"]["output_dir"] = str(tmp_path / "straight")  # a run of its own
     straight_and_split(tiny, tmp_path, lambda: {"dataset": Stream()})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 
 import numpy as np
 import pytest
@@ -299,3 +300,14 @@ def test_data_tokenize_command_writes_a_token_file(text_file, tmp_path):
     assert np.fromfile(out, dtype=np.uint16).tolist() == list(text_file.read_bytes())
     missing = CliRunner().invoke(app, ["data", "tokenize", str(tmp_path / "no.txt"), str(out)])
     assert missing.exit_code == 2 and "file not found" in missing.stderr
+
+
+def test_data_tokenize_never_replaces_what_is_not_a_regular_file(text_file, tmp_path):
+    # The output is renamed into place: a device such as /dev/null would have become a regular
+    # file (found with /dev/full while checking issue 21). A FIFO stands in for the device.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(app, ["data", "tokenize", str(text_file), str(fifo)])
+    assert result.exit_code == 2
+    assert f"{fifo} exists and is not a regular file" in result.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and not (tmp_path / "pipe.tmp").exists()

@@ -133,9 +133,10 @@ def test_unavailable_device_is_a_config_error():
         resolve_device("cuda")
 
 
-def test_training_learns_and_is_deterministic(tiny):
+def test_training_learns_and_is_deterministic(tiny, tmp_path):
     tiny["run"]["max_steps"] = 30
     first = train_from_config(tiny, console=False)
+    tiny["run"]["output_dir"] = str(tmp_path / "again")  # one run per directory
     second = train_from_config(SpeedtronicConfig.from_dict(tiny), console=False)
     assert first.steps == 30 and first.status == "completed"
     assert first.final_loss == second.final_loss
@@ -237,7 +238,7 @@ def test_repeated_non_finite_losses_stop_with_a_clear_error():
         trainer.fit()
 
 
-def test_compile_failure_on_first_step_falls_back_to_eager(tiny, monkeypatch):
+def test_compile_failure_on_first_step_falls_back_to_eager(tiny, tmp_path, monkeypatch):
     def broken_compile(model, **kwargs):
         def run(*args, **kw):
             raise RuntimeError("inductor exploded")
@@ -247,6 +248,7 @@ def test_compile_failure_on_first_step_falls_back_to_eager(tiny, monkeypatch):
     monkeypatch.setattr(torch, "compile", broken_compile)
     eager = train_from_config(tiny, console=False)
     tiny["compile"] = True
+    tiny["run"]["output_dir"] = str(tmp_path / "compiled")  # one run per directory
     events = []
     compiled = train_from_config(tiny, console=False, hooks=[lambda e, p: events.append((e, p))])
     assert compiled.final_loss == eager.final_loss

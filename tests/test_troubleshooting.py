@@ -23,11 +23,11 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import proc_support
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def prepare(block: Block, folder: Path, run: dict, setups: dict[str, Path]) -> N
     if setup and setup not in setups:
         made = setups[""] / f"setup{len(setups)}"
         made.mkdir()
-        done = subprocess.run(["bash", "-c", setup], **{**run, "cwd": made})
+        done = proc_support.run(["bash", "-c", setup], **{**run, "cwd": made})
         assert done.returncode == 0, f"setup of line {block.line} failed:\n{done.stderr[-2000:]}"
         setups[setup] = made
     if setup:
@@ -186,16 +186,16 @@ def prepare(block: Block, folder: Path, run: dict, setups: dict[str, Path]) -> N
     for name, data in FILES.items():
         (folder / name).write_bytes(data)
     if "then" in block.notes:
-        done = subprocess.run(["bash", "-c", block.notes["then"]], **{**run, "cwd": folder})
+        done = proc_support.run(["bash", "-c", block.notes["then"]], **{**run, "cwd": folder})
         assert done.returncode == 0, f"'then' of line {block.line} failed:\n{done.stderr}"
 
 
 def run_block(block: Block, folder: Path, env: dict[str, str], setups: dict[str, Path]) -> None:
-    run = {"env": env, "capture_output": True, "text": True, "timeout": 300}
+    run = {"env": env}  # output captured; waited for by progress, not a clock
     prepare(block, folder, run, setups)
     run["cwd"] = folder
     for command, expected in block.steps():
-        done = subprocess.run(["bash", "-c", command], **run)
+        done = proc_support.run(["bash", "-c", command], **run)
         printed = [line.rstrip() for line in (done.stdout + done.stderr).splitlines()]
         missing = [line for line in expected if line not in printed]
         assert not missing, (

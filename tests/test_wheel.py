@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
+import proc_support
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +28,8 @@ MUST_SHIP = ("speedtronic/defaults/smoke.yaml", "speedtronic/py.typed")
 pytestmark = [pytest.mark.slow, pytest.mark.docs]
 
 
-def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 240) -> str:
-    proc = subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
+    proc = proc_support.run(command, cwd=cwd, env=env)  # by progress: a loaded CI is slow
     assert proc.returncode == 0, (
         f"{' '.join(map(str, command))} exited {proc.returncode} in {cwd}\n"
         f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"

@@ -129,7 +129,8 @@ def measure_mode(ctx: BenchContext, mode: str, with_raw: bool, compile: bool = F
     sides = 2 if with_raw else 1
     timings = alternate(runtime, raw, 0, steps, rounds, budget_s=mode_budget(ctx) * sides)
     for message in events.warnings:
-        ctx.warn(message)
+        if mode == ctx.configured or not message.startswith("precision.mode:"):
+            ctx.warn(message)  # not another mode's precision warning: see run._device_stage
     row = mode_row(mode, runtime, timings, memory, events)
     overhead = overhead_section(mode, timings, steps) if raw is not None else None
     return ModeRun(runtime, row, overhead, first_s, events)

@@ -165,8 +165,9 @@ def skip_reason(ctx: BenchContext, mode: str) -> str | None:
     step_s = predicted_step_s(ctx, mode)
     if step_s is None or 3 * step_s <= mode_budget(ctx):
         return None
-    slowdown = ctx.doc["probe"][mode]["slowdown_vs_fp32"]
+    entry = ctx.doc["probe"][mode]
+    size = f"{entry['size']}x{entry['size']}"
     return (
-        f"{mode} is emulated on this {ctx.device.type.upper()} ({slowdown:.0f}x slower "
-        f"matmuls than fp32): a step would take about {step_s:.1f} s"
+        f"{mode} is emulated on this {ctx.device.type.upper()} ({entry['slowdown_vs_fp32']:.0f}x"
+        f" slower than fp32 in a {size} probe matmul): a step would take about {step_s:.1f} s"
     )

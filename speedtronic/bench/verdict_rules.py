@@ -3,7 +3,9 @@
 This module owns the rules that turn measured numbers into advice (a faster precision mode,
 loader headroom, engine overhead, checkpoint cost, torch.compile, an emulated dtype) and their
 thresholds. It is pure: it reads a document (``speedtronic.bench.run_bench``'s or a hand-made
-one in the tests) and never measures anything.
+one in the tests) and never measures anything. Every verdict must read right to someone who
+has not read docs/benchmarks.md (issue 21): a ratio says what it compares (two sizes of
+matmul are named as such), a share says whose it is, and a small number keeps its digits.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ def times(x: float) -> str:
     return f"{x:.1f}x" if x >= 1.195 or x <= 0.805 else f"{x:.2f}x"
 
 
+def seconds(x: float) -> str:
+    """A duration in seconds as people say it: 0.068, 0.21, 3.5, 42, 1234."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def _device_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
     device, caps = doc["device"], doc["device"]["capabilities"]
     if device["backend"] == "cuda":
@@ -52,8 +59,8 @@ def _device_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
         native = [f.upper().replace("_", "-") for f in caps["isa"] if "bf16" in f or "amx" in f]
         probe = emulated_probe(doc, "bf16")
         if probe is not None:  # the measurement wins over the flags (the library may not use them)
-            message = f"bf16 is emulated: {probe['slowdown_vs_fp32']:.0f}x slower matmuls than "
-            message += f"fp32 in a {probe['size']}x{probe['size']} probe"
+            message = f"bf16 is emulated: {probe['slowdown_vs_fp32']:.0f}x slower than fp32 in a "
+            message += f"{probe['size']}x{probe['size']} probe matmul"
             if caps["bf16"]:
                 message += f" (the CPU lists {', '.join(native)}; the math library ignores it)"
             return [_verdict("device", "info", message)]
@@ -73,9 +80,15 @@ def emulated_probe(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 def _emulated_matmul(doc: dict[str, Any], name: str, slowdown: float) -> dict[str, str]:
-    """``name`` is emulated: say how much slower, and which precision.mode to use."""
+    """``name`` is emulated: say how much slower, at which sizes, and which precision.mode to
+    use. An emulated dtype is measured at a smaller matmul than fp32 (it must fit the time
+    box), and the device line's probe at a smaller one still: the sizes explain the factors."""
     configured = doc["model"]["configured"]
     message = f"{name} is emulated on this CPU: {times(slowdown)} slower than fp32"
+    sizes = [(doc["peaks"]["matmul"][n] or {}).get("size") for n in (name, "fp32")]
+    if all(sizes):
+        message += f" (this line's {sizes[0]}x{sizes[0]} matmul against fp32's "
+        message += f"{sizes[1]}x{sizes[1]})"
     if configured == name:
         return _verdict(f"matmul.{name}", "warn", message + "; set precision.mode: fp32")
     advice = "; keep precision.mode: fp32" if configured == "fp32" else ""
@@ -95,7 +108,7 @@ def _peak_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
             out.append(_emulated_matmul(doc, name, fp32 / peak["tflops"]))
             continue
         else:
-            message = f"{times(peak['tflops'] / fp32)} fp32" if fp32 else ""
+            message = f"{times(peak['tflops'] / fp32)} fp32's peak" if fp32 else ""
         table = vendor["fp32"] if name in ("fp32", "tf32") else vendor["low_precision"]
         if table and name != "fp32":  # the table's fp32 column is TF32 on NVIDIA GPUs
             message += f"; {peak['tflops'] / table:.0%} of the vendor's {table:g} TFLOP/s"
@@ -147,9 +160,13 @@ def _mfu_text(doc: dict[str, Any], row: dict[str, Any]) -> str:
 
 
 def _contention(share: float | None) -> str:
+    """Whose share: the CPU time this measurement got, of what its threads asked for."""
     if share is None or share >= CONTENDED:
         return ""
-    return f" (another process used the CPU meanwhile: {share:.0%} share; rerun when quiet)"
+    return (
+        f" (the machine was busy: this measurement got {share:.0%} of the CPU time it asked "
+        "for; rerun when quiet)"
+    )
 
 
 def _overhead_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
@@ -164,24 +181,22 @@ def _overhead_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
         level = "warn"
         message += f": {1 - ratio:.0%} overhead; if a quiet rerun agrees, please report it"
     if o["clean_rounds"] < o["rounds"]:
-        message += f" ({o['rounds'] - o['clean_rounds']} of {o['rounds']} rounds shared the CPU)"
+        busy = o["rounds"] - o["clean_rounds"]
+        message += f" ({busy} of {o['rounds']} rounds ran while other processes used the CPU)"
     return [_verdict("overhead", level, message)]
 
 
 def _data_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
     d = doc["data"]
     headroom, wait = d["headroom"], d["data_wait_share"]
+    delivers = f"the data loader delivers {times(headroom)} the tokens training consumes"
     if headroom >= HEADROOM_OK:
-        level, message = "ok", f"data loader has {times(headroom)} headroom"
+        level, message = "ok", delivers
     elif headroom >= 1:
-        level = "warn"
-        message = f"data loader has only {times(headroom)} headroom: raise data.num_workers"
+        level, message = "warn", f"{delivers}, little to spare: raise data.num_workers"
     else:
         level = "warn"
-        message = (
-            f"data loader is the bottleneck ({times(headroom)} the model's rate): "
-            "raise data.num_workers"
-        )
+        message = f"{delivers}: training waits for data; raise data.num_workers"
     if wait is not None and wait > 0.05:
         level, message = "warn", message + f"; training waited for data {wait:.0%} of the time"
     return [_verdict("data", level, message)]
@@ -190,7 +205,12 @@ def _data_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
 def _checkpoint_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
     c = doc["checkpoint"]
     step_s = doc["model"]["modes"][doc["model"]["configured"]]["step_time_s"]
-    message = f"a save takes {c['save_s']:.2g} s, the time of {c['save_s'] / step_s:.1f} steps"
+    steps, save = c["save_s"] / step_s, seconds(c["save_s"])
+    if steps >= 1:
+        message = f"a save takes {save} s, as long as {steps:.1f} training steps"
+    else:  # a share of one step: "the time of 0.0 steps" said nothing
+        share = f"{steps:.0%}" if steps >= 0.005 else "under 1%"
+        message = f"a save takes {save} s, {share} of one training step ({seconds(step_s)} s)"
     interval = c["interval"]
     if not interval:
         return [_verdict("checkpoint", "info", message + "; saved only at the end")]

@@ -1,7 +1,8 @@
 """Checkpoints: the on-disk layout, saving, loading, inspection and the run's resume policy.
 
 ``layout`` (names, listing, structural scan, sha256 verification), ``inspection`` (``ckpt
-inspect``/``prune``) and ``files`` (fsync, atomic renames) are stdlib-only; ``save`` and
+inspect``/``prune``), ``files`` (fsync, atomic renames) and ``start`` (the run a directory
+holds: refuse a fresh run there, or replace it) are stdlib-only; ``save`` and
 ``load`` add torch and safetensors; ``plugin`` is the Trainer plug-in that saves during a run
 and resumes it. The public names below load lazily, so ``speedtronic ckpt inspect`` never
 imports torch.

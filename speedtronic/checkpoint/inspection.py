@@ -289,16 +289,41 @@ def plan_prune(path: str | os.PathLike, keep: int) -> list[dict]:
     latest.json points to is never planned for deletion, even when it is not among the
     newest. ``.tmp-*`` dirs are left alone too: one may be a write in progress.
     """
+    return prune_plan(path, keep)[0]
+
+
+def prune_plan(path: str | os.PathLike, keep: int) -> tuple[list[dict], list[dict]]:
+    """``(delete, kept)``: ``plan_prune``'s list, and the complete checkpoints it keeps, each
+    with a ``reason`` a person can check (issue 21: "nothing to prune" beside two
+    checkpoints did not say why). Both newest first."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ConfigError(f"keep must be an integer >= 1, got {keep!r}")
     root = checkpoint_root(path)
     latest = _latest_or_none(root)
-    complete = [s.path for s in _scans_newest_first(root) if s.status == "ok"]
-    return [
-        {"name": d.name, "path": str(d), "size_bytes": _dir_size(d), "step": parse_step(d.name)}
-        for d in complete[keep:]
-        if d.name != latest
-    ]
+    complete = [s for s in _scans_newest_first(root) if s.status == "ok"]
+    current = next((s.meta["run_id"] for s in complete if s.path.name == latest), None)
+    delete, kept = [], []
+    for index, scan in enumerate(complete):
+        entry = {"name": scan.path.name, "path": str(scan.path), "step": parse_step(scan.path.name)}
+        reasons = _keep_reasons(index, keep, scan.path.name == latest)
+        if not reasons:
+            delete.append({**entry, "size_bytes": _dir_size(scan.path)})
+            continue
+        run_id = scan.meta["run_id"]
+        if current is not None and run_id != current:
+            reasons.append(f"written by another run (run_id {run_id}) than latest.json's")
+        kept.append({**entry, "run_id": run_id, "reason": "; ".join(reasons)})
+    return delete, kept
+
+
+def _keep_reasons(index: int, keep: int, is_latest: bool) -> list[str]:
+    reasons = []
+    if index < keep:
+        newest = "the newest complete checkpoint" if keep == 1 else f"one of the newest {keep}"
+        reasons.append(f"{newest} (--keep {keep})")
+    if is_latest:
+        reasons.append("latest.json points to it" + ("" if index < keep else ", so never pruned"))
+    return reasons
 
 
 def left_alone(path: str | os.PathLike) -> list[dict]:

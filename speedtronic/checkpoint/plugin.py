@@ -47,6 +47,8 @@ class CheckpointPlugin:
         self.runtime = runtime
         self.config = runtime.config.checkpoint
         self.root = runtime.config.checkpoint_dir
+        explicit = self.config.directory is not None
+        self.key = "checkpoint.directory" if explicit else "run.output_dir"  # where errors point
         self.run_id = uuid.uuid4().hex[:12]
         self.param_count = sum(p.numel() for p in runtime.model.parameters())
         self.saved_step: int | None = None
@@ -77,14 +79,20 @@ class CheckpointPlugin:
             "param_count": self.param_count,
             "config": runtime.config.to_dict(redact=True),
         }
-        self.last_path = save_checkpoint(
-            self.root,
-            trainer.step,
-            runtime.model.state_dict(),
-            state,
-            meta,
-            keep_last=self.config.keep_last,
-        )
+        try:
+            self.last_path = save_checkpoint(
+                self.root,
+                trainer.step,
+                runtime.model.state_dict(),
+                state,
+                meta,
+                keep_last=self.config.keep_last,
+            )
+        except CheckpointError as exc:
+            if not isinstance(exc.__cause__, OSError):
+                raise
+            # A full disk or a permission error: say which setting put the files there
+            raise CheckpointError(f"{self.key}: {exc}", hint=exc.hint) from exc.__cause__
         self.saved_step = trainer.step
         runtime.logger.log("checkpoint", {"step": trainer.step, "path": str(self.last_path)})
         if group is not None:
@@ -174,7 +182,7 @@ def _restore_trainer(trainer: Any, checkpoint: Checkpoint) -> None:
 
 def _fresh_start_hint(root: Path) -> str:
     return (
-        f"nothing was deleted. To start fresh, move {root} away (or use another --output-dir);"
-        " running without --resume (checkpoint.resume=false) also starts fresh, but its"
-        " saves replace checkpoints of the same step"
+        f"nothing was deleted. To start fresh, move {root} away, train elsewhere with"
+        " --output-dir, or run without --resume but with --overwrite (checkpoint.overwrite:"
+        " true), which deletes these checkpoints first"
     )

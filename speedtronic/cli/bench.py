@@ -3,7 +3,8 @@
 Parses the options, runs ``speedtronic.bench.run_bench`` (imported in the command body, so
 ``--help`` stays free of torch), shows progress on stderr (a Rich progress bar on a terminal,
 one plain line per stage otherwise) and prints the result to stdout: a Rich table with a
-verdict per line, or the JSON document with ``--format json``.
+verdict per line, or the JSON document with ``--format json``. Rich is imported by the code
+that draws, not at the top: ``--help`` and shell completion load this module at every TAB.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import ConfigOpt, OutputFormat, SetOpt, format_option, load_config
 from speedtronic.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "info": ""}
 
@@ -78,6 +79,8 @@ def bench(
     if output_format is OutputFormat.json:
         print(json.dumps(doc, indent=2))
         return
+    from rich.console import Console
+
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
     console.print(render_table(doc))
 
@@ -110,6 +113,9 @@ class BarProgress:
     """A transient Rich progress bar over the stages; warnings print above it."""
 
     def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -146,6 +152,8 @@ class BarProgress:
 
 
 def render_table(doc: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     cfg, device = doc["config"], doc["device"]
     title = (
         f"speedtronic bench - {cfg['name']}: {cfg['model']} {cfg['params'] / 1e6:.2f}M params, "
@@ -270,4 +278,5 @@ def _compile_text(c: dict[str, Any]) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(handle_errors(bench))
+    short = "Measure this device, and the config's training speed on it."
+    app.command(short_help=short)(handle_errors(bench))

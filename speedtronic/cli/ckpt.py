@@ -4,6 +4,7 @@ Both read only JSON and safetensors headers (``speedtronic.checkpoint.inspection
 torch, so they answer instantly even for large checkpoints; ``inspect --verify`` adds the
 sha256 of every file (stdlib hashing, still no torch). ``inspect`` also shows the run's loss
 history (a sparkline, first / last / min, eval losses) when its metrics JSONL is there.
+Rich is imported by the code that draws: ``--help`` and completion load this module.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import OutputFormat, count_text, format_option, size_text
 from speedtronic.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 ckpt_app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True)
 PathArg = typer.Argument(
@@ -46,6 +49,8 @@ def inspect(
     if output_format is OutputFormat.json:
         print(json.dumps(report, indent=2))
         return
+    from rich.console import Console
+
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
     console.print(_overview(report))
     if report["history"] is not None:
@@ -78,9 +83,11 @@ def prune(
 
     Never deletes the one latest.json points to, nor damaged or incomplete ones.
     """
-    from speedtronic.checkpoint.inspection import apply_prune, left_alone, plan_prune
+    from speedtronic.checkpoint.inspection import apply_prune, left_alone, prune_plan
 
-    plan = plan_prune(path, keep)
+    plan, kept = prune_plan(path, keep)
+    for item in kept:
+        print(f"keeping {item['path']}: {item['reason']}")
     for item in left_alone(path):
         print(f"leaving {item['path']}: {item['status']} ({item['problem']}); delete it by hand")
     if not plan:
@@ -105,6 +112,8 @@ _STATUS_STYLE = {"ok": "[green]ok[/]", "unverified": "[yellow]unverified[/]"}
 
 
 def _overview(report: dict) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"checkpoints in {report['root']}", title_justify="left")
     columns = ("name", "latest", "status", "step", "tokens", "samples", "loss", "created")
     for column in (*columns, "size", "params"):
@@ -127,6 +136,8 @@ def _overview(report: dict) -> Table:
 
 
 def _modules(entry: dict) -> Table:
+    from rich.table import Table
+
     table = Table(
         title=f"{entry['name']}: parameters by module", title_justify="left", min_width=48
     )
@@ -139,6 +150,8 @@ def _modules(entry: dict) -> Table:
 
 def _history(history: dict) -> Table:
     """One row per series (loss, eval loss): sparkline, first, last, lowest, points."""
+    from rich.table import Table
+
     cut = " (long file: its start and its end read)" if history["truncated"] else ""
     table = Table(title=f"loss history from {history['path']}{cut}", title_justify="left")
     for column in ("series", "history", "first", "last", "min", "points"):
@@ -172,6 +185,7 @@ def _latest_entry(report: dict) -> dict | None:
 
 
 def register(app: typer.Typer) -> None:
-    ckpt_app.command()(handle_errors(inspect))
+    short = "Show every checkpoint's step, tokens, loss, size and status."
+    ckpt_app.command(short_help=short)(handle_errors(inspect))
     ckpt_app.command()(handle_errors(prune))
     app.add_typer(ckpt_app, name="ckpt")

@@ -1,11 +1,13 @@
-"""``speedtronic data tokenize``: turn a text file into a token file for the fastest data path."""
+"""``speedtronic data tokenize``: turn a text file into a token file for the fastest data path.
+
+Rich and the data modules load in the command's body: ``--help`` and completion import this one.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import load_config
@@ -36,6 +38,8 @@ def tokenize(
         raise ConfigError(f"--dtype: must be auto, uint16 or uint32 (got {dtype!r})")
     if tokenizer is None and config is not None:
         tokenizer = load_config(config, []).data.tokenizer
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
     from speedtronic.data.sources import tokenize_file
     from speedtronic.data.tokenizer import load_tokenizer
 

@@ -7,10 +7,10 @@ costs per hour (Hub commits, bucket requests and bytes). Heavy imports inside th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
+if TYPE_CHECKING:  # the config package loads with the command, not with --help
+    from speedtronic.config import SpeedtronicConfig
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Fleet:
 
     nodes: int = 4
     step_time_s: float = 1.0
-    uplink_mbps: float = DEFAULT_UPLINK_MBPS
+    uplink_mbps: float = 50.0  # latency.DEFAULT_UPLINK_MBPS: --help must not load it
 
 
 def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, Any]:

@@ -4,7 +4,8 @@ The logic lives in ``speedtronic.distributed.hub.admin`` (over ``HubClient``); t
 parses options, builds the client (token from ``HF_TOKEN`` or the standard login, endpoint
 from ``HF_ENDPOINT``) and renders results as text, Rich tables or JSON. The Hub modules are
 imported inside the commands so ``speedtronic --help`` loads neither huggingface_hub nor torch.
-Hub failures become one line naming the repo and the HTTP status; never the token.
+Hub failures become one line naming the repo and the HTTP status; never the token. Rich, too,
+is imported by the code that draws: ``--help`` and shell completion load this module.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import (
@@ -31,8 +30,12 @@ from speedtronic.cli.options import (
 )
 from speedtronic.errors import TransportError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 hub_app = typer.Typer(
     help="Set up, share and watch a Hugging Face Hub repo for DumbDiLoCo (docs/hub.md).",
+    short_help="Set up, share and watch a Hub repo for DumbDiLoCo.",
     no_args_is_help=True,
 )
 RepoArg = typer.Argument(..., help="The run's Hub repo id, owner/name (e.g. my-org/my-run).")
@@ -203,11 +206,14 @@ def _versioned(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     return Console(width=None if sys.stdout.isatty() else 160)  # pipes: don't squeeze to 80
 
 
 def _view(report: dict[str, Any]) -> Any:
     from rich.console import Group
+    from rich.table import Table
 
     if "error" in report:
         return f"[red]{report['repo_id']}: {report['error']}[/] (retrying)"
@@ -255,6 +261,12 @@ def _ago(seconds: float | None) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    for command in (init, grant, status):
-        hub_app.command()(handle_errors(command))
+    # short_help: the line in `speedtronic hub --help`, where the docstring's would be cut short
+    shorts = {
+        init: "Create the run repo (private); print the worker command.",
+        grant: "Check who can write to the repo; say how to add the others.",
+        status: "The run at a glance: outer step, per-node deltas, budgets.",
+    }
+    for command, short in shorts.items():
+        hub_app.command(short_help=short)(handle_errors(command))
     app.add_typer(hub_app, name="hub")

@@ -1,18 +1,22 @@
 """Options and arguments shared by several commands, and loading the config they name.
 
 One definition each, so every command spells, documents and validates them the same way.
+Nothing here imports the config package (YAML, the section dataclasses) at module level:
+every command module imports this one, and ``--help`` and shell completion load them all.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
+
+if TYPE_CHECKING:
+    from speedtronic.config import SpeedtronicConfig
 
 
 class OutputFormat(str, Enum):
@@ -55,6 +59,7 @@ ConfigOpt = typer.Option(
 SetOpt = typer.Option(
     None,
     "--set",
+    metavar="KEY=VALUE",
     help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
     "Repeatable; values are parsed as YAML.",
 )
@@ -62,9 +67,9 @@ SetOpt = typer.Option(
 
 def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
     """The config at ``path`` (the embedded smoke run if None) with ``--set`` overrides."""
-    if path is None:
-        from speedtronic.config import default_config_text
+    from speedtronic.config import SpeedtronicConfig, default_config_text
 
+    if path is None:
         return SpeedtronicConfig.from_yaml(default_config_text(), overrides)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file")

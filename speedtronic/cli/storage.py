@@ -20,6 +20,7 @@ storage_app = typer.Typer(
     name="storage",
     help="Set up a bucket for DumbDiLoCo: Hugging Face Storage Buckets, AWS S3, R2 or MinIO, "
     "over the S3 API (docs/storage.md).",
+    short_help="Set up a bucket (S3 API) for DumbDiLoCo.",
     no_args_is_help=True,
 )
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -25,9 +25,10 @@ from speedtronic.cli.options import (
     load_config,
     log_format_option,
 )
-from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
 from speedtronic.errors import ConfigError
+
+if TYPE_CHECKING:  # the config package loads with the command, not with --help
+    from speedtronic.config import SpeedtronicConfig
 
 
 def train(
@@ -44,6 +45,12 @@ def train(
     seed: int | None = typer.Option(None, "--seed", help="Random seed of the run (run.seed)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Start fresh where another run is: delete its checkpoints and logs first "
+        "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
     ),
     role: str | None = typer.Option(
         None,
@@ -70,7 +77,8 @@ def train(
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
 ) -> None:
-    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, < 1 min)."""
+    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, ~15 s on 2
+    idle cores)."""
     if nproc_per_node is not None:
         exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
@@ -81,6 +89,8 @@ def train(
         sets.append("distributed.enabled=true")
     if resume:
         sets.append("checkpoint.resume=true")
+    if overwrite:
+        sets.append("checkpoint.overwrite=true")
     cfg = load_config(config, sets + list(overrides or []))
 
     from speedtronic.cli.display import make_display
@@ -98,7 +108,9 @@ def train(
             display.close()
     if result.status == "interrupted":
         saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
-        again = shlex.join(["speedtronic", *[a for a in sys.argv[1:] if a != "--resume"]])
+        # the same command continues the run: --overwrite would now delete what it saved
+        kept = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
+        again = shlex.join(["speedtronic", *kept])
         print(
             f"interrupted at step {result.steps}{saved}\nresume with: {again} --resume",
             file=sys.stderr,
@@ -203,13 +215,13 @@ def validate(
         help="Seconds per optimizer step on a worker (measure it with speedtronic bench), for "
         "the same estimate and the latency fraction f.",
     ),
-    uplink: float = typer.Option(
-        DEFAULT_UPLINK_MBPS,
+    uplink: float | None = typer.Option(
+        None,
         "--uplink",
         min=0.01,
         max=1e6,
         help="A worker's upload bandwidth in Mbit/s, for the time a delta takes to reach the "
-        "repo (the latency fraction f).",
+        "repo (the latency fraction f); default 50.",
     ),
 ) -> None:
     """Check a config: print the resolved (redacted) config and derived facts, or every problem.
@@ -217,7 +229,7 @@ def validate(
     Runs no code the config names unless --build is given: only registered models are built.
     """
     cfg = load_config(config, list(overrides or []))
-    fleet = Fleet(nodes, step_time, uplink)
+    fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
     facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet)
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
@@ -302,5 +314,10 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(handle_errors(train))
-    app.command()(handle_errors(validate))
+    # short_help: the line in `speedtronic --help`, where the first sentence would be cut short
+    app.command(short_help="Train a model; no arguments: the embedded smoke run.")(
+        handle_errors(train)
+    )
+    app.command(short_help="Check a config: the resolved config and derived facts.")(
+        handle_errors(validate)
+    )

@@ -423,6 +423,10 @@ def tokenize_file(
     """
     text_path, out_path = Path(text_path), Path(out_path)
     _check_file(text_path, "text file")
+    if out_path.exists() and not out_path.is_file():
+        # the rename below would replace it: a directory fails, but a device such as
+        # /dev/null would become a regular file (and, run as root, be gone for everyone)
+        raise DataError(f"{out_path} exists and is not a regular file; name a new file")
     np_dtype, limit = np.dtype(_TOKEN_DTYPES[dtype]), np.iinfo(_TOKEN_DTYPES[dtype]).max
     bounds, count = segment_bounds(text_path), 0
     tmp = out_path.with_name(out_path.name + ".tmp")

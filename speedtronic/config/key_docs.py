@@ -1,0 +1,140 @@
+"""What each config key means and the rules a range or a choice cannot say: the tables
+``docs/config.md`` is generated from (``scripts/generate_references.py``; a test wants every
+key). Plain data, no imports.
+"""
+
+from __future__ import annotations
+
+# ---- what each key means: docs/config.md is generated from these (a test wants every key) ----
+
+DOCS: dict[str, str] = {
+    "run.name": "the run's name, and its directory under runs/",
+    "run.seed": "seeds the model's initialisation and, unless data.seed is set, the data order",
+    "run.device": "where to train; auto: CUDA if visible, else MPS, else CPU",
+    "run.max_steps": "optimizer steps in total: a global target that a resumed run continues to",
+    "run.output_dir": "logs and checkpoints; null: runs/<name>",
+    "run.group_timeout_s": "seconds a DDP rank (torchrun) waits for the others in one "
+    "collective before the group gives up: a dead rank cannot hang the rest longer",
+    "run.find_unused_parameters": "DDP: allow parameters that get no gradient in a step "
+    "(a model with branches it may skip); costs a graph walk per step",
+    "model.name": "a registered model, or an import path 'package.module:factory'",
+    "model.imports": "modules imported first, so the @register_model in them runs",
+    "data.source": "where samples come from; auto: text or tokens if that path is set, else "
+    "synthetic",
+    "data.text_path": "a UTF-8 text file, streamed and never loaded whole",
+    "data.token_path": "a flat uint16/uint32 token file (nanoGPT layout), read with pread",
+    "data.token_dtype": "the token file's dtype; auto: uint16 if model.vocab_size <= 65536",
+    "data.tokenizer": "byte (vocab 256), or the path of a Hugging Face tokenizers JSON file",
+    "data.micro_batch_size": "samples per forward/backward pass",
+    "data.target_batch_size": "samples per optimizer step (gradient accumulation); "
+    "null: micro_batch_size",
+    "data.seq_len": "tokens per sample; null: model.seq_len, else 128",
+    "data.num_workers": "DataLoader worker processes, each reading its own blocks",
+    "data.prefetch_factor": "batches each worker loads ahead (with num_workers > 0)",
+    "data.pin_memory": "page-locked batches for faster copies; auto: on CUDA only",
+    "data.shuffle": "read blocks in a seeded random order (false: in file order)",
+    "data.seed": "seed of the data order; null: run.seed, or per node for DumbDiLoCo",
+    "data.shuffle_buffer": "blocks mixed by the shuffle buffer of a streamed, non-byte tokenizer",
+    "data.eval_path": "a held-out file of the same kind as the training source",
+    "data.eval_fraction": "hold out this share of the end of the training file instead",
+    "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
+    "data.eval_batches": "batches per evaluation (the same ones every time)",
+    "optimizer.name": "the optimizer: AdamW, weight decay on matrices only",
+    "optimizer.lr": "peak learning rate",
+    "optimizer.betas": "AdamW's two moment decay rates",
+    "optimizer.eps": "AdamW's epsilon",
+    "optimizer.weight_decay": "decoupled weight decay, applied to matrices only",
+    "optimizer.fused": "the fused AdamW kernel; auto: where available, else foreach",
+    "optimizer.grad_clip": "clip the global gradient norm to this; null or 0: no clipping",
+    "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, or constant",
+    "scheduler.warmup_steps": "optimizer steps of linear warmup",
+    "scheduler.min_lr_ratio": "the cosine's final learning rate, as a share of lr",
+    "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps",
+    "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
+    "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
+    "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
+    "checkpoint.directory": "where checkpoints go; null: <output_dir>/checkpoints",
+    "checkpoint.interval": "optimizer steps between saves; 0: only at the end",
+    "checkpoint.keep_last": "newest complete checkpoints kept; null: keep all",
+    "checkpoint.resume": "continue from the newest good checkpoint (as --resume)",
+    "checkpoint.overwrite": "delete the checkpoints of the run already in the directory and start "
+    "fresh (as --overwrite); false: such a directory is refused",
+    "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
+    "logging.file": "also write the plain log lines here (relative: in output_dir)",
+    "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
+    "logging.every_steps": "optimizer steps between log lines",
+    "logging.hooks": "metric hooks: tensorboard, wandb, or import paths of your own",
+    "distributed.enabled": "train with DumbDiLoCo through a shared repo (docs/diloco.md)",
+    "distributed.mode": "the algorithm; only dumb_diloco",
+    "distributed.role": "worker trains and uploads deltas; master also averages and publishes",
+    "distributed.node_id": "this node's folder in the repo; null: $HF_USERNAME, $USER or local",
+    "distributed.repo_id": "a Hub repo id owner/name, a bucket s3://bucket/prefix "
+    "(docs/storage.md), or a shared directory path or file:// URL",
+    "distributed.endpoint_url": "s3:// repos only: the store's URL (MinIO, R2, the Hugging Face "
+    "gateway https://s3.hf.co/<namespace>); null: $AWS_ENDPOINT_URL, else AWS S3",
+    "distributed.path": "alias of repo_id for a shared directory",
+    "distributed.token": "Hub token; null: $HF_TOKEN or the saved login (never logged)",
+    "distributed.inner_steps": "optimizer steps between syncs (H)",
+    "distributed.poll_interval": "seconds between checks of the repo",
+    "distributed.reset_inner_optimizer": "clear AdamW moments when a new global is installed",
+    "distributed.reapply_own_delta": "install the global minus this node's deltas it lacks",
+    "distributed.install": "eager: install a newer global as soon as it is downloaded, "
+    "keeping the progress since the last boundary; boundary: only between inner loops",
+    "distributed.train_locally": "false: a master that only coordinates, until outer_steps",
+    "distributed.outer_steps": "a coordinating-only master stops after this many outer steps",
+    "distributed.state_dir": "the master's state; null: <output_dir>/diloco_master",
+    "distributed.outer_lr": "the master's outer learning rate on the averaged delta",
+    "distributed.outer_momentum": "Nesterov momentum of the outer step; 0: plain averaging",
+    "distributed.min_deltas": "deltas a round waits for (quorum)",
+    "distributed.max_wait_s": "or run a partial round this long after the first delta",
+    "distributed.max_staleness": "deltas more outer steps behind than this are dropped",
+    "distributed.staleness_discount": "a delta's weight is multiplied by this per step behind",
+    "distributed.outer_policy": "fleet: each round as its share of the fleet's work; naive: "
+    "each in full",
+    "distributed.delta_dtype": "encoding of uploaded deltas: fp32, bf16 (half) or int8 (a quarter)",
+    "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
+    "distributed.sync_wait_s": "> 0: wait up to this long for the global with this node's delta",
+    "distributed.min_publish_interval_s": "the master's least pause between publishes (Hub and "
+    "buckets; every publish is full weights each worker downloads)",
+    "distributed.squash_every": "Hub only: squash the repo's history every N publishes; 0: never",
+    "distributed.collaborators": "Hub only: users the master tries to grant write access at start",
+    "distributed.cache_dir": "Hub only: cache of downloaded globals; null: the user cache dir",
+}
+
+# Rules a range or a choice cannot say, checked by the sections' ``check`` methods or build
+CHECKED: dict[str, str] = {
+    "run.name": "a directory name: 1-255 bytes, no / or \\ or control characters, not . or ..",
+    "run.device": "auto, cpu, cuda, cuda:N or mps",
+    "data.text_path": "not with token_path; required when source is text",
+    "data.token_path": "not with text_path; required when source is tokens",
+    "data.target_batch_size": "a multiple of micro_batch_size",
+    "data.seq_len": "<= model.seq_len for reference_transformer",
+    "data.eval_path": "not with eval_fraction; needs a text or token source",
+    "data.eval_every": "needs eval_path or eval_fraction > 0",
+    "optimizer.betas": "each in [0, 1)",
+    "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
+    "model.name": "an import path must not name a standard-library module (os:system, ...)",
+    "checkpoint.overwrite": "not with resume",
+    "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
+    "distributed.repo_id": "required when enabled; not with a different path; s3://: a bucket "
+    "name of 3-63 letters, digits, . - _ and a prefix of safe folder names",
+    "distributed.endpoint_url": "http(s)://host[:port][/path], no credentials; s3:// repos only",
+    "distributed.train_locally": "false only for a master",
+    "distributed.outer_steps": "required when train_locally is false",
+    "distributed.collaborators": "Hugging Face user names",
+}
+
+# reference_transformer's own keys (model.<key>): (rule, meaning)
+REFERENCE_DOCS: dict[str, tuple[str, str]] = {
+    "vocab_size": ("> 0", "vocabulary size; must cover the tokenizer's ids"),
+    "seq_len": ("in [1, 2**20]", "context length (alias max_seq_len); RoPE tables are this long"),
+    "n_layer": ("> 0", "transformer blocks"),
+    "n_head": ("> 0, divides d_model", "attention heads"),
+    "n_kv_head": ("> 0, divides n_head", "key/value heads (grouped-query); null: n_head"),
+    "d_model": ("> 0, d_model / n_head even", "width of the residual stream"),
+    "mlp_hidden": ("> 0", "SwiGLU hidden width; null: 8/3 d_model, rounded up to 64"),
+    "rope_theta": ("> 0", "RoPE base frequency"),
+    "norm_eps": ("> 0", "RMSNorm epsilon"),
+    "init_std": ("> 0", "standard deviation of the initial weights"),
+    "tie_embeddings": ("-", "share the embedding matrix with the output head"),
+}
