@@ -238,8 +238,16 @@ def print_table(rows: list[dict[str, Any]], title: str) -> None:
         )
 
 
+def _order(row: dict[str, Any]) -> tuple:
+    """The grid's arms first, in GRID order, then the others by name."""
+    suffix = row["arm"].split("_", 2)[-1] if row["arm"].count("_") > 1 else ""
+    suffix = "_" + suffix if suffix else ""
+    return (GRID.index(suffix) if suffix in GRID else len(GRID), row["arm"])
+
+
 def print_report(rows: list[dict[str, Any]]) -> None:
     """The views: equal wall-clock per latency, equal tokens, uneven nodes."""
+    rows = sorted(rows, key=_order)
     arm = {r["arm"]: r for r in rows}
     single = [arm["a"]] if "a" in arm else []
     equal = [r for r in rows if r["arm"].startswith("c_") and "_tok" not in r["arm"]]
@@ -430,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.merge:
         reports = [json.loads(Path(p).read_text()) for p in args.merge]
-        results = [r for report in reports for r in report["results"]]
+        results = list({(r["arm"], r["seed"]): r for rep in reversed(reports)
+                        for r in rep["results"]}.values())  # fmt: skip
+        # the first file's run of an (arm, seed) wins (arm a runs again in every batch)
         report = report_of(results, reports[0]["scale"], {"merged": args.merge})
     else:
         report = run(args)
