@@ -214,6 +214,7 @@ def low_precision_extras(doc: dict) -> set[str]:
     return {"fp16"} if doc["device"]["capabilities"]["fp16"] else set()
 
 
+@pytest.mark.slow
 def test_quick_bench_document_matches_the_schema(quick_run):
     _, doc, _ = quick_run
     check(doc, SCHEMA)
@@ -234,6 +235,7 @@ def test_quick_bench_document_matches_the_schema(quick_run):
     assert doc["compile"]["enabled"] is False and doc["compile"]["speedup"] is None
 
 
+@pytest.mark.slow
 def test_quick_bench_figures_are_consistent(quick_run):
     _, doc, _ = quick_run
     cfg, modes = doc["config"], doc["model"]["modes"]
@@ -269,6 +271,7 @@ def test_quick_bench_figures_are_consistent(quick_run):
     assert ckpt["save_gb_per_s"] == pytest.approx(ckpt["bytes"] / ckpt["save_s"] / 1e9)
 
 
+@pytest.mark.slow
 def test_quick_bench_verdicts_cover_every_line(quick_run):
     _, doc, _ = quick_run
     rows = {v["row"] for v in doc["verdicts"]}
@@ -278,6 +281,7 @@ def test_quick_bench_verdicts_cover_every_line(quick_run):
     assert {v["level"] for v in doc["verdicts"]} <= {"ok", "info", "warn"}
 
 
+@pytest.mark.slow
 def test_quick_bench_is_quick_and_reports_progress_on_stderr(quick_run):
     result, doc, seconds = quick_run
     assert doc["elapsed_s"] < seconds and doc["checkpoint"]["repeats"] == 2  # quick: 2 saves

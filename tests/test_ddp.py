@@ -61,6 +61,7 @@ def single_process(config, event="train_step"):
     return train_from_config(config, console=False, hooks=[record]), logged
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_path):
     single, single_losses = single_process(ddp_config)
     config = copy.deepcopy(ddp_config)
@@ -76,6 +77,7 @@ def test_two_ranks_equal_one_process_with_the_same_global_batch(ddp_config, tmp_
     assert_close_weights(weights(single.checkpoint), weights(rank0["checkpoint"]))
 
 
+@pytest.mark.slow
 def test_ranks_share_the_evaluation_and_report_the_single_process_figure(ddp_config, tmp_path):
     """3 eval batches on 2 ranks (2 + 1): summed across ranks, the same loss and token count."""
     text = tmp_path / "corpus.txt"
@@ -114,6 +116,7 @@ def test_a_rank_evaluates_every_nth_batch_and_sums_with_the_others():
     assert Loss.seen == [1, 4]
 
 
+@pytest.mark.slow
 def test_a_parameter_without_gradient_names_run_find_unused_parameters(ddp_config, tmp_path):
     ddp_config["model"]["name"] = "ddp_support:with_unused_branch"
     ddp_config["run"]["output_dir"] = str(tmp_path / "refused")
@@ -214,6 +217,7 @@ def test_a_rank_of_a_user_iterable_resumes_at_its_own_next_item(rank):
     assert read + list(itertools.islice(iter(resumed), 2)) == straight
 
 
+@pytest.mark.slow
 def test_two_rank_resume_is_exact(ddp_config, tmp_path):
     ddp_config["run"]["max_steps"] = 6
     straight = run_ranks(ddp_config, 2, tmp_path / "a")[0]
@@ -233,6 +237,7 @@ def test_two_rank_resume_is_exact(ddp_config, tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
 def test_resume_with_another_world_size_says_so(ddp_config, tmp_path):
     ddp_config["run"]["max_steps"] = 4
     first = run_ranks(ddp_config, 2, tmp_path / "a", stop_at=2)[0]
@@ -248,6 +253,7 @@ def test_resume_with_another_world_size_says_so(ddp_config, tmp_path):
     assert any("written by 2 rank(s), this run has 1" in n for n in notices)
 
 
+@pytest.mark.slow
 def test_diloco_node_of_two_ranks_only_rank_0_talks_to_the_repo(ddp_config, tmp_path):
     repo = tmp_path / "repo"
     ddp_config["distributed"] = {
@@ -272,6 +278,7 @@ def test_diloco_node_of_two_ranks_only_rank_0_talks_to_the_repo(ddp_config, tmp_
     assert rank0["checksum"] == rank1["checksum"]  # installed globals reached every rank
 
 
+@pytest.mark.slow
 def test_an_eager_install_lands_on_every_rank_at_the_same_step(ddp_config, tmp_path):
     """Rank 0 installs a global mid-loop only at steps where every rank looks (8 a loop), and
     broadcasts it there, between optimizer steps: the ranks' weights never differ."""
@@ -297,6 +304,7 @@ def test_an_eager_install_lands_on_every_rank_at_the_same_step(ddp_config, tmp_p
     assert rank0["checksum"] == rank1["checksum"]
 
 
+@pytest.mark.slow
 def test_a_dead_rank_takes_the_group_down_within_the_timeout(ddp_config, tmp_path):
     """No launcher to kill the survivor: the group timeout and the broken link must."""
     ddp_config["run"]["group_timeout_s"] = 20

@@ -38,6 +38,9 @@ from speedtronic.distributed.hub.budget import estimate_commits_per_hour
 from speedtronic.distributed.hub.client import HubClient, RepoNotFound
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT
 
+# Processes end to end against a local server: the slow tier (python -m pytest -m slow)
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 REPO = "alice/run"
@@ -170,7 +173,6 @@ def pending_deltas(client: HubClient) -> list[str]:
     return [f.path for f in client.list_files(NODES_DIR, client.head())]
 
 
-@pytest.mark.slow
 def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     began = time.monotonic()
     rates = ("--fault-rate", str(FAULT_RATE), "--storage-fault-rate", str(FAULT_RATE))

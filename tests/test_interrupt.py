@@ -103,6 +103,7 @@ def kill_then_resume(config: Path, after_steps: int, delay: float, checkpoint: d
     )
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp_path):
     """10 trials: kill -9 anywhere (often mid-save), resume, and match an uninterrupted run."""
     changes = dict(

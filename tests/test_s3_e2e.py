@@ -31,6 +31,9 @@ from test_diloco_e2e import CONFIG, log_of, wait_until
 
 from speedtronic.distributed.protocol import STEP_COUNT
 
+# Processes end to end against a local server: the slow tier (python -m pytest -m slow)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 BUCKET, PREFIX = "e2e-run", "run"
 FAULT_RATE = 0.2
