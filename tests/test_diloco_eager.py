@@ -125,3 +125,27 @@ def test_validate_fleet_default_uplink_is_the_latency_modules():
     from speedtronic.distributed.latency import DEFAULT_UPLINK_MBPS
 
     assert Fleet().uplink_mbps == DEFAULT_UPLINK_MBPS  # a copy, so --help need not load it
+
+
+def test_validate_warns_of_settings_measured_to_hurt_a_fleet_and_still_accepts_them(tiny, tmp_path):
+    import json
+
+    from test_cli import invoke, write
+
+    tiny["run"]["max_steps"] = 120
+    tiny["distributed"] = {"enabled": True, "repo_id": str(tmp_path / "repo"), "inner_steps": 10}
+    quiet = invoke("validate", "-c", write(tmp_path, tiny), "--format", "json")
+    assert quiet.exit_code == 0 and json.loads(quiet.stdout)["warnings"] == []
+
+    tiny["distributed"].update(outer_momentum=0.9, reset_inner_optimizer=True)
+    result = invoke("validate", "-c", write(tmp_path, tiny), "--format", "json")
+    assert result.exit_code == 0, result.output  # said, not refused
+    momentum, reset = json.loads(result.stdout)["warnings"]
+    assert "distributed.outer_momentum 0.9 with sync_wait_s 0" in momentum and "+8.0%" in momentum
+    assert "reset_inner_optimizer true over 12 rounds" in reset and "+9.8%" in reset
+    assert "speedtronic: warning: distributed.outer_momentum" in result.stderr
+
+    tiny["distributed"]["sync_wait_s"] = 30  # waiting for each round: momentum is DiLoCo's own
+    tiny["run"]["max_steps"] = 30  # 3 rounds
+    result = invoke("validate", "-c", write(tmp_path, tiny), "--format", "json")
+    assert json.loads(result.stdout)["warnings"] == []

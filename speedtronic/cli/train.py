@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
-from speedtronic.cli.diloco_facts import Fleet, diloco_facts
+from speedtronic.cli.diloco_facts import Fleet, diloco_facts, measured_warnings
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
@@ -231,8 +231,12 @@ def validate(
     cfg = load_config(config, list(overrides or []))
     fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
     facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet)
+    warnings = measured_warnings(cfg) if cfg.distributed.enabled else []
+    for message in warnings:
+        print(f"speedtronic: warning: {message}", file=sys.stderr)
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "config": cfg.to_dict(), "facts": facts}
+        doc["warnings"] = warnings
         print(json.dumps(doc, indent=2))
         return
     print(cfg.to_yaml().rstrip())

@@ -287,13 +287,15 @@ class DistributedConfig:
     token: str | None = field(default=None, repr=False)
     inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
     poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
-    reset_inner_optimizer: bool = True  # clear AdamW moments when a new global is installed
+    # false: AdamW moments carry across installs; a reset costs more the more rounds a run has
+    # (docs/diloco.md, "Why the defaults"), though upstream DiLoCo resets
+    reset_inner_optimizer: bool = False
     # install the global minus this node's deltas it lacks, at the master's share, so the node
     # does not train on from weights that lack its own work
     reapply_own_delta: bool = True
     # eager: install a newer global as soon as it is downloaded, carrying the progress since the
-    # last boundary; boundary: only at the end of an inner loop
-    install: Literal["eager", "boundary"] = "boundary"
+    # last boundary (the best measured at equal wall-clock); boundary: only at an inner loop's end
+    install: Literal["eager", "boundary"] = "eager"
     train_locally: bool = True  # false: a master that only coordinates
     outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
     state_dir: str | None = None  # master state; default <output_dir>/diloco_master
