@@ -25,6 +25,7 @@ def settings(**overrides):
         inner_steps=2,
         poll_interval=0.01,
         reset_inner_optimizer=True,
+        install="boundary",  # the unit tests of boundaries; test_diloco_eager sets eager
         delta_dtype="fp32",
         upload_timeout_s=5.0,
         outer_lr=1.0,

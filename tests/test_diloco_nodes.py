@@ -163,7 +163,7 @@ def test_master_publishes_initial_global_and_rounds_consume_deltas(tmp_path):
     worker.on_train_end(trainer, None)
 
 
-def test_I2_a_global_arriving_mid_loop_is_installed_at_the_next_boundary(tmp_path):
+def test_I2_with_boundary_installs_a_global_arriving_mid_loop_waits_for_the_boundary(tmp_path):
     transport, log = LocalTransport(tmp_path / "repo"), Log()
     loop = master_loop(tmp_path, transport, log)
     loop.start()

@@ -71,7 +71,7 @@ class WorkerPlugin:
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
         self.rate = 0.0  # tokens per step of the last inner loop: this node's pace in the fleet
-        self.eager = getattr(config, "install", "boundary") == "eager"
+        self.eager = config.install == "eager"
         self.step_time_s: float | None = None  # measured over the first inner loop
         self._poll_advised = False
         self.install_every = 1  # eager: steps between looks (a DDP node's ranks agree on it)
