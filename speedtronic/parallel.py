@@ -310,11 +310,15 @@ class NodeSync:
         self.every = max(1, self.inner_steps // EAGER_LOOKS)  # steps between eager looks
         self.worker: Any = None  # rank 0: the node's WorkerPlugin
         self.outer_step = -2  # the installed global's outer step as rank 0 last announced it
-        self.boundary: int | None = None  # the step of the last boundary (the worker's too)
+        self.boundary = 0  # the step of the last boundary: rank 0's worker's, from the start
 
     def on_train_start(self, trainer: Any) -> None:
-        if self.boundary is None:
-            self.boundary = trainer.step
+        # Rank 0's worker keeps the boundary (its checkpoint's, also one saved by a single
+        # process): every rank counts from it, so all look for installs on the same steps
+        start = self.worker.boundary_step if self.worker is not None else trainer.step
+        boundary = torch.tensor([start], dtype=torch.int64, device=self.device)
+        dist.broadcast(boundary, src=0)
+        self.boundary = int(boundary.item())
         self._follow(trainer, at_start=True)
 
     def after_optimizer_step(self, trainer: Any) -> None:
@@ -340,12 +344,10 @@ class NodeSync:
             trainer.optimizer.state.clear()  # as rank 0's worker did when it installed
 
     def state_dict(self) -> dict[str, Any]:
-        return {"outer_step": self.outer_step, "boundary": self.boundary}
+        return {"outer_step": self.outer_step}  # the boundary is rank 0's worker's
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.outer_step = int(state["outer_step"])
-        boundary = state.get("boundary")
-        self.boundary = None if boundary is None else int(boundary)
 
 
 def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logger: Any) -> list:

@@ -149,3 +149,19 @@ def test_validate_warns_of_settings_measured_to_hurt_a_fleet_and_still_accepts_t
     tiny["run"]["max_steps"] = 30  # 3 rounds
     result = invoke("validate", "-c", write(tmp_path, tiny), "--format", "json")
     assert json.loads(result.stdout)["warnings"] == []
+
+
+def test_every_ddp_rank_counts_inner_loops_from_rank_0s_worker_boundary(monkeypatch):
+    """A DDP node resumed from a checkpoint (one a single process saved, too): rank 1 takes
+    rank 0's boundary, so both look for installs on the same steps."""
+    from speedtronic import parallel
+
+    received = iter([7, -2])  # rank 0's boundary step, then its installed outer step
+    monkeypatch.setattr(parallel.dist, "broadcast", lambda t, src: t.fill_(next(received)))
+    sync = parallel.NodeSync(
+        parallel.World(rank=1, size=2), model(1.0), settings(install="eager", inner_steps=8), "cpu"
+    )
+    trainer = FakeTrainer(model(1.0))
+    trainer.step = 10  # resumed here; the inner loop began at step 7
+    sync.on_train_start(trainer)
+    assert sync.boundary == 7

@@ -542,3 +542,51 @@ def test_polls_go_on_while_a_publish_is_in_flight_and_only_the_newest_step_is_se
     loop.stop_sending(timeout=30)  # the first send fails once, then the newest goes
     assert transport.published == [0, 3] and published_step(tmp_path / "repo") == 3
     assert not list((tmp_path / "repo").glob("nodes/*/delta_*"))  # every round's deletes done
+
+
+def test_a_close_waits_through_a_failed_sends_retry_and_the_step_lands(tmp_path):
+    """close() saw the sender idle during a failed send's retry wait and gave up at once."""
+    transport = SlowPublish(tmp_path / "repo")
+    transport.release.set()
+    loop = master_loop(tmp_path, transport, Log(), poll_interval=0.5)  # the retry wait
+    loop.start()
+    transport.fail = 1
+    loop.start_sending()
+    upload_delta(transport, 1, base=0, move=0.01)
+    assert loop.poll_once().outer_step == 1
+    loop.stop_sending(timeout=30)
+    assert transport.published == [0, 1] and not loop.unpublished
+
+
+def saved_round(loop, transport, seq):
+    upload_delta(transport, seq, base=seq - 1, move=0.01)
+    loop.intake.poll(loop.master)
+    result = loop.master.round(0.0, force=True)
+    return loop.publisher.save(loop.master, result.weights, [], {})
+
+
+def test_an_older_step_landing_neither_clears_a_newer_saved_one_nor_lands_over_it(tmp_path):
+    """The sender's thread landing step N must not mark step N+1, saved meanwhile, as
+    published; and N never lands after N+1 (a timed-out close left N in flight)."""
+    transport = SlowPublish(tmp_path / "repo")
+    transport.release.set()
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    first, second = saved_round(loop, transport, 1), saved_round(loop, transport, 2)
+    live = loop.master.global_weights["weight"]
+    assert first.weights["weight"].data_ptr() != live.data_ptr()  # a copy: rounds go on
+    assert loop.publisher.send(first) and loop.unpublished  # step 2 is only in state_dir
+    assert loop.publisher.send(second) and not loop.unpublished
+    assert not loop.publisher.send(first)  # superseded: skipped
+    assert transport.published == [0, 1, 2] and published_step(tmp_path / "repo") == 2
+
+
+def test_a_coordinating_master_whose_last_step_cannot_land_does_not_exit_0(tmp_path):
+    transport = SlowPublish(tmp_path / "repo")
+    transport.release.set()
+    loop = master_loop(tmp_path, transport, Log(), upload_timeout_s=0.3, poll_interval=0.05)
+    loop.start()
+    transport.fail = 10**6
+    upload_delta(transport, 1, base=0, move=0.01)
+    with pytest.raises(TransportError, match="outer step 1 is saved in .* could not be published"):
+        loop.serve(outer_steps=1, stop=threading.Event())

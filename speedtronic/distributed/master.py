@@ -162,16 +162,15 @@ class MasterLoop:
         self.intake.poll(self.master)
         if not force and not self.publisher.due():
             return None  # the offered deltas wait for the next poll's round
-        with self.lock:
+        with self.lock:  # the round and its node summary together, for state_dict's copy
             result = self.master.round(self.clock(), force=force)
+            if result is not None:
+                self.intake.consumed(result.consumed, result.included)
         if result is None:
             if self.publisher.unpublished and self._sent():  # it failed: the repo is behind
-                with self.lock:
-                    weights = {k: t.clone() for k, t in self.master.global_weights.items()}
-                self._publish(weights)
+                self._publish(self.master.global_weights)  # copied by the save
             return None
         self._count_round(result)
-        self.intake.consumed(result.consumed, result.included)
         self._publish(result.weights)
         return result
 
@@ -180,7 +179,7 @@ class MasterLoop:
         happened to it is named in one line, and the next publish restores it."""
         step, sha = self.publisher.last_step, self.publisher.last_sha
         if step is not None and self.guard.check(step, sha, self.intake.max_bytes):
-            self.publisher.unpublished = True  # restored by this poll's publish
+            self.publisher.repo_lost_it = True  # restored by this poll's publish
 
     def _publish(self, weights: Tensors) -> None:
         """Save, then publish (in the sender's thread when running), deleting every settled
@@ -274,6 +273,18 @@ class MasterLoop:
             self.stop_sending(timeout=self.config.upload_timeout_s)
         if self.fatal is not None:
             raise self.fatal
+        if self.unpublished:  # the sender gave up on it: one more try, in this thread
+            self._publish_safely(self.master.global_weights)
+        self.raise_if_unpublished()
+
+    def raise_if_unpublished(self) -> None:
+        """A step saved in state_dir but not in the repo: never exit 0 on that."""
+        if self.unpublished:
+            raise TransportError(
+                f"diloco master: outer step {self.master.outer_step} is saved in "
+                f"{self.state_dir} but could not be published",
+                hint="start the master again (--resume): it publishes it first",
+            )
 
 
 class MasterPlugin:
@@ -314,26 +325,22 @@ class MasterPlugin:
                 "was aggregated",
                 hint="start the master again once the repo is reachable: the deltas wait there",
             )
-        if self.loop.unpublished:  # saved in state_dir, not in the repo: never exit 0 on that
-            raise TransportError(
-                f"diloco master: outer step {self.loop.master.outer_step} is saved in "
-                f"{self.loop.state_dir} but could not be published",
-                hint="start the master again (--resume): it publishes it first",
-            )
+        self.loop.raise_if_unpublished()
 
     def state_dict(self) -> dict[str, Any]:
         """A copy of the master state, for a node whose state_dir is lost; never the newest."""
         if self.loop.master is None:
             return {}
-        with self.loop.lock:
+        with self.loop.lock:  # the step and the node summary of one round
             state = self.loop.master.snapshot()
             weights = {k: t.clone() for k, t in state.global_weights.items()}
+            nodes = dict(self.loop.intake.nodes)
         return {
             "outer_step": state.outer_step,
             "weights": weights,
             "optimizer": state.optimizer_state,
             "processed": sorted(state.processed),
-            "nodes": dict(self.loop.intake.nodes),
+            "nodes": nodes,
             "fleet": state.fleet,
         }
 

@@ -4,7 +4,7 @@ I3: ``Publisher.publish`` saves the master's state to ``state_dir`` *before* the
 new outer step, so a published step always has a saved state behind it and a restarted master
 republishes the same weights. The publish itself is one transport call (the weights, the step
 count and the deletes of consumed deltas: one Hub commit, or write-then-rename on a directory);
-if it fails, ``unpublished`` stays set and the next poll publishes again. It also spaces
+if it fails, ``unpublished`` stays true and the next poll publishes again. It also spaces
 publishes by the transport's ``min_publish_interval_s`` (the Hub limits commits per repo).
 ``PublishSender`` sends saved steps from a thread of its own, so polling goes on meanwhile.
 """
@@ -56,7 +56,20 @@ class Publisher:
         # What the repo should hold: the step and weights sha256 this master last published
         self.last_step: int | None = None
         self.last_sha: str | None = None
-        self.unpublished = False  # a saved step the repo does not have yet
+        self.saved_step: int | None = None  # the newest step saved to state_dir
+        self.repo_lost_it = False  # the repo no longer holds last_step: publish it again
+        # one publish at a time: a send left running by a timed-out close and the final
+        # synchronous publish would otherwise race, and an older step could land last
+        self.sending = threading.Lock()
+
+    @property
+    def unpublished(self) -> bool:
+        """A saved step the repo does not hold: newer than the last landed, or lost since.
+        Derived, not a flag, so a send landing an older step cannot clear a newer step's."""
+        behind = self.saved_step is not None and (
+            self.last_step is None or self.last_step < self.saved_step
+        )
+        return behind or self.repo_lost_it
 
     def due(self) -> bool:
         """Whether a round may publish now (``min_publish_interval_s`` since the last one)."""
@@ -72,16 +85,26 @@ class Publisher:
     def save(
         self, master: Any, weights: Tensors, consumed: list[str], extra: dict[str, Any]
     ) -> Publication:
-        """Save ``master``'s state (I3: before the repo sees its step); what to send."""
-        self.unpublished = True
+        """Save ``master``'s state (I3: before the repo sees its step); what to send, with a
+        copy of ``weights``: the next round changes the master's in place meanwhile."""
         state = master.snapshot()
         state.nodes = extra.get("nodes", {})
         state.save(self.state_dir)
+        self.saved_step = master.outer_step
         fleet = round(master.fleet_rate)
-        return Publication(master.outer_step, weights, list(consumed), extra, fleet)
+        copied = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        return Publication(master.outer_step, copied, list(consumed), extra, fleet)
 
-    def send(self, publication: Publication) -> None:
-        """Publish a saved step: weights and step_count together, consumed deltas deleted."""
+    def send(self, publication: Publication) -> bool:
+        """Publish a saved step: weights and step_count together, consumed deltas deleted.
+        False when a newer step landed meanwhile: the older one is never sent over it (I3)."""
+        with self.sending:
+            if self.last_step is not None and publication.outer_step < self.last_step:
+                return False  # superseded; the newer publish deleted what it would delete
+            self._send(publication)
+        return True
+
+    def _send(self, publication: Publication) -> None:
         outer_step = publication.outer_step
         data = encode_weights(publication.weights, outer_step)
         step_count = {
@@ -95,7 +118,7 @@ class Publisher:
         }
         start = time.perf_counter()
         self.transport.publish(data, step_count, publication.consumed)
-        self.last_publish, self.unpublished = self.clock(), False
+        self.last_publish, self.repo_lost_it = self.clock(), False
         self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
         self.logger.log(
             "diloco_publish",
@@ -166,21 +189,22 @@ class PublishSender:
                 if self.waiting is not publication:
                     merged = dict.fromkeys([*publication.consumed, *self.waiting.consumed])
                     self.waiting = replace(self.waiting, consumed=list(merged))
+                self.busy = False  # only now: close() must not see it idle while it retries
             self.wake.set()
 
     def _send(self, publication: Publication) -> bool:
+        """Whether it is done with: landed or superseded (``busy`` cleared), or failed."""
         try:
-            self.publisher.send(publication)
-            landed = True
+            landed = self.publisher.send(publication)
         except Exception as exc:  # anything: the thread lives on and retries (I5)
-            landed = False
             if getattr(exc, "permanent", False):
                 self.fatal = self.fatal or exc
                 self.stop.set()
             elif line := self.throttle.line(f"diloco master: publish failed ({exc}); retrying"):
                 self.logger.warn(line)
+            return False
         with self.lock:
             self.busy = False
             if landed:
                 self.landed += publication.consumed
-        return landed
+        return True
