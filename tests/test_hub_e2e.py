@@ -32,7 +32,7 @@ from pathlib import Path
 import proc_support
 import pytest
 import yaml
-from test_diloco_e2e import CONFIG, log_of, wait_until
+from test_diloco_e2e import CONFIG, installs, log_of, wait_until
 
 from speedtronic.distributed.hub.budget import estimate_commits_per_hour
 from speedtronic.distributed.hub.client import HubClient, RepoNotFound
@@ -220,7 +220,7 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     assert [r[0] for r in rounds] == list(range(1, published["outer_step"] + 1)), rounds
     logs = {w: (tmp_path / f"{w}.log").read_text() for w in WORKERS}
     assert all("starting from global outer step" in text for text in logs.values()), logs
-    installs = sum(text.count("installed global") for text in logs.values())  # timing-bound
+    installed = sum(installs(text) for text in logs.values())  # timing-bound
 
     # Every delta uploaded was applied exactly once: none stale or rejected, none left over
     uploads = sum(len(events(tmp_path, w, "diloco_upload")) for w in WORKERS)
@@ -263,7 +263,7 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     storage_faults = stats["storage"]["injected"]
     print(
         f"\nhub e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
-        f"globals installed by workers {installs}, commits {len(commits)}, "
+        f"globals installed by workers {installed}, commits {len(commits)}, "
         f"API requests {len(requests)}, faults {len(faults)} {count_kinds(faults)}, "
         f"storage requests {len(stored)}, faults {len(storage_faults)} "
         f"{count_kinds(storage_faults)}, commit POSTs {len(posts)} "

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from s3_support import SECRET_KEY, running_store
-from test_diloco_e2e import CONFIG, log_of, wait_until
+from test_diloco_e2e import CONFIG, installs, log_of, wait_until
 
 from speedtronic.distributed.protocol import STEP_COUNT
 
@@ -165,7 +165,7 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
     per_op = {op: stats[f"s3_{op}"] for op in operations if stats[f"s3_{op}"]}
     print(
         f"\ns3 e2e: {wall_s:.1f} s, outer step {published['outer_step']}, uploads {uploads}, "
-        f"installs {sum(t.count('installed global') for t in logs.values())}, "
+        f"installs {sum(installs(t) for t in logs.values())}, "
         f"requests {len(requests)}, faults {len(faults)} {kinds}, "
         f"{WORKERS[0]} requests {per_op} retries {stats['s3_retries']}, "
         f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
