@@ -85,7 +85,7 @@ PRESETS = {
     "tokens": ["a", "c_f0.25_sync_keep_tok", "c_f0.05_sync_keep_tok"],
     "uneven": ["a", "d_f0.25", "d_f0.25_eager_keep"],
     "corrections": ["a", "c_f0.25_eager_keep_bare", "d_f0.25_eager_keep_dylu"],
-    "long": ["a", "c_f0.25", "c_f0.25_eager_keep"],
+    "long": ["a", "c_f0.25", "c_f0.25_keep", "c_f0.25_eager_keep"],
 }
 QUICK = dict(steps=8, inner_steps=2, batch=4, warmup=2, eval_every=2, eval_batches=1, eval_batch=32)
 QUICK_ARMS = "a,c_f0.25,c_f0.25_eager_keep,c_f0.25_sync_keep,d_f0.25_eager_keep"

@@ -76,7 +76,8 @@ DOCS: dict[str, str] = {
     "distributed.token": "Hub token; null: $HF_TOKEN or the saved login (never logged)",
     "distributed.inner_steps": "optimizer steps between syncs (H)",
     "distributed.poll_interval": "seconds between checks of the repo",
-    "distributed.reset_inner_optimizer": "clear AdamW moments when a new global is installed",
+    "distributed.reset_inner_optimizer": "true: clear AdamW moments at every install "
+    "(upstream DiLoCo; measured worse, docs/diloco.md)",
     "distributed.reapply_own_delta": "install the global minus this node's deltas it lacks",
     "distributed.install": "eager: install a newer global as soon as it is downloaded, "
     "keeping the progress since the last boundary; boundary: only between inner loops",
