@@ -270,6 +270,8 @@ STYLE = {  # arm suffix after c_f<x> -> (label, colour)
     "_eager_keep": ("eager install, AdamW kept", "#2ca02c"),
     "_sync_keep": ("blocking sync, AdamW kept", "#1f77b4"),
     "_eager_keep_lr0.7_m0.9": ("eager, kept, outer 0.7 / Nesterov 0.9", "#9467bd"),
+    "_eager_keep_la": ("eager, kept, momentum look-ahead", "#8c564b"),
+    "_eager_keep_dylu": ("eager, kept, inner_steps by speed", "#e377c2"),
 }
 
 
@@ -304,6 +306,7 @@ def plot(results: list[dict[str, Any]], long: list[dict[str, Any]], png: str) ->
     fig, axes = plt.subplots(2, 3, figsize=(17, 10))
     for ax, (title, prefix) in zip(axes.flat, panels, strict=False):
         arms = [a for a in by_arm if a == prefix or a.startswith(prefix + "_")]
+        arms = [a for a in arms if "_tok" not in a]  # equal tokens: another clock
         if prefix.startswith("c_f0.25"):
             arms.append(f"c_f{FREE}_sync_keep")
         if prefix.startswith("d_"):
@@ -315,8 +318,9 @@ def plot(results: list[dict[str, Any]], long: list[dict[str, Any]], png: str) ->
         for r in long:
             long_by_arm.setdefault(r["arm"], []).append(r)
         loops = round(long[0].get("until_s", 0) / 15.0)  # L = 50 steps x 0.3 s
-        title = f"long horizon: {loops} inner loops, f = 0.25"
-        _panel(ax, long_by_arm, list(long_by_arm), "c_f0.25", title)
+        fs = sorted({parse_arm(a).latency for a in long_by_arm if a != "a"})
+        title = f"long horizon: {loops} inner loops, f = {' and '.join(f'{f:g}' for f in fs)}"
+        _panel(ax, long_by_arm, [a for a in long_by_arm if a != "a"], "c_f0.25", title)
     else:
         ax.axis("off")
     _bars(axes.flat[5], summarize(results))
@@ -330,7 +334,7 @@ def plot(results: list[dict[str, Any]], long: list[dict[str, Any]], png: str) ->
 
 
 def _panel(ax: Any, by_arm: dict, arms: list[str], prefix: str, title: str) -> None:
-    low, high = math.inf, 0.0
+    low, high, worst = math.inf, 0.0, 0.0
     for arm in ["a", *arms]:
         runs = by_arm.get(arm)
         if not runs:
@@ -346,6 +350,7 @@ def _panel(ax: Any, by_arm: dict, arms: list[str], prefix: str, title: str) -> N
             label, color = "4 equal nodes, eager, kept", "#17becf"
         style = "--" if arm == "a" or arm.startswith(f"c_f{FREE}") else "-"
         final = statistics.mean(r["final_eval_loss"] or math.nan for r in runs)
+        worst = max(worst, final) if math.isfinite(final) else worst
         ax.plot(xs, ys, style, drawstyle="steps-post", color=color, lw=1.5,
                 label=f"{label}: {final:.3f}")  # fmt: skip
         finite = [y for y in ys if math.isfinite(y)]
@@ -356,7 +361,7 @@ def _panel(ax: Any, by_arm: dict, arms: list[str], prefix: str, title: str) -> N
         ax.axhline(statistics.mean(r["final_eval_loss"] for r in by_arm["a"]), color="#7f7f7f",
                    lw=0.6)  # fmt: skip
     if math.isfinite(low):
-        ax.set_ylim(low - 0.03, max(high, low + 0.3))
+        ax.set_ylim(low - 0.03, max(high, low + 0.3, worst + 0.05))  # every arm's end shows
     ax.set_xlim(0, 1.08)
     ax.axvline(1.0, color="k", lw=0.5, ls=":")
     ax.set_title(title)
