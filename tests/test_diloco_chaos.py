@@ -99,8 +99,7 @@ def chaos(tmp_path, repo, master, worker):
     assert int(re.search(restarted, log_of(tmp_path, "m")).group(1)) >= before
     master.send_signal(signal.SIGSTOP)  # paused for the rest of the worker's run
     worker.wait(timeout=TIMEOUT_S)
-    # Deltas piled up meanwhile: 3 out (MAX_IN_FLIGHT), the rest of the run added up in one
-    assert len(list(repo.glob("nodes/*/delta_*"))) >= 2
+    assert len(list(repo.glob("nodes/*/delta_*"))) >= 10  # deltas piled up meanwhile
     master.send_signal(signal.SIGCONT)
     return master
 
