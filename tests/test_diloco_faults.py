@@ -590,33 +590,3 @@ def test_a_coordinating_master_whose_last_step_cannot_land_does_not_exit_0(tmp_p
     upload_delta(transport, 1, base=0, move=0.01)
     with pytest.raises(TransportError, match="outer step 1 is saved in .* could not be published"):
         loop.serve(outer_steps=1, stop=threading.Event())
-
-
-def test_I2_a_master_far_behind_never_makes_an_install_guess(tmp_path):
-    """Chaos showed it (global 1.50 against the worker's 1.39): with more deltas out than the
-    worker keeps records of, it merged two records, and a global holding only part of the
-    merged run was corrected by a share by count, a guess when deltas differ. Now later
-    boundaries wait, folded in the outbox, and every install subtracts exactly what is missing."""
-    transport = LocalTransport(tmp_path / "repo")
-    loop = master_loop(tmp_path, transport, Log())
-    loop.start()
-    net = model(1.0)
-    config = settings(inner_steps=1, reapply_own_delta=True)
-    worker, trainer = WorkerPlugin(config, net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
-
-    def boundary(move):
-        trainer.train_step(worker, move=move)  # inner_steps 1: every step is a boundary
-        worker.uploader.send_pending()
-
-    boundary(-0.5)
-    boundary(-0.25)
-    assert loop.poll_once().outer_step == 1  # holds deltas 1 and 2
-    for move in (-0.125, -0.0625, -0.03125):  # 3 goes; 4 and 5 wait, folded into one
-        boundary(move)
-    assert len(transport.list_deltas()) == 1 and worker.uploader.held()
-    before = net.weight.detach().clone()
-    worker.fetcher.refresh()
-    boundary(0.0)  # installs global 1: its own work, so the weights must not move
-    torch.testing.assert_close(net.weight, before, rtol=0, atol=1e-6)
-    assert worker.base_outer_step == 1 and not worker.uploader.held()

@@ -128,7 +128,7 @@ class WorkerPlugin:
         if self.background:
             self.uploader.drain(timeout=self.config.upload_timeout_s)
         else:
-            self.uploader.send_pending(final=True)
+            self.uploader.send_pending()
         self.status.stop.set()
         self.uploader.wake.set()
         self.status.raise_if_fatal()

@@ -24,10 +24,8 @@ from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.protocol import DeltaHeader, delta_path, parse_delta_path
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
-# Sent deltas kept (on the CPU) until a global names them included. With this many out, later
-# boundaries fold into the outbox until a global includes one: an install then subtracts
-# exactly what the global lacks (a merged record cut by a global could only be guessed at),
-# and a paused master costs this many copies of the weights. Past it only at the end.
+# Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
+# two are merged (a paused master: memory stays at this many copies of the weights)
 MAX_IN_FLIGHT = 3
 
 
@@ -82,7 +80,6 @@ class Uploader:
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
         self.in_flight: list[InFlight] = []  # sent, not yet in a published global; oldest first
         self.upload_seconds: list[float] = []  # how long each upload took, for the poll advice
-        self.final = False  # training ended: everything goes, whatever is in flight
         self.lock = threading.Lock()
         self.wake = threading.Event()
 
@@ -116,14 +113,6 @@ class Uploader:
         with self.lock:
             return self.outbox is not None or self.exact is not None
 
-    def held(self) -> bool:
-        """The outbox waits for a global that includes a delta in flight (MAX_IN_FLIGHT)."""
-        with self.lock:
-            return self._held()
-
-    def _held(self) -> bool:
-        return len(self.in_flight) >= MAX_IN_FLIGHT and not self.final and self.exact is None
-
     def run(self) -> None:
         """The uploader thread: send on each wake-up; after a failure back off and retry."""
         wait, stop = RETRY_S[0], self.status.stop
@@ -132,15 +121,13 @@ class Uploader:
             self.wake.clear()
             if self.send_pending():
                 wait = RETRY_S[0]
-            if self.unsent() and not self.held() and not stop.is_set():
+            if self.unsent() and not stop.is_set():
                 stop.wait(wait)  # a failure: back off, then try again with what piled up
                 wait = min(wait * 2, RETRY_S[1])
                 self.wake.set()
 
-    def send_pending(self, final: bool = False) -> bool:
-        """Upload whatever may go now (``final``: everything, training has ended); True if
-        nothing is left to send afterwards."""
-        self.final = self.final or final
+    def send_pending(self) -> bool:
+        """Upload whatever is queued; True if nothing is left to send afterwards."""
         while self._take_and_send():
             pass
         return not self.unsent()
@@ -148,7 +135,6 @@ class Uploader:
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` for queued deltas to go out; what stays is kept in the state."""
         deadline = time.monotonic() + timeout
-        self.final = True
         self.wake.set()
         while time.monotonic() < deadline and self.status.fatal is None:
             if self.all_sent():
@@ -188,7 +174,7 @@ class Uploader:
             was_exact = self.exact is not None
             if was_exact:
                 pending, self.exact = self.exact, None
-            elif self.outbox is not None and not self._held():
+            elif self.outbox is not None:
                 pending, self.outbox = self.outbox, None
             else:
                 return None, False
@@ -216,7 +202,7 @@ class Uploader:
         dtype = torch.float32 if self.config.delta_dtype == "fp32" else torch.bfloat16
         kept = {k: v.detach().to("cpu", dtype, copy=True) for k, v in delta.items()}
         self.in_flight.append(InFlight(seq, seq, kept))
-        if len(self.in_flight) > MAX_IN_FLIGHT:  # only at the end (no install follows): merge
+        if len(self.in_flight) > MAX_IN_FLIGHT:  # the master is not keeping up: merge the oldest
             older, newer = self.in_flight[:2]
             merged = {k: older.delta[k] + newer.delta[k] for k in older.delta}
             self.in_flight[:2] = [InFlight(older.first, newer.last, merged)]
@@ -227,8 +213,6 @@ class Uploader:
         with self.lock:
             self.in_flight = [b.after(included_seq) for b in self.in_flight]
             self.in_flight = [b for b in self.in_flight if b is not None]
-            if not self._held():
-                self.wake.set()  # a held outbox may go now
             parts = [b.delta for b in self.in_flight]
             unsent = (self.exact, self.sending, self.outbox)  # may have landed: by their seq
             parts += [p.delta for p in unsent if p is not None and not 0 < p.seq <= included_seq]
