@@ -590,36 +590,3 @@ def test_a_coordinating_master_whose_last_step_cannot_land_does_not_exit_0(tmp_p
     upload_delta(transport, 1, base=0, move=0.01)
     with pytest.raises(TransportError, match="outer step 1 is saved in .* could not be published"):
         loop.serve(outer_steps=1, stop=threading.Event())
-
-
-def test_I2_a_global_holding_part_of_a_merged_run_waits_for_the_next_one(tmp_path):
-    """Chaos showed it (global 1.50 against the worker's own 1.39): with more deltas out than
-    the worker keeps records of, it merges the two oldest, and a global holding part of the
-    merged run was corrected by a share by count, a guess when deltas differ. Now the node
-    waits for the next global, which holds the whole run, and installs exactly."""
-    transport = LocalTransport(tmp_path / "repo")
-    loop = master_loop(tmp_path, transport, Log())
-    loop.start()
-    net = model(1.0)
-    config = settings(inner_steps=1, reapply_own_delta=True)
-    worker, trainer = WorkerPlugin(config, net, transport, Log()), FakeTrainer(net)
-    worker.on_train_start(trainer)
-
-    def boundary(move):
-        trainer.train_step(worker, move=move)  # inner_steps 1: every step is a boundary
-        worker.uploader.send_pending()
-
-    boundary(-0.5)
-    boundary(-0.25)
-    assert loop.poll_once().outer_step == 1  # holds deltas 1 and 2
-    for move in (-0.125, -0.0625, -0.03125):  # 5 out: records [1..3], [4], [5]
-        boundary(move)
-    worker.fetcher.refresh()
-    before = net.weight.detach().clone()
-    boundary(0.0)  # global 1 holds 1..2 of the merged run 1..3: not installed
-    assert worker.base_outer_step == 0 and torch.equal(net.weight, before)
-    assert loop.poll_once().outer_step == 2  # holds them all
-    worker.fetcher.refresh()
-    boundary(0.0)  # installs global 2: its own work, so the weights must not move
-    assert worker.base_outer_step == 2
-    torch.testing.assert_close(net.weight, before, rtol=0, atol=1e-6)

@@ -214,9 +214,6 @@ class WorkerPlugin:
         ready = self.fetcher.take()
         if ready is None or ready.outer_step <= self.base_outer_step:
             return None
-        if self.config.reapply_own_delta and self.uploader.cuts_a_merged_run(ready.own_seq):
-            self.fetcher.put_back(ready)  # the master takes the rest of the run next round
-            return None
         missing = self.uploader.not_included(ready.own_seq)
         progress = None
         if carry_progress:  # what this inner loop has done so far: the next delta holds it

@@ -74,12 +74,6 @@ class GlobalFetcher:
             ready, self.ready = self.ready, None
         return ready
 
-    def put_back(self, ready: Ready) -> None:
-        """A global the caller could not install yet: kept unless a newer one came meanwhile."""
-        with self.lock:
-            if self.ready is None:
-                self.ready = ready
-
     def fetch_newer(self) -> None:
         counted = self.transport.read_step_count()
         with self.lock:

@@ -25,8 +25,7 @@ from speedtronic.distributed.protocol import DeltaHeader, delta_path, parse_delt
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 # Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
-# two are merged (a paused master: memory stays at this many copies of the weights), and a
-# global that holds part of a merged run is not installed: what it lacks is not known exactly
+# two are merged (a paused master: memory stays at this many copies of the weights)
 MAX_IN_FLIGHT = 3
 
 
@@ -207,12 +206,6 @@ class Uploader:
             older, newer = self.in_flight[:2]
             merged = {k: older.delta[k] + newer.delta[k] for k in older.delta}
             self.in_flight[:2] = [InFlight(older.first, newer.last, merged)]
-
-    def cuts_a_merged_run(self, included_seq: int) -> bool:
-        """Whether a global including this node's deltas up to ``included_seq`` holds part of
-        a merged run: the part it lacks is unknown, so the node waits for the next global."""
-        with self.lock:
-            return any(b.first <= included_seq < b.last for b in self.in_flight)
 
     def not_included(self, included_seq: int) -> dict[str, torch.Tensor] | None:
         """The sum of every delta of this node that a global including its deltas up to
