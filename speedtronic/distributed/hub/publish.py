@@ -49,19 +49,19 @@ class Publisher:
         outer_step = step_count["outer_step"]
         body = json.dumps(step_count, indent=2).encode() + b"\n"
         adds = {GLOBAL_WEIGHTS: weights, STEP_COUNT: body}
-        message = self._message(f"publish outer step {outer_step}")
+        message = commit_message(self.node_id, f"publish outer step {outer_step}")
         parent = self.view.head
         # a retried commit of ours may land late: its step count is not another master's
         self.view.own(git_blob_oid(body))
         if parent is None:
-            parent = self._current_head()
+            parent = self.view.current_head(self.client)
         for _ in range(MAX_PUBLISH_ATTEMPTS):
             deletes = self._deletable(parent, outer_step, consumed)
             try:
                 head = self.client.commit(adds, deletes, message, parent=parent)
             except CommitConflict:
                 self.counts.add("publish_conflicts")
-                parent = self._current_head()
+                parent = self.view.current_head(self.client)
                 continue
             self.view.published(parent, head, body, deletes)
             publishes = self.counts.add("publishes")
@@ -102,7 +102,9 @@ class Publisher:
 
     def _squash(self, outer_step: int) -> None:
         try:
-            self.client.squash(self._message(f"squash history at outer step {outer_step}"))
+            self.client.squash(
+                commit_message(self.node_id, f"squash history at outer step {outer_step}")
+            )
         except (TransportError, OSError) as exc:
             # The publish landed; an unsquashed history only costs storage until the next try
             self.counts.add("squash_failures")
@@ -112,10 +114,7 @@ class Publisher:
         self.rates.committed()
         self.counts.add("squashes")
 
-    def _current_head(self) -> str:
-        head = self.client.head()
-        self.view.saw_head(head)
-        return head
 
-    def _message(self, what: str) -> str:
-        return f"{self.node_id}: {what}" if self.node_id else what
+def commit_message(node_id: str, what: str) -> str:
+    """A commit's message: the node that made it, then what it does."""
+    return f"{node_id}: {what}" if node_id else what

@@ -18,7 +18,7 @@ from typing import Any
 from speedtronic.distributed.hub.budget import cadence_warnings
 from speedtronic.distributed.hub.errors import HubError
 from speedtronic.distributed.hub.files import check_repo_path
-from speedtronic.distributed.hub.publish import MAX_PUBLISH_ATTEMPTS, Publisher
+from speedtronic.distributed.hub.publish import MAX_PUBLISH_ATTEMPTS, Publisher, commit_message
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
 from speedtronic.distributed.protocol import NODES_DIR, delta_path_problem, parse_delta_path
@@ -106,14 +106,14 @@ class HubTransport:
         check_repo_path(path)
         parsed = parse_delta_path(path)
         what = f"delta {parsed[1]}" if parsed else f"upload {path}"
-        self.view.saw_head(self.client.commit({path: data}, [], self._message(what)))
+        self.view.saw_head(self.client.commit({path: data}, [], commit_message(self.node_id, what)))
         self.counts.add("uploads")
 
     # ------------------------------------------------------------------ reads
 
     def list_deltas(self) -> list[DeltaRef]:
         """The deltas under ``nodes/`` at the current head: 1 call if nothing changed, else 2."""
-        head = self._current_head()
+        head = self.view.current_head(self.client)
         cached = self.view.listing_at(head)
         if cached is not None:
             return cached
@@ -129,7 +129,7 @@ class HubTransport:
         """``path`` at the revision it was listed at (global files: where the step count was
         read), else at the current head. None when absent there."""
         check_repo_path(path)
-        revision = self.view.revision_of(path) or self._current_head()
+        revision = self.view.revision_of(path) or self.view.current_head(self.client)
         try:
             return self.client.download(path, revision, max_bytes)
         except HubError as exc:
@@ -139,7 +139,7 @@ class HubTransport:
 
     def read_step_count(self) -> dict[str, Any] | None:
         """``step_count.json`` at the current head; the cached value (1 call) if unchanged."""
-        head = self._current_head()
+        head = self.view.current_head(self.client)
         cached = self.view.step_at(head)
         if cached is None:
             cached = read_step_count_at(self.client, head)
@@ -154,16 +154,6 @@ class HubTransport:
         """One commit: the weights, ``step_count.json`` and deletes of the consumed deltas, on
         the last head seen, refusing to overwrite another master's (``publish.Publisher``)."""
         self._publisher.publish(weights, step_count, consumed)
-
-    # ------------------------------------------------------------------ helpers
-
-    def _current_head(self) -> str:
-        head = self.client.head()
-        self.view.saw_head(head)
-        return head
-
-    def _message(self, what: str) -> str:
-        return f"{self.node_id}: {what}" if self.node_id else what
 
 
 def _copy(value: dict[str, Any] | None) -> dict[str, Any] | None:

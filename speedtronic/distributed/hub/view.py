@@ -65,6 +65,12 @@ class RepoView:
         with self._lock:
             self._head = head
 
+    def current_head(self, client: Any) -> str:
+        """Ask ``client`` for the repo's head now, and remember it."""
+        head = client.head()
+        self.saw_head(head)
+        return head
+
     def listing_at(self, head: str) -> list[DeltaRef] | None:
         """The cached listing if it was taken at ``head``, else None."""
         with self._lock:
