@@ -47,6 +47,7 @@ from hub_emulator_faults import (
     Request,
     error_response,
     json_response,
+    ranged_response,
     serve_cli,
 )
 from hub_emulator_lfs import HUB_GITATTRIBUTES, LfsApi, Storage, pointer, wants_lfs
@@ -405,13 +406,7 @@ class HubState:
             return 302, headers, b"Found. Redirecting to the storage"
         headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
         headers.update({"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": commit.sha})
-        # A download cut short is resumed with `Range: bytes=N-` by huggingface_hub itself.
-        match = re.fullmatch(r"bytes=(\d+)-(\d*)", req.headers.get("Range") or "")
-        if req.method == "GET" and match and data:
-            start, end = int(match[1]), int(match[2] or len(data) - 1)
-            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            return 206, headers, data[start : end + 1]
-        return 200, headers, data
+        return ranged_response(req, headers, data)
 
     def list_commits(self, req: Request, repo: str, rev: str):
         emu_repo = self.read_repo(req, repo, rev)

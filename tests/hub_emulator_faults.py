@@ -263,6 +263,17 @@ class Accounts:
         return [(org, m[user]) for org, m in sorted(self.orgs.items()) if user in m]
 
 
+def ranged_response(req: Request, headers: dict, data: bytes):
+    """200 with ``data``, or 206 with the part a ``Range: bytes=N-[M]`` GET asks for (how
+    huggingface_hub resumes a download cut short)."""
+    match = re.fullmatch(r"bytes=(\d+)-(\d*)", req.headers.get("Range") or "")
+    if req.method == "GET" and match and data:
+        start, end = int(match[1]), int(match[2] or len(data) - 1)
+        headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+        return 206, headers, data[start : end + 1]
+    return 200, headers, data
+
+
 def json_response(obj, status: int = 200, headers: dict | None = None):
     return status, {"Content-Type": "application/json", **(headers or {})}, json.dumps(obj).encode()
 

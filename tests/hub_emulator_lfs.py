@@ -28,7 +28,7 @@ import re
 import secrets
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from hub_emulator_faults import FaultyServer, Reject, Request, json_response
+from hub_emulator_faults import FaultyServer, Reject, Request, json_response, ranged_response
 
 LFS_SIZE = 10 * 1024 * 1024  # the Hub's rule: files of 10 MiB or more go to LFS
 URL_TTL_S = 3600.0  # how long a signed URL works
@@ -263,12 +263,7 @@ class Storage(FaultyServer):
             raise s3_error(404, "NoSuchKey", "The specified key does not exist.")
         headers = {"Content-Type": "application/octet-stream", "ETag": etag_of(data)}
         headers["Accept-Ranges"] = "bytes"
-        match = re.fullmatch(r"bytes=(\d+)-(\d*)", req.headers.get("Range") or "")
-        if req.method == "GET" and match and data:
-            start, end = int(match[1]), int(match[2] or len(data) - 1)
-            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            return 206, headers, data[start : end + 1]
-        return 200, headers, data
+        return ranged_response(req, headers, data)
 
 
 def signed_query(url: str) -> dict[str, str]:
