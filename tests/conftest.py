@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,14 @@ def hub_emulator():
     with HubEmulator({"hf_test_writer": "alice"}) as emu:
         emu.token = "hf_test_writer"
         yield emu
+
+
+@pytest.fixture
+def library_sleeps(monkeypatch) -> list[float]:
+    """Sleeps anything else takes through time.sleep (huggingface_hub's own retry loops): for
+    the Hub client's tests, where the client's policy is the only one that should ever wait."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield slept
+    assert slept == [], "huggingface_hub slept in its own retry loop"

@@ -13,7 +13,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_home_"))
@@ -36,7 +35,7 @@ from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNot
 from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.errors import TransportError
 
-pytestmark = pytest.mark.hub
+pytestmark = [pytest.mark.hub, pytest.mark.usefixtures("library_sleeps")]
 
 SECRET = "hf_SecretWriterToken0123456789"
 READONLY = "hf_SecretReadOnlyToken987654321"
@@ -65,16 +64,6 @@ def repo(emu):
 def sleeps() -> list[float]:
     return []
 
-
-@pytest.fixture(autouse=True)
-def library_sleeps(monkeypatch) -> list[float]:
-    """Sleeps anything else takes through time.sleep (huggingface_hub's own retry loops):
-    the client's policy is the only one that should ever wait."""
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield slept
-    assert slept == [], "huggingface_hub slept in its own retry loop"
 
 
 @pytest.fixture

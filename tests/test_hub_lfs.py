@@ -47,7 +47,7 @@ from speedtronic.distributed.hub.transport import HubTransport
 from speedtronic.distributed.hub.wording import Op
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
 
-pytestmark = pytest.mark.hub
+pytestmark = [pytest.mark.hub, pytest.mark.usefixtures("library_sleeps")]
 
 TOKEN = "hf_LfsWriterToken0123456789abcdef"
 REPO = "alice/run"
@@ -69,15 +69,6 @@ def emu():
 def sleeps() -> list[float]:
     return []
 
-
-@pytest.fixture(autouse=True)
-def library_sleeps(monkeypatch) -> list[float]:
-    """The client's policy is the only one that waits: huggingface_hub never sleeps here."""
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield slept
-    assert slept == [], "huggingface_hub slept in its own retry loop"
 
 
 @pytest.fixture
