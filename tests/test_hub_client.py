@@ -65,7 +65,6 @@ def sleeps() -> list[float]:
     return []
 
 
-
 @pytest.fixture
 def make(emu, sleeps, tmp_path):
     def make_client(token: str | None = SECRET, **kw) -> HubClient:

@@ -70,7 +70,6 @@ def sleeps() -> list[float]:
     return []
 
 
-
 @pytest.fixture
 def make(emu, sleeps, tmp_path):
     def make_client(token: str = TOKEN, **kw) -> HubClient:
