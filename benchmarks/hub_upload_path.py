@@ -119,9 +119,9 @@ def request_rows() -> list[dict]:
     """Requests per operation of the real transport against the Hub emulator."""
     from hub_emulator import HubEmulator
 
-    from speedtronic.distributed.hub.client import HubClient
     from speedtronic.distributed.hub.transport import HubTransport
     from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, delta_path
+    from speedtronic.hub.client import HubClient
 
     rows = []
     with HubEmulator({"hf_bench": "alice"}) as emu, tempfile.TemporaryDirectory() as cache:

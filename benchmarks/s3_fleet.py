@@ -42,15 +42,13 @@ import torch  # noqa: E402
 
 from speedtronic.config import SpeedtronicConfig  # noqa: E402
 from speedtronic.distributed.codec import encode_delta, expected_delta_bytes  # noqa: E402
-from speedtronic.distributed.hub.budget import (  # noqa: E402
-    HUB_COMMITS_PER_HOUR,
-    estimate_commits_per_hour,
-)
+from speedtronic.distributed.hub.cadence import estimate_commits_per_hour  # noqa: E402
 from speedtronic.distributed.master import MasterLoop  # noqa: E402
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, DeltaHeader, delta_path  # noqa: E402
 from speedtronic.distributed.s3.client import S3Client  # noqa: E402
 from speedtronic.distributed.s3.transport import S3Transport  # noqa: E402
 from speedtronic.distributed.worker import parameters_of  # noqa: E402
+from speedtronic.hub.budget import HUB_COMMITS_PER_HOUR  # noqa: E402
 from speedtronic.registry import build_model  # noqa: E402
 
 BUCKET, PREFIX = "fleet", "run"

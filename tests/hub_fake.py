@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedtronic.distributed.hub.budget import Budget
-from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound
-from speedtronic.distributed.hub.files import HubCommit, HubFile, git_blob_oid
+from speedtronic.hub.budget import Budget
+from speedtronic.hub.errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.hub.files import HubCommit, HubFile, git_blob_oid
 
 
 def hub_error(cls: type, message: str, status: int | None, permanent: bool) -> HubError:

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.distributed.hub import admin as hub_admin
-from speedtronic.distributed.hub.budget import Budget
 from speedtronic.errors import ConfigError, TransportError
+from speedtronic.hub.budget import Budget
 
 READ_ONLY = {"whoami", "visibility", "head", "list_files", "download", "storage_bytes", "commits"}
 READ_ONLY |= {"user_exists", "org_members", "paths_info"}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from speedtronic.distributed.hub.access import write_access_problem
+from speedtronic.hub.access import write_access_problem
 
 
 def whoami(role, name="alice", orgs=(), fine=None):

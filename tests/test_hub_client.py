@@ -22,18 +22,16 @@ import pytest
 from hub_emulator import HubEmulator, git_blob_id
 from hub_emulator_lfs import pointer
 
-from speedtronic.distributed.hub.budget import (
-    HUB_CALLS_PER_5_MIN,
-    HUB_COMMITS_PER_HOUR,
-    Budget,
+from speedtronic.distributed.hub.cadence import (
     cadence_warnings,
     estimate_calls_per_5min,
     estimate_commits_per_hour,
 )
-from speedtronic.distributed.hub.client import HubClient
-from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound
-from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.errors import TransportError
+from speedtronic.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR, Budget
+from speedtronic.hub.client import HubClient
+from speedtronic.hub.errors import CommitConflict, HubError, RepoNotFound
+from speedtronic.hub.files import git_blob_oid
 
 pytestmark = [pytest.mark.hub, pytest.mark.usefixtures("library_sleeps")]
 

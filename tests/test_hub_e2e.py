@@ -34,9 +34,9 @@ import pytest
 import yaml
 from test_diloco_e2e import CONFIG, installs, log_of, wait_until
 
-from speedtronic.distributed.hub.budget import estimate_commits_per_hour
-from speedtronic.distributed.hub.client import HubClient, RepoNotFound
+from speedtronic.distributed.hub.cadence import estimate_commits_per_hour
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT
+from speedtronic.hub.client import HubClient, RepoNotFound
 
 # Processes end to end against a local server: the slow tier (python -m pytest -m slow)
 pytestmark = pytest.mark.slow

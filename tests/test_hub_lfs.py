@@ -39,13 +39,13 @@ import httpx2
 import pytest
 from hub_emulator import HubEmulator
 
-from speedtronic.distributed.hub.budget import REQUESTS
-from speedtronic.distributed.hub.client import HubClient
-from speedtronic.distributed.hub.errors import HubError, Transient
-from speedtronic.distributed.hub.session import NetworkFailure
+from speedtronic.distributed.hub.cadence import REQUESTS
 from speedtronic.distributed.hub.transport import HubTransport
-from speedtronic.distributed.hub.wording import Op
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
+from speedtronic.hub.client import HubClient
+from speedtronic.hub.errors import HubError, Transient
+from speedtronic.hub.session import NetworkFailure
+from speedtronic.hub.wording import Op
 
 pytestmark = [pytest.mark.hub, pytest.mark.usefixtures("library_sleeps")]
 
@@ -120,7 +120,7 @@ def test_an_upload_and_a_download_take_the_lfs_path_and_every_request_is_counted
 CHILD = """
 import importlib.util, json, sys
 from huggingface_hub import constants
-from speedtronic.distributed.hub.client import HubClient
+from speedtronic.hub.client import HubClient
 
 url, token, cache = sys.argv[1:]
 client = HubClient("alice/run", token=token, endpoint=url, cache_dir=cache)

@@ -9,10 +9,10 @@ import pytest
 from diloco_support import Log
 from hub_fake import FakeHub, FakeHubClient
 
-from speedtronic.distributed.hub.budget import Budget
-from speedtronic.distributed.hub.errors import HubError, RepoNotFound
 from speedtronic.distributed.hub.transport import HubTransport
 from speedtronic.distributed.protocol import delta_path
+from speedtronic.hub.budget import Budget
+from speedtronic.hub.errors import HubError, RepoNotFound
 
 REPO = "alice/run"
 

@@ -18,13 +18,13 @@ import pytest
 from hub_fake import FakeHub, FakeHubClient, hub_error
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.distributed.hub.errors import CommitConflict, HubError
-from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.distributed.hub.transport import MAX_PUBLISH_ATTEMPTS, HubTransport
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.errors import ConfigError, TransportError
+from speedtronic.hub.errors import CommitConflict, HubError
+from speedtronic.hub.files import git_blob_oid
 
 REPO = "my-org/run"
 

@@ -36,12 +36,13 @@ TORCH_FREE = (
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",
     "speedtronic.distributed.repos",
-    "speedtronic.distributed.hub.names",
-    "speedtronic.distributed.hub.budget",
-    "speedtronic.distributed.hub.files",
-    "speedtronic.distributed.hub.errors",
+    "speedtronic.hub.names",
+    "speedtronic.hub.budget",
+    "speedtronic.distributed.hub.cadence",
+    "speedtronic.hub.files",
+    "speedtronic.hub.errors",
     "speedtronic.distributed.hub.transport",
-    "speedtronic.distributed.hub.access",
+    "speedtronic.hub.access",
     "speedtronic.distributed.hub.admin",
     "speedtronic.config.storage",
     "speedtronic.distributed.s3.errors",
@@ -89,12 +90,21 @@ def test_only_cli_imports_typer_and_rich():
     assert not {k: v for k, v in offenders.items() if v}
 
 
-HUB_PACKAGE = "speedtronic.distributed.hub"
+HUB_PACKAGE = "speedtronic.hub"  # the one Hub client: DiLoCo, dataset downloads, model repos
+DILOCO_HUB_PACKAGE = "speedtronic.distributed.hub"  # the DumbDiLoCo transport on top of it
 COMPOSITION_ROOT = "speedtronic.distributed.repos"
 
 
+def in_package(package: str, name: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def in_hub_package(name: str) -> bool:
-    return name == HUB_PACKAGE or name.startswith(HUB_PACKAGE + ".")
+    return in_package(HUB_PACKAGE, name)
+
+
+def in_diloco_hub(name: str) -> bool:
+    return in_package(DILOCO_HUB_PACKAGE, name)
 
 
 def test_only_the_hub_package_imports_huggingface_hub():
@@ -115,7 +125,7 @@ def test_only_the_s3_package_imports_an_s3_client():
     assert users and all(in_s3_package(n) for n in users), sorted(users)
 
 
-@pytest.mark.parametrize("package", [in_hub_package, in_s3_package])
+@pytest.mark.parametrize("package", [in_diloco_hub, in_s3_package])
 def test_the_distributed_core_speaks_only_to_the_transport_interface(package):
     """Outside ``distributed/hub/`` and ``distributed/s3/``, only the composition root (and
     the CLI's commands for them) may name one of their modules."""
@@ -124,6 +134,17 @@ def test_the_distributed_core_speaks_only_to_the_transport_interface(package):
         for name in MODULES
         if not package(name) and name != COMPOSITION_ROOT
         if name.startswith("speedtronic.") and not name.startswith("speedtronic.cli")
+    }
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_distributed_core_does_not_name_the_hub_client():
+    """DiLoCo reaches the Hub through its transport (``distributed/hub/``) only."""
+    offenders = {
+        name: sorted(i for i in imports_of(name) if in_hub_package(resolve(i)))
+        for name in MODULES
+        if name.startswith("speedtronic.distributed.") and not in_diloco_hub(name)
+        if name != COMPOSITION_ROOT
     }
     assert not {k: v for k, v in offenders.items() if v}
 

@@ -69,8 +69,8 @@ class HubHarness:
         self.emu.create_repo(self.repo, private=True)
 
     def transport(self, node_id: str, endpoint: str | None = None, **options):
-        from speedtronic.distributed.hub.client import HubClient
         from speedtronic.distributed.hub.transport import HubTransport
+        from speedtronic.hub.client import HubClient
 
         settings = {"max_attempts": ATTEMPTS, "timeout_s": 5.0, "sleep": lambda s: None, **options}
         client = HubClient(

@@ -66,7 +66,7 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))
     if kind == "hub":  # docs/hub.md's figures
-        from speedtronic.distributed.hub.budget import request_facts
+        from speedtronic.distributed.hub.cadence import request_facts
 
         facts.update(
             request_facts(
@@ -112,7 +112,8 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
 def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict:
     """What ``fleet.nodes`` workers cost per hour: Hub commits against the repo's budget, and
     for a bucket its requests and bytes (docs/storage.md); nothing for a shared directory."""
-    from speedtronic.distributed.hub.budget import HUB_COMMITS_PER_HOUR, estimate_commits_per_hour
+    from speedtronic.distributed.hub.cadence import estimate_commits_per_hour
+    from speedtronic.hub.budget import HUB_COMMITS_PER_HOUR
 
     if kind == "directory":
         return {}  # a shared directory: no budget, no bill

@@ -44,7 +44,7 @@ _sleep = time.sleep  # tests replace it to end a --watch
 
 def _client(repo: str) -> Any:
     from speedtronic.distributed.hub.admin import check_repo_id
-    from speedtronic.distributed.hub.client import HubClient
+    from speedtronic.hub.client import HubClient
 
     # HF_ENDPOINT passed explicitly: huggingface_hub reads it only once, at import
     return HubClient(check_repo_id(repo), endpoint=os.environ.get("HF_ENDPOINT") or None)

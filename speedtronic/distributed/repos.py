@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from speedtronic.config.storage import is_s3_url, parse_s3_url
-from speedtronic.distributed.hub.names import is_hub_repo_id
 from speedtronic.distributed.transport import LocalTransport, Transport
 from speedtronic.errors import ConfigError
+from speedtronic.hub.names import is_hub_repo_id
 
 # Caps the waits of a node's Hub client between attempts (default 60 s); for tests against a
 # local Hub emulator (docs/hub.md), never against the real Hub and its rate-limit resets
@@ -117,8 +117,8 @@ def _s3_transport(repo: str, settings: Any) -> Transport:
 
 def _hub_transport(repo: str, settings: Any) -> Transport:
     # Imported here so that shared-directory runs never load huggingface_hub
-    from speedtronic.distributed.hub.client import HubClient
     from speedtronic.distributed.hub.transport import HubTransport
+    from speedtronic.hub.client import HubClient
 
     def setting(name: str, default: Any) -> Any:
         value = getattr(settings, name, None)

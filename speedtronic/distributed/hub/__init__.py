@@ -1,10 +1,7 @@
-"""Everything that knows the Hugging Face Hub: the only place that imports ``huggingface_hub``.
+"""DumbDiLoCo over the Hugging Face Hub, on top of the one Hub client (``speedtronic.hub``).
 
-``client`` (``HubClient``, the operations on one repo) over ``policy``, ``session``,
-``classify`` and ``wording`` (how requests are counted, timed out, retried and worded),
-``reads`` and ``commits`` (single reads; commits that land once) and ``cache``; ``errors`` and
-``files`` (what callers catch and read, stdlib); ``budget`` (the Hub's limits, cadence
-warnings); ``transport`` (the DumbDiLoCo ``Transport`` over a ``HubClient``) with ``view``,
-``publish``, ``rates`` and ``prepare``; ``access`` (can this token write?), ``admin``
-(``hub init``, ``grant``, ``status``) and ``names``. Importing this package loads none of them.
+``transport`` (the DumbDiLoCo ``Transport`` over a ``HubClient``) with ``view``, ``publish``,
+``rates`` and ``prepare``; ``cadence`` (what a run's cadence spends of the Hub's budgets, and
+which knob to turn); ``admin`` (``hub init``, ``grant``, ``status``). Importing this package
+loads none of them.
 """

@@ -15,9 +15,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from speedtronic.config.sections import is_hub_user_name
-from speedtronic.distributed.hub.access import WRITE_ROLES
-from speedtronic.distributed.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
-from speedtronic.distributed.hub.names import is_hub_repo_id
 from speedtronic.distributed.protocol import (
     NODES_DIR,
     STEP_COUNT,
@@ -26,6 +23,9 @@ from speedtronic.distributed.protocol import (
 )
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import ConfigError, TransportError
+from speedtronic.hub.access import WRITE_ROLES
+from speedtronic.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
+from speedtronic.hub.names import is_hub_repo_id
 
 README = "README.md"
 # init rewrites only READMEs that carry this line, so a README a person wrote is never replaced

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from speedtronic.distributed.hub.access import write_access_problem
 from speedtronic.distributed.hub.admin import grant, init_repo
-from speedtronic.distributed.hub.errors import HubError, RepoNotFound
 from speedtronic.errors import TransportError
+from speedtronic.hub.access import write_access_problem
+from speedtronic.hub.errors import HubError, RepoNotFound
 
 
 def prepare_node(client: Any, settings: Any, logger: Any) -> None:

@@ -15,12 +15,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from speedtronic.distributed.hub.errors import CommitConflict
-from speedtronic.distributed.hub.files import check_repo_path, git_blob_oid
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
 from speedtronic.errors import TransportError
+from speedtronic.hub.errors import CommitConflict
+from speedtronic.hub.files import check_repo_path, git_blob_oid
 
 MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
 

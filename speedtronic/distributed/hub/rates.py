@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from speedtronic.distributed.hub.budget import Budget, observed_commit_warning
+from speedtronic.distributed.hub.cadence import observed_commit_warning
+from speedtronic.hub.budget import Budget
 
 RATE_WARNING_EVERY_S = 3600.0  # an observed-rate warning is repeated at most this often
 

@@ -15,15 +15,15 @@ import json
 import threading
 from typing import Any
 
-from speedtronic.distributed.hub.budget import cadence_warnings
-from speedtronic.distributed.hub.errors import HubError
-from speedtronic.distributed.hub.files import check_repo_path
+from speedtronic.distributed.hub.cadence import cadence_warnings
 from speedtronic.distributed.hub.publish import MAX_PUBLISH_ATTEMPTS, Publisher, commit_message
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
 from speedtronic.distributed.protocol import NODES_DIR, delta_path_problem, parse_delta_path
 from speedtronic.distributed.transport import DeltaRef
 from speedtronic.errors import TransportError
+from speedtronic.hub.errors import HubError
+from speedtronic.hub.files import check_repo_path
 
 __all__ = ["MAX_PUBLISH_ATTEMPTS", "HubTransport", "check_repo_path"]
 

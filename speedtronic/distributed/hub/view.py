@@ -16,10 +16,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from speedtronic.distributed.hub.files import git_blob_oid
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, parse_step_count
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef
 from speedtronic.errors import TransportError
+from speedtronic.hub.files import git_blob_oid
 
 
 @dataclass(frozen=True)

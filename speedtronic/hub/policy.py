@@ -19,11 +19,11 @@ from typing import TypeVar
 
 import tenacity
 
-from speedtronic.distributed.hub import session
-from speedtronic.distributed.hub.budget import Budget
-from speedtronic.distributed.hub.classify import Classifier
-from speedtronic.distributed.hub.errors import HubError, Transient
-from speedtronic.distributed.hub.wording import Op
+from speedtronic.hub import session
+from speedtronic.hub.budget import Budget
+from speedtronic.hub.classify import Classifier
+from speedtronic.hub.errors import HubError, Transient
+from speedtronic.hub.wording import Op
 
 T = TypeVar("T")
 log = logging.getLogger("speedtronic.hub")

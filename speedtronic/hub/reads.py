@@ -16,9 +16,9 @@ from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
-from speedtronic.distributed.hub.errors import HubError, Transient
-from speedtronic.distributed.hub.files import HubFile
-from speedtronic.distributed.hub.wording import Op, Wording
+from speedtronic.hub.errors import HubError, Transient
+from speedtronic.hub.files import HubFile
+from speedtronic.hub.wording import Op, Wording
 
 
 class Reads:

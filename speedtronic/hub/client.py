@@ -1,4 +1,6 @@
-"""``HubClient``: one Hub repo as DiLoCo needs it, for one node; the front of ``distributed/hub/``.
+"""``HubClient``: one Hub repo for one process (a DiLoCo node, a download, an upload).
+
+The front of ``hub/``.
 
 It owns the operations (the account, the repo, its files, its history) and puts their parts
 together: every call runs under ``policy.RequestPolicy`` (session hooks that count requests and
@@ -18,17 +20,17 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
-from speedtronic.distributed.hub.access import token_facts
-from speedtronic.distributed.hub.budget import Budget
-from speedtronic.distributed.hub.cache import DownloadCache
-from speedtronic.distributed.hub.classify import Classifier, Missing
-from speedtronic.distributed.hub.commits import COMMIT_ID_KEY, Commits
-from speedtronic.distributed.hub.errors import HubError, RepoNotFound
-from speedtronic.distributed.hub.files import HubCommit, HubFile
-from speedtronic.distributed.hub.policy import RequestPolicy
-from speedtronic.distributed.hub.reads import Reads, hub_file
-from speedtronic.distributed.hub.session import origin
-from speedtronic.distributed.hub.wording import Op, Wording
+from speedtronic.hub.access import token_facts
+from speedtronic.hub.budget import Budget
+from speedtronic.hub.cache import DownloadCache
+from speedtronic.hub.classify import Classifier, Missing
+from speedtronic.hub.commits import COMMIT_ID_KEY, Commits
+from speedtronic.hub.errors import HubError, RepoNotFound
+from speedtronic.hub.files import HubCommit, HubFile
+from speedtronic.hub.policy import RequestPolicy
+from speedtronic.hub.reads import Reads, hub_file
+from speedtronic.hub.session import origin
+from speedtronic.hub.wording import Op, Wording
 
 __all__ = ["COMMIT_ID_KEY", "HubClient", "HubError", "RepoNotFound"]
 

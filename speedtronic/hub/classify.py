@@ -25,9 +25,9 @@ import httpx2
 from huggingface_hub import errors as hf_errors
 from huggingface_hub import utils as hf_utils
 
-from speedtronic.distributed.hub.errors import CommitConflict, HubError, RepoNotFound, Transient
-from speedtronic.distributed.hub.session import NETWORK, Attempt, NetworkFailure, origin
-from speedtronic.distributed.hub.wording import Op, Wording
+from speedtronic.hub.errors import CommitConflict, HubError, RepoNotFound, Transient
+from speedtronic.hub.session import NETWORK, Attempt, NetworkFailure, origin
+from speedtronic.hub.wording import Op, Wording
 
 _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
 # hf_xet raises builtins (ConnectionError after its own retries); a socket's own errors

@@ -27,11 +27,11 @@ import time
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 from huggingface_hub import utils as hf_utils
 
-from speedtronic.distributed.hub import session
-from speedtronic.distributed.hub.errors import CommitConflict, HubError, Transient
-from speedtronic.distributed.hub.policy import RequestPolicy
-from speedtronic.distributed.hub.reads import Reads
-from speedtronic.distributed.hub.wording import Op
+from speedtronic.hub import session
+from speedtronic.hub.errors import CommitConflict, HubError, Transient
+from speedtronic.hub.policy import RequestPolicy
+from speedtronic.hub.reads import Reads
+from speedtronic.hub.wording import Op
 
 # In each commit's description: a lost commit is looked for by it (its files may be gone since)
 COMMIT_ID_KEY = "speedtronic-commit-id"
