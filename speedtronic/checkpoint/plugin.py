@@ -14,9 +14,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint.layout import STATE_FILE, step_dir_name
+from speedtronic.checkpoint.layout import STATE_FILE, TOKENIZER_FILE, step_dir_name
 from speedtronic.checkpoint.load import Checkpoint, NoUsableCheckpointError, load_latest
 from speedtronic.checkpoint.save import save_checkpoint
+from speedtronic.checkpoint.tokenizer import tokenizer_record
 from speedtronic.errors import CheckpointError, SpeedtronicError
 
 # What Trainer.load_state_dict reads at the top level of the state Trainer.state_dict writes:
@@ -54,6 +55,10 @@ class CheckpointPlugin:
         self.saved_step: int | None = None
         self.last_path: Path | None = None
         self.group: Any = None  # a DDP group (speedtronic.parallel): rank 0 writes, others wait
+        # Every checkpoint records the run's tokenizer (checkpoint.tokenizer), for generate/export
+        record, data = tokenizer_record(getattr(runtime, "tokenizer", None))
+        self.tokenizer_meta = record
+        self.extra_files = {TOKENIZER_FILE: data} if data is not None else {}
 
     def after_optimizer_step(self, trainer: Any) -> None:
         interval = self.config.interval
@@ -78,6 +83,7 @@ class CheckpointPlugin:
             "loss": trainer.current_loss(),
             "param_count": self.param_count,
             "config": runtime.config.to_dict(redact=True),
+            "tokenizer": self.tokenizer_meta,
         }
         try:
             self.last_path = save_checkpoint(
@@ -87,6 +93,7 @@ class CheckpointPlugin:
                 state,
                 meta,
                 keep_last=self.config.keep_last,
+                extra_files=self.extra_files,
             )
         except CheckpointError as exc:
             if not isinstance(exc.__cause__, OSError):
