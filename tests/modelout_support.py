@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import TINY
+from torch import nn
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
@@ -97,3 +98,18 @@ def latest(run: Path) -> Path:
 
     root = run / "checkpoints"
     return root / read_latest(root)
+
+
+class LossOnly(nn.Module):
+    """A model whose forward returns a loss, labels or not, never logits (``model.name:
+    modelout_support:LossOnly``): generate must say what it needs."""
+
+    def __init__(self, vocab_size: int = 64, **_sizes: Any):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 8)
+        self.head = nn.Linear(8, vocab_size)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.emb(input_ids))
+        target = input_ids if labels is None else labels
+        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())

@@ -163,7 +163,7 @@ def test_save_keeps_only_known_extra_files_and_writes_them_inside_the_atomic_ren
     import torch
 
     state = {"w": torch.zeros(2)}
-    with pytest.raises(CheckpointError, match="keeps only tokenizer.json"):
+    with pytest.raises(CheckpointError, match="only tokenizer.json"):
         save_checkpoint(tmp_path, 1, state, {}, {"run_id": "r"}, extra_files={"x.py": b"1"})
     real_rename, seen = os.rename, []
 

@@ -10,6 +10,7 @@ to ``save`` and ``load`` beside this module.
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,7 @@ class CheckpointPlugin:
             "param_count": self.param_count,
             "config": runtime.config.to_dict(redact=True),
             "tokenizer": self.tokenizer_meta,
+            "eval_loss": _last_eval(trainer),
         }
         try:
             self.last_path = save_checkpoint(
@@ -105,6 +107,15 @@ class CheckpointPlugin:
         if group is not None:
             group.saved()
         return self.last_path
+
+
+def _last_eval(trainer: Any) -> dict | None:
+    """The newest evaluation of this process, ``{"step", "loss"}``, for the model card."""
+    evals = [getattr(p, "last", None) for p in trainer.plugins if getattr(p, "name", "") == "eval"]
+    last = max((e for e in evals if e is not None), default=None)
+    if last is None or not math.isfinite(last[1]):
+        return None
+    return {"step": last[0], "loss": last[1]}
 
 
 def state_mismatch(model: dict[str, Any], saved: dict[str, Any]) -> str:

@@ -37,9 +37,13 @@ class CardFacts:
     eval_loss: tuple[int, float] | None
 
 
-def last_eval_loss(checkpoint: Path, step: int) -> tuple[int, float] | None:
-    """(step, eval loss) of the run's last evaluation at or before ``step``, from its metrics
-    JSONL when that is still beside the checkpoints; None when there is none."""
+def last_eval_loss(checkpoint: Path, meta: dict) -> tuple[int, float] | None:
+    """(step, eval loss) of the run's last evaluation at or before the checkpoint's step: as
+    meta.json records it, else from the run's metrics JSONL when that is still beside the
+    checkpoints; None when there is none."""
+    step, recorded = int(meta.get("step") or 0), meta.get("eval_loss")
+    if isinstance(recorded, dict) and isinstance(recorded.get("loss"), (int, float)):
+        return int(recorded.get("step") or step), float(recorded["loss"])
     path = metrics_file(checkpoint.parent, [checkpoint])
     try:
         history = read_history(path) if path is not None else None

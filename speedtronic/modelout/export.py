@@ -120,7 +120,7 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
         meta=run.meta,
         stored_config=run.config,
         tokenizer=tokenizer,
-        eval_loss=last_eval_loss(run.checkpoint, run.step),
+        eval_loss=last_eval_loss(run.checkpoint, run.meta),
     )
     generation = llama.generation_config(config, DEFAULT_TEMPERATURE, DEFAULT_TOP_K)
     return {
