@@ -125,14 +125,18 @@ class RMSNorm(nn.Module):
 class KVCache:
     """Keys and values of the positions seen so far, per block, for decoding one token at a time.
 
-    ``k`` and ``v`` are ``(n_layer, B, Hkv, max_len, D)``; ``length`` positions are filled.
+    ``k[layer]`` and ``v[layer]`` are ``(B, Hkv, max_len, D)``; ``length`` positions are filled.
     """
 
     def __init__(self, config: ReferenceConfig, batch: int, max_len: int, device, dtype):
-        shape = (config.n_layer, batch, config.kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch, config.kv_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.length, self.max_len = 0, max_len
+
+
+# SDPA reads grouped K/V heads itself from torch 2.5 on: no copy of the whole cache per step.
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 class Attention(nn.Module):
@@ -174,19 +178,22 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self._qkv(x, cos, sin)
         start, end = cache.length, cache.length + T
-        cache.k[layer, :, :, start:end] = k
-        cache.v[layer, :, :, start:end] = v
-        k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]  # (B, Hkv, end, D)
-        groups = self.n_head // self.n_kv_head
-        if groups > 1:
+        cache.k[layer][:, :, start:end] = k
+        cache.v[layer][:, :, start:end] = v
+        k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]  # (B, Hkv, end, D)
+        groups, gqa = self.n_head // self.n_kv_head, {}
+        if groups > 1 and _SDPA_GQA:
+            gqa = {"enable_gqa": True}
+        elif groups > 1:
             k = k.repeat_interleave(groups, dim=1)  # (B, H, end, D)
             v = v.repeat_interleave(groups, dim=1)  # (B, H, end, D)
+        k, v = k.to(q.dtype), v.to(q.dtype)
         if start == 0:  # a prompt: plain causal attention
-            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
         else:  # position start + i sees keys 0 .. start + i (one new token: all of them)
             mask = None if T == 1 else torch.ones(T, end, dtype=torch.bool, device=x.device)
             mask = None if mask is None else mask.tril(diagonal=start)
-            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
 

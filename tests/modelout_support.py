@@ -113,3 +113,23 @@ class LossOnly(nn.Module):
         logits = self.head(self.emb(input_ids))
         target = input_ids if labels is None else labels
         return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+class TinyLM(nn.Module):
+    """Any model whose forward gives logits without labels (``modelout_support:TinyLM``)."""
+
+    def __init__(self, vocab_size: int = 256, **_sizes: Any):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.head = nn.Linear(16, vocab_size)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.emb(input_ids))
+        if labels is None:
+            return logits
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+class NeedsLabels(TinyLM):
+    def forward(self, input_ids, labels):
+        return super().forward(input_ids, labels)

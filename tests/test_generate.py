@@ -216,3 +216,16 @@ def test_a_registered_model_that_gives_no_logits_is_one_line(tmp_path):
     run = train(tmp_path, model={"name": "modelout_support:LossOnly", "vocab_size": 64})
     result = invoke("generate", run, "-p", "\x01\x02", "--max-new-tokens", 2)
     assert_one_line_error(result, "generation needs forward(input_ids) to return logits")
+
+
+def test_any_registered_model_that_gives_logits_generates(tmp_path):
+    run = train(tmp_path, model={"name": "modelout_support:TinyLM", "vocab_size": 256})
+    result = invoke("generate", run, "-p", "ab", "--max-new-tokens", 20, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["num_tokens"] == 20 and "no KV cache" in result.stderr
+
+
+def test_a_model_that_needs_labels_is_told_what_to_return(tmp_path):
+    run = train(tmp_path, model={"name": "modelout_support:NeedsLabels", "vocab_size": 256})
+    line = assert_one_line_error(invoke("generate", run, "-p", "ab"), "without labels")
+    assert "raised TypeError" in line

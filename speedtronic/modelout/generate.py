@@ -132,12 +132,17 @@ def vocab_size(model: nn.Module) -> int | None:
 def logits_of(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """``model(ids)`` as logits (B, T, vocab); anything else is a LogitsError saying what it
     must return."""
-    out = model(ids)
+    try:
+        out = model(ids)
+    except TypeError as exc:  # e.g. forward(input_ids, labels) with labels required
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        out = f"no answer: calling it with input_ids alone raised TypeError ({first})"
     out = getattr(out, "logits", out)
     is_tensor = isinstance(out, torch.Tensor)
     if is_tensor and out.dim() == 3 and tuple(out.shape[:2]) == tuple(ids.shape):
         return out
     got = f"a tensor of shape {tuple(out.shape)}" if is_tensor else type(out).__name__
+    got = out if isinstance(out, str) else got
     raise LogitsError(
         f"model {type(model).__name__}: generation needs forward(input_ids) to return logits of "
         f"shape (batch, seq, vocab) = ({ids.shape[0]}, {ids.shape[1]}, vocab) without labels "
