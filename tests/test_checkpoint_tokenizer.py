@@ -15,7 +15,7 @@ from speedtronic.checkpoint.layout import TOKENIZER_FILE, verify_checkpoint
 from speedtronic.checkpoint.save import save_checkpoint
 from speedtronic.checkpoint.tokenizer import tokenizer_from_record, tokenizer_record
 from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer
-from speedtronic.errors import CheckpointError, DataError
+from speedtronic.errors import CheckpointError
 
 
 def meta_of(checkpoint) -> dict:
@@ -150,12 +150,12 @@ def test_a_checkpoint_from_before_the_record_falls_back_on_its_config(tmp_path, 
 
 def test_a_record_whose_file_is_missing_or_other_is_refused(tmp_path):
     record, data = tokenizer_record(HFTokenizer(write_bpe(tmp_path)))
-    with pytest.raises(DataError, match="cannot be read"):
+    with pytest.raises(CheckpointError, match="cannot be read"):
         tokenizer_from_record({"tokenizer": record}, tmp_path, "RUN")
     (tmp_path / TOKENIZER_FILE).write_bytes(data.replace(b"<bos>", b"<BOS>"))
-    with pytest.raises(DataError, match="not the tokenizer meta.json records"):
+    with pytest.raises(CheckpointError, match="not the tokenizer meta.json records"):
         tokenizer_from_record({"tokenizer": record}, tmp_path, "RUN")
-    with pytest.raises(DataError, match="not one this version reads"):
+    with pytest.raises(CheckpointError, match="of a kind unknown here"):
         tokenizer_from_record({"tokenizer": {"kind": "sentencepiece"}}, tmp_path, "RUN")
 
 

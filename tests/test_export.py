@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 import torch
+import transformers  # the oracle: a test dependency (the dev extra), never one of training
 from modelout_support import (
     assert_one_line_error,
     invoke,
@@ -28,7 +29,6 @@ from speedtronic.model import ReferenceConfig, ReferenceTransformer
 from speedtronic.modelout import llama
 from speedtronic.modelout.llama import ExportError, check_exportable
 
-transformers = pytest.importorskip("transformers")  # the dev extra installs it: see pyproject
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 

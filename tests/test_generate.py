@@ -117,8 +117,13 @@ def byte_run(tmp_path_factory):
 
 
 def test_generate_streams_the_prompt_and_completion_and_reports_speed(byte_run):
-    result = invoke("generate", byte_run, "--prompt", "It was", "--max-new-tokens", 12, "--seed", 1)
+    threads = torch.get_num_threads()  # --threads as it is: the test process keeps its own
+    result = invoke(
+        "generate", byte_run, "--prompt", "It was", "--max-new-tokens", 12, "--seed", 1,
+        "--threads", threads,
+    )  # fmt: skip
     assert result.exit_code == 0, result.stderr
+    assert torch.get_num_threads() == threads
     assert result.stdout.startswith("It was") and result.stdout.endswith("\n")
     assert "12 tokens in" in result.stderr and "tokens/s" in result.stderr
     assert "KV cache" in result.stderr and "seed 1" in result.stderr

@@ -20,7 +20,7 @@ from typing import Any
 
 from speedtronic.checkpoint.layout import TOKENIZER_FILE
 from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer
-from speedtronic.errors import DataError
+from speedtronic.errors import CheckpointError
 
 BYTE_KIND, FILE_KIND = "byte", "tokenizers"
 
@@ -46,8 +46,8 @@ def tokenizer_from_record(meta: dict, checkpoint_dir: Path, where: str) -> Any:
 
     A checkpoint written before the record existed has no ``tokenizer`` key: its stored config
     decides (``data.tokenizer: byte`` with text or synthetic data is byte-level), else None.
-    A record that names a file the directory does not hold, or holds other bytes than it
-    records, is a DataError naming ``where`` and the file.
+    A record that names a file the directory does not hold, holds other bytes than it records
+    or is of a kind this version does not know is a CheckpointError naming ``where``.
     """
     if "tokenizer" not in meta:
         return _from_config(meta.get("config"))
@@ -58,17 +58,17 @@ def tokenizer_from_record(meta: dict, checkpoint_dir: Path, where: str) -> Any:
     if kind == BYTE_KIND:
         return ByteTokenizer()
     if kind != FILE_KIND or record.get("file") != TOKENIZER_FILE:
-        raise DataError(f"{where}: meta.json's tokenizer record is not one this version reads")
+        raise CheckpointError(f"{where}: meta.json's tokenizer record is of a kind unknown here")
     path = checkpoint_dir / TOKENIZER_FILE
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise DataError(
+        raise CheckpointError(
             f"{where}: meta.json records a tokenizer file but {path} cannot be read "
             f"({exc.strerror or exc})"
         ) from None
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
-        raise DataError(f"{where}: {path} is not the tokenizer meta.json records (sha256)")
+        raise CheckpointError(f"{where}: {path} is not the tokenizer meta.json records (sha256)")
     return HFTokenizer(path, data)
 
 

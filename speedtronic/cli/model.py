@@ -67,6 +67,13 @@ def generate(
     device: str = typer.Option(
         "auto", "--device", help="Device to generate on: auto, cpu, cuda, cuda:N or mps."
     ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="CPU threads torch computes with. Default: torch's (one per core); on cores other "
+        "work keeps busy, 1 is often several times faster at batch 1 (docs/benchmarks.md).",
+    ),
     tokenizer: str | None = TokenizerOpt,
     output_format: OutputFormat = format_option("the text as it is generated"),
 ) -> None:
@@ -80,6 +87,10 @@ def generate(
     from speedtronic.modelout.generate import Sampling
 
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format)
 
 
