@@ -111,7 +111,7 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
 def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, output_format):
     import torch
 
-    from speedtronic.modelout.generate import Decoder, generate
+    from speedtronic.modelout.generate import Decoder, check_prompt, generate, vocab_size
     from speedtronic.modelout.source import open_run
 
     run = open_run(run_path, tokenizer, log=_note)
@@ -120,6 +120,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
     model = run.model.to(precision.device)
     window = getattr(getattr(model, "config", None), "seq_len", None) or run.context_len
     prompt_ids = tok(text)
+    check_prompt(prompt_ids, vocab_size(model))  # before anything is printed
     seed = secrets.randbelow(2**31) if seed is None else seed
     generator = torch.Generator().manual_seed(seed)
     how = "KV cache" if callable(getattr(model, "forward_cached", None)) else "no KV cache"
@@ -248,6 +249,8 @@ def export(
             return verify_export(folder, source, dtype)
 
     done = export_run(source, out, dtype, repo_id=push, verify=check)
+    for note in done.notes:
+        _note(f"note: {note}")
     pushed = _push(done.out, push, private) if push is not None else None
     if output_format is OutputFormat.json:
         print(json.dumps(_export_json(source, done, pushed), indent=2))

@@ -38,12 +38,14 @@ DEFAULT_TEMPERATURE, DEFAULT_TOP_K = 0.8, 50
 
 @dataclass
 class Export:
-    """An export written to ``out``: its files (name -> bytes), and what ``--verify`` found."""
+    """An export written to ``out``: its files (name -> size), what ``--verify`` found, and
+    notes for the user (e.g. a tokenizer with ids the model cannot embed)."""
 
     out: Path
     files: dict[str, int] = field(default_factory=dict)
     replaced: bool = False
     verified: Any = None  # verify.Verified
+    notes: list[str] = field(default_factory=list)
 
 
 def export_run(
@@ -77,7 +79,15 @@ def export_run(
         if isinstance(exc, OSError):
             raise OutputError(f"OUT: could not write {out}: {exc.strerror or exc}") from exc
         raise
-    return Export(out, written, replaced, verified if verify is not None else None)
+    done = Export(out, written, replaced, verified if verify is not None else None)
+    tokens = getattr(tokenizer, "vocab_size", None)
+    if tokens is not None and tokens > config.vocab_size:
+        done.notes.append(
+            f"the model's vocabulary ({config.vocab_size}) is smaller than its tokenizer's "
+            f"({tokens}): text with a token id >= {config.vocab_size} cannot be fed to it "
+            "(a run on synthetic data with a small vocabulary, say)"
+        )
+    return done
 
 
 def check_out(out: Path) -> bool:

@@ -83,13 +83,7 @@ class Decoder:
 
     def start(self, ids: list[int]) -> torch.Tensor:
         """Logits (vocab,) after the prompt ``ids`` (their newest ``context_len`` - 1)."""
-        if not ids:
-            raise ConfigError("--prompt: empty; generation starts from at least one token")
-        if self.vocab is not None and max(ids) >= self.vocab:
-            raise ConfigError(
-                f"--prompt: token id {max(ids)} is outside the model's vocabulary ({self.vocab}):"
-                " the tokenizer does not fit this model"
-            )
+        check_prompt(ids, self.vocab)
         self.context = list(ids[-(self.context_len - 1) :])
         return self._prefill()
 
@@ -118,6 +112,17 @@ class Decoder:
         ids = torch.tensor([self.context], device=self.device)
         with torch.inference_mode(), self.autocast():
             return logits_of(self.model, ids)[0, -1]
+
+
+def check_prompt(ids: list[int], vocab: int | None) -> None:
+    """The prompt's ids must exist and be ids the model embeds (``vocab``: ``vocab_size``)."""
+    if not ids:
+        raise ConfigError("--prompt: empty; generation starts from at least one token")
+    if vocab is not None and max(ids) >= vocab:
+        raise ConfigError(
+            f"--prompt: token id {max(ids)} is outside the model's vocabulary ({vocab}): the "
+            "tokenizer does not fit this model"
+        )
 
 
 def vocab_size(model: nn.Module) -> int | None:
