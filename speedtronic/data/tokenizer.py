@@ -48,13 +48,22 @@ class HFTokenizer:
             ) from None
         self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
         self.name = str(path)
+        self.path = path  # the tokenizer.json itself (a checkpoint records it)
 
     def __call__(self, text: str) -> list[int]:
         return self._impl.encode(text, add_special_tokens=False).ids
 
 
 def load_tokenizer(setting: str) -> Any:
-    return ByteTokenizer() if setting == "byte" else HFTokenizer(setting)
+    """``byte``, a tokenizers JSON file, or one on the Hub (``hf://OWNER/MODEL/tokenizer.json``,
+    downloaded once into the user cache through the project's Hub client)."""
+    if setting == "byte":
+        return ByteTokenizer()
+    if setting.startswith("hf://"):
+        from speedtronic.data.ingest.hub_source import cached_hub_file
+
+        return HFTokenizer(cached_hub_file(setting))
+    return HFTokenizer(setting)
 
 
 def is_byte_level(tokenizer: Any) -> bool:
