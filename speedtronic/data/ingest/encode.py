@@ -142,6 +142,8 @@ class Encoder:
             self._impl = Tokenizer.from_file(tokenizer_file)
             self._impl.no_truncation()
             self._impl.no_padding()
+            # no offsets: ~1.3x faster (tokenizers >= 0.21), the same ids
+            self._encode_batch = getattr(self._impl, "encode_batch_fast", self._impl.encode_batch)
 
     def documents(self, docs: list[str], skipped: int = 0) -> Encoded:
         flags = np.array([held_out(d, self.val_fraction) for d in docs], dtype=bool)
@@ -178,7 +180,7 @@ class Encoder:
 
     def _ids(self, docs: list[str]) -> list[list[int]]:
         try:
-            return [e.ids for e in self._impl.encode_batch_fast(docs, add_special_tokens=False)]
+            return [e.ids for e in self._encode_batch(docs, add_special_tokens=False)]
         except (UnicodeEncodeError, TypeError, ValueError) as exc:  # a lone surrogate escape
             raise DataError(f"a document cannot be tokenized: {exc}") from None
 

@@ -114,9 +114,11 @@ class Downloads:
         if not self.keep and self.files[index].on_hub:
             self.where(self.files[index]).unlink(missing_ok=True)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
+        """Stop downloading; a finished run drops its download folder (unless caching), an
+        unfinished one keeps it for the rerun (a part-downloaded file resumes)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if not self.keep:
+        if finished and not self.keep:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

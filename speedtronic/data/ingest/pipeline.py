@@ -179,18 +179,20 @@ class _Run:
         setup = Setup(self._tokenizer_file(), separator, request.val_fraction, self.plan.dtype,
                       request.column)  # fmt: skip
         pool = make_pool(setup, self.workers)
+        finished = False
         try:
             self._commit()  # the plan is on disk before any token
             if not self.capped:
                 for item, result in ordered(self._items(), pool, 2 * self.workers + 2):
                     if self._take(item, result):
                         break
+            finished = True
         except BaseException:
             self._commit()  # what was written is kept: a rerun continues from here
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-            self.downloads.close()
+            self.downloads.close(finished)
             self._hashes.shutdown(wait=False, cancel_futures=True)
         return self._finish()
 
