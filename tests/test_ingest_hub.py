@@ -98,11 +98,10 @@ def test_a_hub_dataset_through_every_fault_equals_the_local_files(
     assert folder_bytes(tmp_path / "hub") == folder_bytes(tmp_path / "local_out")
     manifest = read_manifest(tmp_path / "hub", "x")
     sha = emu.repo(DATASET).head.sha
+    files = ("000_00000.parquet", "001_00000.parquet")
     names = [s["name"] for s in manifest["sources"]]
-    assert names == [
-        f"hf://datasets/alice/fineweb@{sha}/sample/10BT/00{i}_00000.parquet" for i in (0, 1)
-    ]
-    for source, name in zip(manifest["sources"], ("000_00000.parquet", "001_00000.parquet")):
+    assert names == [f"hf://datasets/alice/fineweb@{sha}/sample/10BT/{n}" for n in files]
+    for source, name in zip(manifest["sources"], files, strict=True):
         assert source["sha256"] == hashlib.sha256((dataset / name).read_bytes()).hexdigest()
     assert not (tmp_path / "hub.partial").exists()  # downloads went with it
 
