@@ -37,7 +37,8 @@ from speedtronic.data.ingest.work import Setup, Task
 from speedtronic.data.ingest.writer import JOURNAL, ShardWriter, write_json
 from speedtronic.errors import DataError
 
-COMMIT_S = 2.0  # at most this much work is read again after a kill
+# At most this much work is read again after a kill (the environment variable: for tests)
+COMMIT_S = float(os.environ.get("SPEEDTRONIC_TOKENIZE_COMMIT_S", "2.0"))
 
 
 def default_workers() -> int:
