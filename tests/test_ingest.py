@@ -275,3 +275,54 @@ def test_the_separator_follows_the_tokenizer(tmp_path, bpe):
     plain = Tokenizer(models.WordLevel(vocab, unk_token=next(iter(vocab))))
     with pytest.raises(DataError, match="defines no document token"):
         choose_separator(plain, None, "plain.json")
+
+
+def test_hub_specs_and_globs_are_read_as_the_hub_names_paths():
+    from speedtronic.data.ingest.spec import matches, parse_hub
+    from speedtronic.errors import DataError
+
+    spec = parse_hub("hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet")
+    assert (spec.repo, spec.revision, spec.pattern) == (
+        "HuggingFaceFW/fineweb-edu",
+        "main",
+        "sample/10BT/*.parquet",
+    )
+    assert spec.literal_prefix == "sample/10BT"
+    pinned = parse_hub("hf://datasets/o/n@refs%2Fconvert%2Fparquet/default/train")
+    assert pinned.revision == "refs/convert/parquet" and pinned.literal_prefix == "default"
+    assert parse_hub("hf://datasets/o/n").pattern == ""
+    assert matches("sample/10BT/*.parquet", "sample/10BT/000_00000.parquet")
+    assert not matches("sample/10BT/*.parquet", "sample/10BT/sub/000_00000.parquet")
+    assert matches("**/*.jsonl.gz", "a/b/c.jsonl.gz") and matches("**/*.jsonl.gz", "c.jsonl.gz")
+    assert matches("sample/10BT", "sample/10BT/x.parquet")
+    assert not matches("sample/10BT", "sample/10BT2/x.parquet")
+    assert matches("data/train-0000[0-2]-*.parquet", "data/train-00001-of-9.parquet")
+    for bad in ("hf://o/n/x.parquet", "hf://datasets/o", "hf://datasets/o/n/../x"):
+        with pytest.raises(DataError):
+            parse_hub(bad)
+
+
+def test_zstd_json_lines_and_a_text_file_read_like_the_rest(tmp_path, bpe):
+    import pyarrow as pa
+
+    docs = documents(25, seed=2)
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    with pa.CompressedOutputStream(str(tmp_path / "a.jsonl.zst"), "zstd") as f:
+        f.write(lines)
+    (tmp_path / "b.txt").write_text(docs[0], encoding="utf-8")
+    args = [str(tmp_path / "a.jsonl.zst"), str(tmp_path / "b.txt"), str(tmp_path / "out")]
+    result = tokenize(*args, "--tokenizer", str(bpe))
+    assert result.exit_code == 0, result.stderr
+    assert train_tokens(tmp_path / "out") == expected_tokens([*docs, docs[0]], bpe, separator=0)
+
+
+def test_progress_goes_to_stderr_as_plain_lines_and_json_follows_the_conventions(corpus, tmp_path):
+    from test_json_conventions import checked
+
+    src, _ = corpus
+    result = tokenize(str(src), str(tmp_path / "out"), "--format", "json")
+    assert result.exit_code == 0
+    assert "tokenize: " in result.stderr and "tokens/s" in result.stderr and "ETA" in result.stderr
+    doc = checked(json.loads(result.stdout))
+    for key in ("tokens", "documents", "files", "out", "dtype", "vocab_size"):
+        assert key in doc

@@ -144,6 +144,22 @@ def test_a_cache_dir_keeps_the_downloads_and_saves_the_second_download(
     assert folder_bytes(tmp_path / "a") == folder_bytes(tmp_path / "b")
 
 
+def test_a_file_or_a_folder_of_the_repo_can_be_named_without_a_glob(
+    hub_emulator, dataset, slept, tmp_path
+):
+    one = "hf://datasets/alice/fineweb@main/sample/10BT/001_00000.parquet"
+    assert tokenize(one, str(tmp_path / "one"), "--format", "json").exit_code == 0
+    assert read_manifest(tmp_path / "one", "x")["counts"]["documents"] == 50
+    folder = tokenize("hf://datasets/alice/fineweb/sample/10BT", str(tmp_path / "folder"))
+    assert folder.exit_code == 0, folder.stderr
+    assert folder_bytes(tmp_path / "folder") == folder_bytes(_local(dataset, tmp_path))
+
+
+def _local(dataset, tmp_path):
+    assert tokenize(str(dataset), str(tmp_path / "reference")).exit_code == 0
+    return tmp_path / "reference"
+
+
 def test_hub_mistakes_are_one_line(hub_emulator, dataset, slept, tmp_path):
     nothing = tokenize("hf://datasets/alice/fineweb/sample/1BT/*.parquet", str(tmp_path / "o"))
     assert nothing.exit_code == 2
@@ -218,3 +234,27 @@ def test_downloads_resume_with_range_and_a_wrong_body_is_fetched_again(
         client.download(liar, sha, tmp_path / "y.parquet")
     assert not (tmp_path / "y.parquet").exists()
     assert not (tmp_path / "y.parquet.incomplete").exists()
+
+
+def test_the_library_reads_the_emulated_dataset_repo_as_it_reads_the_hub(hub_emulator, shards):
+    from huggingface_hub import HfApi, hf_hub_download
+
+    hub_emulator.create_repo(DATASET, files=shards)
+    api = HfApi(endpoint=hub_emulator.url)
+    assert api.dataset_info("alice/fineweb").id == "alice/fineweb"
+    files = api.list_repo_files("alice/fineweb", repo_type="dataset")
+    assert set(files) == {".gitattributes", *shards}
+    tree = {e.path: e for e in api.list_repo_tree("alice/fineweb", "sample", recursive=True,
+                                                   repo_type="dataset")}  # fmt: skip
+    parquet = tree["sample/10BT/000_00000.parquet"]
+    assert (
+        parquet.lfs is not None
+        and parquet.lfs.sha256 == hashlib.sha256(shards[parquet.path]).hexdigest()
+    )
+    path = hf_hub_download(
+        "alice/fineweb", parquet.path, repo_type="dataset", endpoint=hub_emulator.url,
+        cache_dir=os.environ["HF_HOME"],
+    )  # fmt: skip
+    assert open(path, "rb").read() == shards[parquet.path]
+    redirects = [r for r in hub_emulator.requests if r[2] == 302]
+    assert redirects and "/datasets/alice/fineweb/resolve/" in redirects[0][1]

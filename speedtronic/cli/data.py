@@ -18,7 +18,6 @@ import typer
 
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option, load_config
-from speedtronic.errors import ConfigError
 
 data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
 PLAIN_EVERY_S = 10.0
@@ -26,13 +25,16 @@ SHARD_TOKENS = 100_000_000  # = speedtronic.data.ingest.plan.SHARD_TOKENS (not i
 
 
 def tokenize(
-    paths: list[str] = typer.Argument(
+    sources: list[str] = typer.Argument(
         ...,
-        metavar="SOURCE... OUT",
-        help="Sources, then the output. A SOURCE is a .txt, .jsonl, .jsonl.gz, .jsonl.zst or "
-        ".parquet file, a directory (its files of those kinds, sorted), a glob, or "
-        "hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB]. OUT is a folder of token shards "
-        "with a manifest, or one flat token file if it ends in .bin.",
+        help="What to tokenize, in order: .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet "
+        "files, directories (their files of those kinds, sorted), globs, or "
+        "hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB].",
+    ),
+    out: str = typer.Argument(
+        ...,
+        help="The output: a folder of token shards with a manifest, or one flat token file if "
+        "it ends in .bin.",
     ),
     tokenizer: str | None = typer.Option(
         None,
@@ -83,18 +85,15 @@ def tokenize(
     ),
     output_format: OutputFormat = format_option("one summary line"),
 ) -> None:
-    """Tokenize SOURCE... into OUT (train with data.token_path: OUT). Rerun a killed one to resume.
+    """Tokenize SOURCES... into OUT (train with data.token_path: OUT). Rerun a killed one to resume.
 
     Exit codes: 0 done (or already done), 1 Hub or disk failure, 2 bad input, 130 interrupted.
     """
-    if len(paths) < 2:
-        raise ConfigError("data tokenize: name at least one SOURCE and then OUT")
     if tokenizer is None and config is not None:
         tokenizer = load_config(config, []).data.tokenizer
     from speedtronic.data.ingest.pipeline import tokenize_corpus
     from speedtronic.data.ingest.plan import Request
 
-    *sources, out = paths
     request = Request(
         tuple(sources), tokenizer or "byte", column, val_fraction, max_tokens, dtype,
         shard_tokens, separator, flat=out.endswith(".bin"),

@@ -11,6 +11,7 @@ that does not decode) is a ``DataError`` naming it.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -92,11 +93,13 @@ class ParquetText:
             ) from None
 
 
-def zstd_stream(path: str, name: str) -> BinaryIO:
-    """A file object of ``path``'s zstd-decompressed bytes."""
+def zstd_stream(path: str, name: str) -> tuple[BinaryIO, Any]:
+    """A buffered file object of ``path``'s zstd-decompressed bytes, and the raw file under it
+    (whose ``tell()`` says how much of the compressed file was read)."""
     pa = _pyarrow()
     try:
-        return pa.CompressedInputStream(pa.OSFile(path, "rb"), "zstd")
+        raw = pa.OSFile(path, "rb")
+        return io.BufferedReader(pa.CompressedInputStream(raw, "zstd")), raw
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{name}: cannot open as zstd: {_line(exc)}") from None
 

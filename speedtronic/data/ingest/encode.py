@@ -19,8 +19,8 @@ the same document lands on the same side whatever the order, the sharding, the w
 tokenizer, and exact duplicates never straddle the split. A text file is one document, decided
 by its first segment.
 
-``Encoder`` runs in the workers (no torch): ``tokenizers``' ``encode_batch_fast`` on one thread
-per process (the pipeline runs one process per core), ids assembled with NumPy.
+``Encoder`` runs in the workers (no torch): ``tokenizers``' batch encoding on one thread per
+process (the pipeline runs one process per core), ids assembled with NumPy.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import asdict, dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,7 @@ class Encoder:
             self._impl = Tokenizer.from_file(tokenizer_file)
             self._impl.no_truncation()
             self._impl.no_padding()
-            # no offsets: ~1.3x faster (tokenizers >= 0.21), the same ids
+            # the same ids without offsets (tokenizers >= 0.21), else the plain batch call
             self._encode_batch = getattr(self._impl, "encode_batch_fast", self._impl.encode_batch)
 
     def documents(self, docs: list[str], skipped: int = 0) -> Encoded:
@@ -197,15 +198,8 @@ class Encoder:
         ids = self._ids(docs)
         extra = len(sep.before) + len(sep.after)
         lengths = np.fromiter((len(i) + extra for i in ids), np.int64, len(ids))
-        flat = np.empty(int(lengths.sum()), np.int64)
-        at = 0
-        for one in ids:
-            flat[at : at + len(sep.before)] = sep.before
-            at += len(sep.before)
-            flat[at : at + len(one)] = one
-            at += len(one)
-            flat[at : at + len(sep.after)] = sep.after
-            at += len(sep.after)
+        pieces = chain.from_iterable((sep.before, one, sep.after) for one in ids)
+        flat = np.fromiter(chain.from_iterable(pieces), np.int64, int(lengths.sum()))
         return self._cast(flat), lengths
 
     def _cast(self, tokens: np.ndarray) -> np.ndarray:

@@ -84,16 +84,15 @@ def line_bounds(path: str, unit_bytes: int) -> list[int]:
 
 
 def _stream_units(fmt: str, path: str, name: str, file: int) -> Iterator[Unit]:
-    raw = open(path, "rb")  # noqa: SIM115 - closed below, after the stream on it
-    try:
-        if fmt == "jsonl.gz":
-            stream, errors = gzip.GzipFile(fileobj=raw), (OSError, EOFError, zlib.error)
-        else:
-            from speedtronic.data.ingest.arrow import stream_errors, zstd_stream
+    if fmt == "jsonl.gz":
+        raw = open(path, "rb")  # noqa: SIM115 - closed below, after the stream on it
+        stream, errors = gzip.GzipFile(fileobj=raw), (OSError, EOFError, zlib.error)
+    else:
+        from speedtronic.data.ingest.arrow import stream_errors, zstd_stream
 
-            raw.close()
-            stream = raw = zstd_stream(path, name)
-            errors = stream_errors()
+        stream, raw = zstd_stream(path, name)
+        errors = stream_errors()
+    try:
         offset, seen, index = 0, 0, 0
         while True:
             try:

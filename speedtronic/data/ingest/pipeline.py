@@ -171,7 +171,7 @@ class _Run:
         self.downloads = Downloads(list(plan.inputs), folder, keep)
         self._hashes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash")
         self._last_commit = time.monotonic()
-        self._digest = None  # the sha256 (or its future) of the file being read
+        self._digests: dict = {}  # file index -> its sha256, or the future computing it
         self.started = time.monotonic()
 
     def execute(self) -> dict:
@@ -213,7 +213,7 @@ class _Run:
                 path, digest = self.downloads.local(index)
             else:
                 path, digest = file.path, self._hashes.submit(plans.sha256_file, file.path)
-            self._digest = digest
+            self._digests[index] = digest
             val = file.format == "text" and self._text_held_out(path)
             skip = self.next_unit if index == self.next_file else 0
             for unit in formats.units(
@@ -254,7 +254,7 @@ class _Run:
         self.max_id = max(self.max_id, result.max_id)
         self.next_file, self.next_unit = item.unit.file, item.unit.index + 1
         if self.capped:
-            self._end_file(item.unit.file, self._digest)
+            self._end_file(item.unit.file, self._digests.get(item.unit.file))
             return True
         if time.monotonic() - self._last_commit >= COMMIT_S:
             self._commit()

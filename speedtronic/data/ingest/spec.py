@@ -106,9 +106,9 @@ class HubSpec:
 
     @property
     def literal_prefix(self) -> str:
-        """The folder to list: the pattern's path before its first glob character."""
-        head = _GLOB_CHARS.split(self.pattern, 1)[0]
-        return head if not _GLOB_CHARS.search(self.pattern) else head.rpartition("/")[0]
+        """The folder to list: the one holding the pattern's part before its first glob
+        character (a plain path's parent: it may name a file or a folder)."""
+        return _GLOB_CHARS.split(self.pattern, 1)[0].rpartition("/")[0]
 
 
 def is_hub(source: str) -> bool:
