@@ -229,6 +229,16 @@ def test_downloads_resume_with_range_and_a_wrong_body_is_fetched_again(
     assert digest == target.sha256 and len(waits) == 3
     statuses = [s for m, _, s in hub_emulator.storage.requests if m == "GET"]
     assert statuses == [200, 206, 206, 206]
+    import threading
+
+    from speedtronic.hub.datasets import Cancelled
+
+    stopped = threading.Event()
+    stopped.set()  # what Downloads.close does when --max-tokens is reached mid-download
+    with pytest.raises(Cancelled):
+        client.download(target, sha, tmp_path / "z.parquet", stopped)
+    assert (tmp_path / "z.parquet.incomplete").exists() and not (tmp_path / "z.parquet").exists()
+    assert client.download(target, sha, tmp_path / "z.parquet") == target.sha256
     liar = HubFile(target.path, target.size, target.oid, "0" * 64, None)
     with pytest.raises(Exception, match="do not match the listing"):
         client.download(liar, sha, tmp_path / "y.parquet")

@@ -113,7 +113,10 @@ def tokenizer_of(folder: str | Path, doc: dict) -> Any:
     record = doc["tokenizer"]
     if record.get("kind") == "byte":
         return ByteTokenizer()
-    return HFTokenizer(Path(folder) / record.get("file", "tokenizer.json"))
+    name = record.get("file", "tokenizer.json")
+    if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
+        raise DataError(f"{Path(folder) / MANIFEST} names a bad tokenizer file {name!r}")
+    return HFTokenizer(Path(folder) / name)
 
 
 def data_tokenizer(config: Any) -> Any:

@@ -50,6 +50,10 @@ READ_HINT = (
 )
 
 
+class Cancelled(Exception):
+    """A download stopped on request (no Hub failure: the policy passes it through)."""
+
+
 class RepoFiles:
     """The files of one dataset or model repo, read-only. Thread-safe: downloads may overlap."""
 
@@ -121,8 +125,10 @@ class RepoFiles:
             return []
         return sorted(found, key=lambda f: f.path)
 
-    def download(self, file: HubFile, revision: str, dest: Path) -> str:
-        """``file`` at ``revision`` into ``dest`` (resumed from ``dest.incomplete``); its sha256."""
+    def download(self, file: HubFile, revision: str, dest: Path, stop=None) -> str:
+        """``file`` at ``revision`` into ``dest`` (resumed from ``dest.incomplete``); its sha256.
+        ``stop`` (a ``threading.Event``) set meanwhile ends it with ``Cancelled``, what arrived
+        kept in ``dest.incomplete`` for a later call."""
         check_repo_path(file.path)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +144,7 @@ class RepoFiles:
                 return digest
 
         def attempt() -> str:
-            self._fetch_rest(url, part, file)
+            self._fetch_rest(url, part, file, stop)
             digest = _check_bytes(part, file)
             if digest is None:  # complete but wrong: never keep it, fetch it anew
                 part.unlink(missing_ok=True)
@@ -149,7 +155,7 @@ class RepoFiles:
         os.replace(part, dest)
         return digest
 
-    def _fetch_rest(self, url: str, part: Path, file: HubFile) -> None:
+    def _fetch_rest(self, url: str, part: Path, file: HubFile, stop=None) -> None:
         """One GET for what ``part`` lacks of ``file`` (all of it when the server ignores Range)."""
         have = part.stat().st_size if part.exists() else 0
         if have > file.size:
@@ -168,6 +174,8 @@ class RepoFiles:
                 out.seek(have)
                 out.truncate()
                 for chunk in r.iter_bytes():  # as it arrives: a cut keeps what came
+                    if stop is not None and stop.is_set():
+                        raise Cancelled(f"download of {file.path} cancelled")
                     out.write(chunk)
                     if out.tell() > file.size:
                         break

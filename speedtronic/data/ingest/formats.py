@@ -125,15 +125,15 @@ class Reader:
 
     def text(self, unit: Unit, path: str, name: str) -> str:
         """A text file's segment, decoded (invalid UTF-8 names the byte offset)."""
-        return decode(_pread(path, unit.start, unit.end, name), unit.start, name)
+        return decode(read_range(path, unit.start, unit.end, name), unit.start, name)
 
     def documents(self, unit: Unit, fmt: str, path: str, name: str) -> tuple[list[str], int]:
         """The unit's documents and the number of rows skipped (blank lines, null values)."""
         if fmt == "parquet":
             return self._rows(unit, path, name)
-        data = (
-            unit.payload if unit.payload is not None else _pread(path, unit.start, unit.end, name)
-        )
+        data = unit.payload
+        if data is None:
+            data = read_range(path, unit.start, unit.end, name)
         where = " of its decompressed text" if unit.payload is not None else ""
         return json_lines(data, unit.start, self.column, name, where)
 
@@ -157,7 +157,7 @@ class Reader:
         return docs, skipped
 
 
-def _pread(path: str, start: int, end: int, name: str) -> bytes:
+def read_range(path: str, start: int, end: int, name: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
         data = os.pread(fd, end - start, start)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,6 +86,7 @@ class Downloads:
         self.files, self.folder, self.keep, self.ahead = files, folder, keep, ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, ahead), thread_name_prefix="download")
         self._started: dict[int, Future] = {}
+        self._stop = threading.Event()  # set by close: downloads no one will read end now
 
     def where(self, file: InputFile) -> Path:
         return self.folder / file.repo.replace("/", "--") / file.revision / file.repo_path
@@ -106,7 +108,7 @@ class Downloads:
 
         dest = self.where(file)
         listed = HubFile(file.repo_path, file.size, file.oid or "", file.sha256, None)
-        digest = _client(file.repo).download(listed, file.revision, dest)
+        digest = _client(file.repo).download(listed, file.revision, dest, self._stop)
         return str(dest), digest
 
     def release(self, index: int) -> None:
@@ -117,6 +119,7 @@ class Downloads:
     def close(self, finished: bool) -> None:
         """Stop downloading; a finished run drops its download folder (unless caching), an
         unfinished one keeps it for the rerun (a part-downloaded file resumes)."""
+        self._stop.set()  # e.g. --max-tokens reached while later files were downloading
         self._pool.shutdown(wait=True, cancel_futures=True)
         if finished and not self.keep:
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -228,7 +228,7 @@ class _Run:
         if fraction <= 0:
             return False
         bounds = formats.segment_bounds(Path(path))
-        first = formats._pread(path, 0, bounds[1], path) if len(bounds) > 1 else b""
+        first = formats.read_range(path, 0, bounds[1], path) if len(bounds) > 1 else b""
         return held_out(formats.decode(first, 0, path), fraction)
 
     # -- results, in order -------------------------------------------------------------------
