@@ -326,3 +326,19 @@ def test_progress_goes_to_stderr_as_plain_lines_and_json_follows_the_conventions
     doc = checked(json.loads(result.stdout))
     for key in ("tokens", "documents", "files", "out", "dtype", "vocab_size"):
         assert key in doc
+
+
+def test_without_pyarrow_a_parquet_source_is_one_line_with_the_install_hint(
+    corpus, tmp_path, monkeypatch
+):
+    import sys
+
+    src, _ = corpus
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    result = tokenize(str(src / "c.parquet"), str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert "reading Parquet or .zst files needs the 'pyarrow' package" in result.stderr
+    assert "hint: pip install 'speedtronic[data]'" in result.stderr
+    jsonl = tokenize(str(src / "a.jsonl"), str(tmp_path / "fine"))  # other formats need none
+    assert jsonl.exit_code == 0, jsonl.stderr

@@ -278,7 +278,8 @@ class _Run:
         if result.documents != len(result.lengths):  # text: the one document, if it started here
             docs = (result.train_documents, result.val_documents)
         kept = result.train[:train_n], result.val[:val_n]
-        return Encoded(*kept, lengths, flags, *docs, result.skipped, result.max_id)
+        top = max((int(a.max()) for a in kept if a.size), default=-1)
+        return Encoded(*kept, lengths, flags, *docs, result.skipped, top)
 
     def _end_file(self, index: int, digest) -> None:
         file = self.plan.inputs[index]
