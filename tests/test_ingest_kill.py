@@ -1,8 +1,9 @@
-"""A tokenize killed with SIGKILL (twice) resumes to byte-identical output (issue 28, slow tier).
+"""A tokenize killed with SIGKILL resumes to byte-identical output (issue 28, slow tier).
 
 The real command runs in its own process with two worker processes; it is killed as soon as its
-journal shows committed progress, then again on the rerun, and the third run finishes. Every
-file of the result equals a run that was never interrupted, the manifest included.
+journal shows committed progress, then again on the rerun (inside a file), then one worker of the
+third run is killed (exit 1, one line), and the fourth run finishes. Every file of the result
+equals a run that was never interrupted, the manifest included.
 """
 
 from __future__ import annotations
@@ -60,14 +61,17 @@ def kill_once_past(proc, journal: Path, after: list[int], mid_file: bool = False
 
 
 def children(parent: int) -> list[int]:
-    """The processes whose parent is ``parent`` (Linux /proc)."""
+    """The worker processes of ``parent`` (Linux /proc): its children that multiprocessing
+    spawned to run tasks (not its resource tracker)."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            if f"\nPPid:\t{parent}\n" in status.read_text():
-                found.append(int(status.parent.name))
+            mine = f"\nPPid:\t{parent}\n" in status.read_text()
+            cmdline = (status.parent / "cmdline").read_bytes()
         except OSError:
             continue
+        if mine and b"spawn_main" in cmdline:
+            found.append(int(status.parent.name))
     return found
 
 
@@ -99,6 +103,15 @@ def test_a_killed_tokenize_resumes_to_identical_bytes(tmp_path):
     again = start([str(src), str(out), *args, "--workers", "2"])
     second = kill_once_past(again, journal, first, mid_file=True)
     assert second > first and second[1] > 0, (first, second)
+    third = start([str(src), str(out), *args, "--workers", "2"])
+    while progress(journal) == second and third.poll() is None:
+        time.sleep(0.01)
+    victims = children(third.pid)
+    assert victims and third.poll() is None, "the third run ended before a worker could be killed"
+    os.kill(victims[0], signal.SIGKILL)  # a worker dies (the OOM killer's way): one line, exit 1
+    _, err = third.communicate(timeout=120)
+    assert third.returncode == 1, err.decode()
+    assert "a tokenize worker process died" in err.decode()
     finish = start([str(src), str(out), *args, "--workers", "2", "--format", "json"])
     stdout, stderr = finish.communicate(timeout=300)
     assert finish.returncode == 0, stderr.decode()

@@ -24,6 +24,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from speedtronic.data.ingest.encode import Encoded, held_out
 from speedtronic.data.ingest.pool import make_pool, ordered
 from speedtronic.data.ingest.work import Setup, Task
 from speedtronic.data.ingest.writer import JOURNAL, ShardWriter, write_json
-from speedtronic.errors import DataError
+from speedtronic.errors import DataError, TrainingError
 
 # At most this much work is read again after a kill (the environment variable: for tests)
 COMMIT_S = float(os.environ.get("SPEEDTRONIC_TOKENIZE_COMMIT_S", "2.0"))
@@ -188,6 +189,13 @@ class _Run:
                     if self._take(item, result):
                         break
             finished = True
+        except BrokenProcessPool:
+            self._commit()
+            raise TrainingError(
+                "a tokenize worker process died (out of memory, or killed?); what was "
+                "committed is kept: run the same command again to continue (--workers 1 runs "
+                "in this process)"
+            ) from None
         except BaseException:
             self._commit()  # what was written is kept: a rerun continues from here
             raise
