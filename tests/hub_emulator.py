@@ -13,7 +13,9 @@ answers them with a 302 to the storage origin, which refuses a request carrying 
 Other files are "regular": inline in the commit (base64 NDJSON). There is no Xet storage: the
 Xet token endpoints answer 404. The wire and fault injection live in
 tests/hub_emulator_faults.py. File ids are real git blob sha1s (of the pointer, for LFS
-files); commit ids are 40 hex digits; reads work at "main" or at any commit sha.
+files); commit ids are 40 hex digits; reads work at "main" or at any commit sha. Dataset repos
+are the same repos under the Hub's dataset URLs (`/api/datasets/...`, `/datasets/.../resolve/`),
+kept under the key `datasets/<owner>/<name>` (tests/hub_emulator_datasets.py).
 
     with HubEmulator(tokens={"hf_w": "alice"}) as emu:
         HfApi(endpoint=emu.url, token="hf_w").create_repo("alice/run")
@@ -38,6 +40,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from urllib.parse import parse_qs
 
+from hub_emulator_datasets import DATASET_GITATTRIBUTES, PREFIX, dataset_routes, namespace
 from hub_emulator_faults import (
     MESSAGES,
     Accounts,
@@ -161,6 +164,7 @@ class HubState:
             ("GET", rf"/{REPO}/resolve/{REV}/(?P<path>.+)", self.resolve),
             ("HEAD", rf"/{REPO}/resolve/{REV}/(?P<path>.+)", self.resolve),
             *self.lfs.routes(),
+            *dataset_routes(self),
         ]
         self.routes = [(m, re.compile(p + "$"), fn) for m, p, fn in routes]
 
@@ -181,7 +185,7 @@ class HubState:
     def read_repo(self, req: Request, repo_id: str, rev: str | None = None) -> EmuRepo:
         """The repo if the caller may see it (private repos do not exist for outsiders)."""
         repo, caller = self.repos.get(repo_id), req.caller
-        ns = repo_id.split("/")[0]
+        ns = namespace(repo_id)
         if repo and (not repo.private or (caller and self.accounts.role(caller.user, ns))):
             if rev is not None and repo.at(rev) is None:
                 raise Reject(404, f"Invalid rev id: {rev}", "RevisionNotFound")
@@ -193,7 +197,7 @@ class HubState:
         if req.caller is None:
             raise Reject(401, "You must be authenticated to write to a repository")
         repo = self.read_repo(req, repo_id, rev)
-        self.check_write(req.caller, repo_id.split("/")[0], repo_id)
+        self.check_write(req.caller, namespace(repo_id), repo_id)
         return repo
 
     def check_write(self, caller: Caller, namespace: str, what: str) -> None:
@@ -229,7 +233,8 @@ class HubState:
     def new_repo(self, repo_id: str, private: bool, author: str) -> EmuRepo:
         repo = EmuRepo(repo_id, private, self.clock())
         # A new Hub repo is not empty: its first commit adds .gitattributes.
-        self.add_commit(repo, {".gitattributes": HUB_GITATTRIBUTES}, "initial commit", author)
+        attributes = DATASET_GITATTRIBUTES if repo_id.startswith(PREFIX) else HUB_GITATTRIBUTES
+        self.add_commit(repo, {".gitattributes": attributes}, "initial commit", author)
         self.repos[repo_id] = repo
         return repo
 
@@ -301,22 +306,25 @@ class HubState:
         body = req.json()
         if req.caller is None:
             raise Reject(401, "You must be authenticated to create a repository")
-        if body.get("type") not in (None, "model"):
-            raise Reject(400, "The Hub emulator only knows model repos")
-        namespace = body.get("organization") or req.caller.user
-        repo_id = f"{namespace}/{body['name']}"
-        self.check_write(req.caller, namespace, f"the namespace {namespace}")
-        if repo_id in self.repos:
-            url = {"url": f"{self.url}/{repo_id}"}  # create_repo(exist_ok=True) reads it
-            raise Reject(409, "You already created this model repo", body=url)
+        kind = body.get("type") or "model"
+        if kind not in ("model", "dataset"):
+            raise Reject(400, "The Hub emulator only knows model and dataset repos")
+        owner = body.get("organization") or req.caller.user
+        repo_id = f"{owner}/{body['name']}"
+        key = PREFIX + repo_id if kind == "dataset" else repo_id  # the URL path too
+        self.check_write(req.caller, owner, f"the namespace {owner}")
+        if key in self.repos:
+            url = {"url": f"{self.url}/{key}"}  # create_repo(exist_ok=True) reads it
+            raise Reject(409, f"You already created this {kind} repo", body=url)
         private = body.get("visibility") == "private" or bool(body.get("private"))
-        self.new_repo(repo_id, private, req.caller.user)
-        return json_response({"url": f"{self.url}/{repo_id}", "name": repo_id, "id": repo_id})
+        self.new_repo(key, private, req.caller.user)
+        return json_response({"url": f"{self.url}/{key}", "name": repo_id, "id": repo_id})
 
     def delete_repo(self, req: Request):
         body = req.json()
-        namespace = body.get("organization") or (req.caller.user if req.caller else "")
-        repo_id = f"{namespace}/{body['name']}"
+        owner = body.get("organization") or (req.caller.user if req.caller else "")
+        repo_id = f"{owner}/{body['name']}"
+        repo_id = PREFIX + repo_id if body.get("type") == "dataset" else repo_id
         self.write_repo(req, repo_id)
         del self.repos[repo_id]
         return json_response({})
@@ -557,9 +565,10 @@ class HubEmulator(FaultyServer):
 
     def create_repo(self, repo_id: str, *, private: bool = False, files=None) -> EmuRepo:
         """A repo as `hub init` would leave it; `files` are pushed after, as by git (LFS-worthy
-        ones stored as objects)."""
+        ones stored as objects). A dataset repo is named `datasets/<owner>/<name>` here (and in
+        `repo` / `push`), as in its URLs."""
         with self.state.lock:
-            repo = self.state.new_repo(repo_id, private, repo_id.split("/")[0])
+            repo = self.state.new_repo(repo_id, private, namespace(repo_id))
             if files:
                 self.push(repo_id, files, message="seed")
             return repo
@@ -570,7 +579,7 @@ class HubEmulator(FaultyServer):
             repo = self.state.repos[repo_id]
             files = {p: d for p, d in repo.head.files.items() if p not in set(deletes)}
             files.update(adds)
-            return self.state.push_files(repo, files, message, repo_id.split("/")[0])
+            return self.state.push_files(repo, files, message, namespace(repo_id))
 
 
 if __name__ == "__main__":

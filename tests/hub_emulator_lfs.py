@@ -235,7 +235,8 @@ class Storage(FaultyServer):
 
     def handle_storage(self, req: Request):
         match = re.fullmatch(
-            r"/lfs/(?P<repo>[^/]+/[^/]+)/(?P<oid>[0-9a-f]{64})(?:/part/(?P<n>\d+))?", req.path
+            r"/lfs/(?P<repo>(?:datasets/)?[^/]+/[^/]+)/(?P<oid>[0-9a-f]{64})(?:/part/(?P<n>\d+))?",
+            req.path,
         )
         method = "GET" if req.method == "HEAD" else req.method
         try:

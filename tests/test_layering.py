@@ -27,6 +27,10 @@ TORCH_FREE = (
     "speedtronic.checkpoint.files",
     "speedtronic.checkpoint.start",
     "speedtronic.data.tokenizer",
+    "speedtronic.data.manifest",
+    "speedtronic.data.segments",
+    "speedtronic.data.ingest.spec",
+    "speedtronic.data.ingest.formats",
     "speedtronic.cli.app",
     "speedtronic.cli.errors",
     "speedtronic.cli.options",
@@ -110,6 +114,35 @@ def in_diloco_hub(name: str) -> bool:
 def test_only_the_hub_package_imports_huggingface_hub():
     users = {n for n in MODULES if any(top(i) == "huggingface_hub" for i in imports_of(n))}
     assert users and all(in_hub_package(n) for n in users), sorted(users)
+
+
+PYARROW_MODULE = "speedtronic.data.ingest.arrow"  # Parquet and zstd; the `data` extra
+
+
+def test_only_one_module_imports_pyarrow():
+    users = {n for n in MODULES if any(top(i) == "pyarrow" for i in imports_of(n))}
+    assert users == {PYARROW_MODULE}, sorted(users)
+
+
+# The tokenize pipeline's processes: spawned once per core, so they must start without torch.
+INGEST_TORCH_FREE = (
+    "speedtronic.data.manifest",
+    "speedtronic.data.segments",
+    "speedtronic.data.ingest.spec",
+    "speedtronic.data.ingest.formats",
+    "speedtronic.data.ingest.encode",
+    "speedtronic.data.ingest.work",
+    "speedtronic.data.ingest.pool",
+    "speedtronic.data.ingest.pipeline",
+    "speedtronic.cli.data",
+)
+
+
+@pytest.mark.parametrize("name", INGEST_TORCH_FREE)
+def test_the_tokenize_pipeline_loads_no_torch(name):
+    assert name in MODULES, f"{name} was moved: update INGEST_TORCH_FREE"
+    heavy = sorted(i for i in load_closure(name) if top(i) in ("torch", "safetensors"))
+    assert not heavy, f"importing {name} loads {heavy}"
 
 
 S3_PACKAGE = "speedtronic.distributed.s3"

@@ -297,7 +297,8 @@ def test_data_tokenize_command_writes_a_token_file(text_file, tmp_path):
     result = CliRunner().invoke(app, ["data", "tokenize", str(text_file), str(out)])
     assert result.exit_code == 0, result.stderr
     assert "uint16 tokens" in result.stdout
-    assert np.fromfile(out, dtype=np.uint16).tolist() == list(text_file.read_bytes())
+    # a text file is one document: the byte tokenizer's separator (0x03) first (docs/data.md)
+    assert np.fromfile(out, dtype=np.uint16).tolist() == [3, *text_file.read_bytes()]
     missing = CliRunner().invoke(app, ["data", "tokenize", str(tmp_path / "no.txt"), str(out)])
     assert missing.exit_code == 2 and "file not found" in missing.stderr
 

@@ -21,10 +21,15 @@ DOCS: dict[str, str] = {
     "model.imports": "modules imported first, so the @register_model in them runs",
     "data.source": "where samples come from; auto: text or tokens if that path is set, else "
     "synthetic",
-    "data.text_path": "a UTF-8 text file, streamed and never loaded whole",
-    "data.token_path": "a flat uint16/uint32 token file (nanoGPT layout), read with pread",
-    "data.token_dtype": "the token file's dtype; auto: uint16 if model.vocab_size <= 65536",
-    "data.tokenizer": "byte (vocab 256), or the path of a Hugging Face tokenizers JSON file",
+    "data.text_path": "a UTF-8 text file, streamed and never loaded whole (a .jsonl or "
+    ".parquet corpus: speedtronic data tokenize it first, then token_path)",
+    "data.token_path": "a flat uint16/uint32 token file (nanoGPT layout), or a folder "
+    "speedtronic data tokenize wrote (its train shards, its manifest's tokenizer); read with "
+    "pread",
+    "data.token_dtype": "the token file's dtype; auto: uint16 if model.vocab_size <= 65536 "
+    "(a folder's manifest says)",
+    "data.tokenizer": "byte (vocab 256), the path of a Hugging Face tokenizers JSON file, or "
+    "hf://OWNER/MODEL/tokenizer.json",
     "data.micro_batch_size": "samples per forward/backward pass",
     "data.target_batch_size": "samples per optimizer step (gradient accumulation); "
     "null: micro_batch_size",
@@ -35,7 +40,8 @@ DOCS: dict[str, str] = {
     "data.shuffle": "read blocks in a seeded random order (false: in file order)",
     "data.seed": "seed of the data order; null: run.seed, or per node for DumbDiLoCo",
     "data.shuffle_buffer": "blocks mixed by the shuffle buffer of a streamed, non-byte tokenizer",
-    "data.eval_path": "a held-out file of the same kind as the training source",
+    "data.eval_path": "a held-out file of the same kind as the training source; the "
+    "token_path folder itself: its held-out part (data tokenize --val-fraction)",
     "data.eval_fraction": "hold out this share of the end of the training file instead",
     "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
     "data.eval_batches": "batches per evaluation (the same ones every time)",

@@ -1,8 +1,11 @@
 """Data: sources (synthetic, byte text, token files, tokenized text streams), tokenizers, loading.
 
 ``loader`` builds datasets and the ``DataLoader`` from the config and wraps it in the
-resumable ``DataStream``; ``sources`` reads real files without loading them; ``synthetic``
-makes learnable tokens without files; ``tokenizer`` loads byte or Hugging Face tokenizers.
+resumable ``DataStream``; ``sources`` reads real files without loading them; ``shards`` reads
+a folder of token shards as one stream; ``manifest`` reads its manifest and says which tokenizer
+a run's data was made with (``data_tokenizer``); ``synthetic`` makes learnable tokens without
+files; ``tokenizer`` loads byte or Hugging Face tokenizers; ``ingest`` turns corpora into shards
+(``speedtronic data tokenize``).
 The public names below load lazily, so the torch-free ``tokenizer`` stays importable alone.
 """
 
@@ -21,6 +24,8 @@ _EXPORTS = {
     "ByteTextBlocks": "sources",
     "TokenFileBlocks": "sources",
     "TokenizedTextStream": "sources",
+    "TokenShardBlocks": "shards",
+    "data_tokenizer": "manifest",
     "tokenize_file": "sources",
     "ByteTokenizer": "tokenizer",
     "HFTokenizer": "tokenizer",

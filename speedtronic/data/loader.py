@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.data.sources import ByteTextBlocks, TokenFileBlocks, TokenizedTextStream
+from speedtronic.data.manifest import data_tokenizer
+from speedtronic.data.shards import open_token_path
+from speedtronic.data.sources import ByteTextBlocks, TokenizedTextStream
 from speedtronic.data.synthetic import SyntheticTokens
 from speedtronic.data.tokenizer import (
     ByteTokenizer,
@@ -69,14 +72,15 @@ def build_datasets(
     if source == "synthetic":
         return SyntheticTokens(vocab or 256, config.seq_len, seed=config.run.seed), None
     if source == "tokens":
-        dtype = data.token_dtype
-        if dtype == "auto":
-            dtype = "uint32" if vocab and vocab > 65536 else "uint16"
-        train = TokenFileBlocks(data.token_path, config.seq_len, dtype, vocab)
-        held = data.eval_path and TokenFileBlocks(
-            data.eval_path, config.seq_len, dtype, vocab, key="data.eval_path"
+        dtype, seq_len = data.token_dtype, config.seq_len
+        train = open_token_path(data.token_path, seq_len, dtype, vocab, "data.token_path")
+        held = data.eval_path and open_token_path(
+            data.eval_path, seq_len, dtype, vocab, "data.eval_path", eval_part(data)
         )
     else:
+        for path, key in ((data.text_path, "data.text_path"), (data.eval_path, "data.eval_path")):
+            if path:
+                refuse_corpus(path, key)  # before any other check: it says what to do instead
         tokenizer = tokenizer or load_tokenizer(data.tokenizer)
         check_vocab(tokenizer, vocab)
         train = _text_source(config, data.text_path, tokenizer, "data.text_path")
@@ -86,6 +90,20 @@ def build_datasets(
     return train, held or None
 
 
+def eval_part(data: Any) -> str:
+    """Which part of a shard folder ``data.eval_path`` names: the training folder itself means its
+    held-out ``val`` part; another folder its ``val`` part when it has one, else its ``train``."""
+    from speedtronic.data import manifest
+
+    path = data.eval_path
+    if not manifest.is_shard_dir(path):
+        return "train"
+    if Path(path).resolve() == Path(data.token_path or "").resolve():
+        return "val"
+    doc = manifest.read_manifest(path, "data.eval_path")
+    return "val" if doc["parts"].get("val") else "train"
+
+
 def _text_source(config: SpeedtronicConfig, path: str, tokenizer: Any, key: str) -> Dataset:
     if is_byte_level(tokenizer):
         return ByteTextBlocks(path, config.seq_len, key=key)
@@ -93,6 +111,20 @@ def _text_source(config: SpeedtronicConfig, path: str, tokenizer: Any, key: str)
     return TokenizedTextStream(
         path, config.seq_len, tokenizer, seed=config.data_seed, shuffle_buffer=buffer, key=key
     )
+
+
+def refuse_corpus(path: str, key: str) -> None:
+    """A JSON Lines or Parquet file is no text to train on as it is: its keys, quotes and escapes
+    would become the training text. Say how to tokenize it."""
+    from speedtronic.data.ingest.spec import FORMAT_NAMES, corpus_format
+
+    found = corpus_format(path)
+    if found is not None:
+        raise DataError(
+            f"{key}: {path} is {FORMAT_NAMES[found]}, not plain text",
+            hint=f"tokenize it first: speedtronic data tokenize {path} tokens (then train with "
+            "data.token_path: tokens)",
+        )
 
 
 def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
@@ -111,19 +143,19 @@ def run_tokenizer(
 
     The seam between the data sources and what outlives the run (``Runtime.tokenizer``, which
     each checkpoint records for ``speedtronic generate`` and ``export``): first the training
-    dataset's own ``tokenizer`` attribute, where a source knows it (token shards whose
-    manifest names their tokenizer set it); then, for a dataset built from the config
-    (``from_config``), the tokenizer given to ``build_runtime`` or ``data.tokenizer`` for text,
-    and byte ids (``ByteTokenizer``) for synthetic data. A user's dataset, or token files
-    that name no tokenizer, give None.
+    dataset's own ``tokenizer`` attribute, where a source knows it; then, for a dataset built
+    from the config (``from_config``), the tokenizer given to ``build_runtime`` for text, byte
+    ids (``ByteTokenizer``) for synthetic data, and otherwise what the config's data says
+    (``data.manifest.data_tokenizer``: ``data.tokenizer`` for text, a shard folder's manifest
+    for tokens). A user's dataset, or a flat token file, give None.
     """
     own = getattr(dataset, "tokenizer", None)
     if own is not None or not from_config:
         return own
     source = config.data.resolved_source
-    if source == "text":
-        return given if given is not None else load_tokenizer(config.data.tokenizer)
-    return ByteTokenizer() if source == "synthetic" else None
+    if source == "text" and given is not None:
+        return given
+    return ByteTokenizer() if source == "synthetic" else data_tokenizer(config)
 
 
 def model_vocab(config: SpeedtronicConfig) -> int | None:

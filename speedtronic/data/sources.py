@@ -42,10 +42,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from speedtronic.data.segments import SEGMENT_BYTES, segment_bounds
 from speedtronic.errors import DataError, TrainingError
 
-SEGMENT_BYTES = 1 << 20
-_SCAN_BYTES = 1 << 16  # how far past a nominal segment start to look for a safe split
+__all__ = ["SEGMENT_BYTES", "ByteTextBlocks", "TokenFileBlocks", "TokenizedTextStream"]
+__all__ += ["segment_bounds", "shuffled", "tokenize_file"]
+
 _TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -275,39 +277,6 @@ class TokenFileBlocks(_BlockRange):
 
 
 # ---- text with a general tokenizer -------------------------------------------------------
-
-
-def segment_bounds(path: Path, segment_bytes: int = SEGMENT_BYTES) -> list[int]:
-    """Byte offsets that cut ``path`` into segments at safe split points (first is 0, last EOF)."""
-    size = path.stat().st_size
-    bounds = [0]
-    with path.open("rb") as f:
-        while bounds[-1] + segment_bytes < size:
-            cut = _safe_cut(f, bounds[-1] + segment_bytes, size)
-            if cut >= size:
-                break
-            bounds.append(cut)
-    bounds.append(size)
-    return bounds
-
-
-def _safe_cut(f: Any, start: int, size: int) -> int:
-    """First offset >= start right after '\\n' and before an ASCII non-space character.
-
-    Falls back to a character boundary when no such point exists within 4 scan windows
-    (a file without line breaks); documented as the one place a merge could differ.
-    """
-    for window in range(4):
-        f.seek(start + window * _SCAN_BYTES - 1)
-        data = f.read(_SCAN_BYTES + 1)
-        for i in range(len(data) - 1):
-            if data[i] == 0x0A and data[i + 1] < 0x80 and not chr(data[i + 1]).isspace():
-                return start + window * _SCAN_BYTES + i
-        if len(data) <= _SCAN_BYTES:
-            return size
-    f.seek(start)
-    data = f.read(4)
-    return start + next((i for i, b in enumerate(data) if not 0x80 <= b < 0xC0), 0)
 
 
 class TokenizedTextStream(IterableDataset):

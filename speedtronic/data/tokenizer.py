@@ -105,7 +105,15 @@ def _redecoding_stream(tokenizer: HFTokenizer, prefix: list[int]) -> Callable[[i
 
 
 def load_tokenizer(setting: str) -> Any:
-    return ByteTokenizer() if setting == "byte" else HFTokenizer(setting)
+    """``byte``, a tokenizers JSON file, or one on the Hub (``hf://OWNER/MODEL/tokenizer.json``,
+    downloaded once into the user cache through the project's Hub client)."""
+    if setting == "byte":
+        return ByteTokenizer()
+    if setting.startswith("hf://"):
+        from speedtronic.data.ingest.hub_source import cached_hub_file
+
+        return HFTokenizer(cached_hub_file(setting))
+    return HFTokenizer(setting)
 
 
 def is_byte_level(tokenizer: Any) -> bool:

@@ -1,0 +1,209 @@
+"""Documents to token ids: the document separator, the held-out rule, and the encoding itself.
+
+**Separator** (``choose_separator``), at most two tokens a document, from what the tokenizer
+defines:
+
+1. ``--separator TOKEN``: that token (it must be in the vocabulary), before each document;
+2. a post-processor template that adds special tokens to a single sequence (a BOS such as
+   ``<|begin_of_text|>``, or BOS and EOS): exactly those, where the template puts them;
+3. an end-of-text token (``<|endoftext|>``, ``<|end_of_text|>``, ``</s>``, ``<eos>``, ...):
+   before each document, as GPT-2's training data and llm.c do;
+4. the byte tokenizer: byte ``0x03`` (ASCII ETX, "end of text") before each document.
+
+A tokenizer with none of these is an error asking for ``--separator``. docs/data.md says what a
+model learns from the separator.
+
+**Held out** (``--val-fraction F``): a document goes to the validation part when the first 8
+bytes of BLAKE2b of its UTF-8 text, read as an integer, fall below ``F * 2**64``: by content, so
+the same document lands on the same side whatever the order, the sharding, the workers or the
+tokenizer, and exact duplicates never straddle the split. A text file is one document, decided
+by its first segment.
+
+``Encoder`` runs in the workers (no torch): ``tokenizers``' batch encoding on one thread per
+process (the pipeline runs one process per core), ids assembled with NumPy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from speedtronic.errors import DataError
+
+BYTE_SEPARATOR = 0x03
+EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|eot|>")
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+@dataclass(frozen=True)
+class Separator:
+    """Token ids put ``before`` and ``after`` every document; ``rule`` says why these."""
+
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    tokens: tuple[str, ...]
+    rule: str
+
+    def record(self) -> dict:
+        return {**asdict(self), "before": list(self.before), "after": list(self.after)}
+
+    @classmethod
+    def from_record(cls, doc: dict) -> Separator:
+        return cls(tuple(doc["before"]), tuple(doc["after"]), tuple(doc["tokens"]), doc["rule"])
+
+
+def choose_separator(impl: Any, explicit: str | None, name: str) -> Separator:
+    """The separator for a ``tokenizers.Tokenizer`` (``impl``), or the byte one for None."""
+    if impl is None:
+        if explicit is not None:
+            raise DataError("--separator: the byte tokenizer's separator is byte 0x03 (fixed)")
+        return Separator((BYTE_SEPARATOR,), (), ("\\x03",), "byte tokenizer: ETX (0x03)")
+    if explicit is not None:
+        found = impl.token_to_id(explicit)
+        if found is None:
+            raise DataError(f"--separator: {explicit!r} is not a token of {name}")
+        return Separator((found,), (), (explicit,), "--separator")
+    template = _template(impl)
+    if template is not None:
+        return template
+    for token in EOT_NAMES:
+        found = impl.token_to_id(token)
+        if found is not None:
+            return Separator((found,), (), (token,), f"end-of-text token {token}")
+    raise DataError(
+        f"--tokenizer: {name} defines no document token (no BOS/EOS template, no "
+        f"{', '.join(EOT_NAMES[:4])}); name one with --separator TOKEN"
+    )
+
+
+def _template(impl: Any) -> Separator | None:
+    """What the tokenizer's post-processor adds around one sequence, if anything."""
+    plain = impl.encode("a", add_special_tokens=False).ids
+    wrapped = impl.encode("a", add_special_tokens=True).ids
+    if wrapped == plain or not plain:
+        return None
+    for cut in range(len(wrapped) - len(plain) + 1):
+        if wrapped[cut : cut + len(plain)] == plain:
+            before, after = tuple(wrapped[:cut]), tuple(wrapped[cut + len(plain) :])
+            if len(before) + len(after) > 2:
+                raise DataError(
+                    f"--tokenizer: its template adds {len(before) + len(after)} tokens to a "
+                    "document (at most 2); name one with --separator TOKEN"
+                )
+            tokens = tuple(impl.id_to_token(i) or str(i) for i in before + after)
+            return Separator(before, after, tokens, "the tokenizer's post-processor template")
+    return None
+
+
+def held_out(text: str, fraction: float) -> bool:
+    if fraction <= 0:
+        return False
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+@dataclass
+class Encoded:
+    """One unit's tokens: the train and validation parts, and per document (in order) its
+    length and part, so a token cap can stop at a document's end."""
+
+    train: np.ndarray
+    val: np.ndarray
+    lengths: np.ndarray  # tokens per document (or per text segment), in input order
+    is_val: np.ndarray  # bool per entry of lengths
+    train_documents: int  # documents started in this unit, per part
+    val_documents: int
+    skipped: int = 0
+    max_id: int = -1
+
+    @property
+    def documents(self) -> int:
+        return self.train_documents + self.val_documents
+
+
+class Encoder:
+    """Tokenizes documents for one worker: ``tokenizer_file`` None means bytes."""
+
+    def __init__(
+        self, tokenizer_file: str | None, separator: Separator, val_fraction: float, dtype: str
+    ):
+        self.separator, self.val_fraction = separator, val_fraction
+        self.dtype = DTYPES[dtype]
+        self._impl = None
+        if tokenizer_file is not None:
+            os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one process per core already
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+            from tokenizers import Tokenizer
+
+            self._impl = Tokenizer.from_file(tokenizer_file)
+            self._impl.no_truncation()
+            self._impl.no_padding()
+            # the same ids without offsets (tokenizers >= 0.21), else the plain batch call
+            self._encode_batch = getattr(self._impl, "encode_batch_fast", self._impl.encode_batch)
+
+    def documents(self, docs: list[str], skipped: int = 0) -> Encoded:
+        flags = np.array([held_out(d, self.val_fraction) for d in docs], dtype=bool)
+        if self.val_fraction <= 0 or not flags.any():
+            train, lengths = self._join(docs)
+            val = np.zeros(0, self.dtype)
+        else:
+            idx = np.flatnonzero(~flags).tolist(), np.flatnonzero(flags).tolist()
+            train, train_len = self._join([docs[i] for i in idx[0]])
+            val, val_len = self._join([docs[i] for i in idx[1]])
+            lengths = np.zeros(len(docs), np.int64)
+            lengths[~flags], lengths[flags] = train_len, val_len
+        held = int(flags.sum())
+        return self._done(train, val, lengths, flags, (len(docs) - held, held), skipped)
+
+    def text(self, text: str, first: bool, val: bool) -> Encoded:
+        """A text file's segment; ``first`` starts its document (the separator before it)."""
+        empty = np.zeros(0, self.dtype)
+        if not text:
+            return self._done(empty, empty, np.zeros(0, np.int64), np.zeros(0, bool), (0, 0))
+        before = self.separator.before if first else ()
+        if self._impl is None:
+            raw = bytes(before) + text.encode("utf-8")
+            part = np.frombuffer(raw, np.uint8).astype(self.dtype)
+        else:
+            part = self._cast(np.asarray([*before, *self._ids([text])[0]], dtype=np.int64))
+        train, held = (empty, part) if val else (part, empty)
+        documents = (0, int(first)) if val else (int(first), 0)
+        return self._done(train, held, np.array([len(part)]), np.array([val]), documents)
+
+    def _done(self, train, val, lengths, flags, documents: tuple[int, int], skipped=0) -> Encoded:
+        top = max((int(a.max()) for a in (train, val) if a.size), default=-1)
+        return Encoded(train, val, lengths, flags, *documents, skipped, top)
+
+    def _ids(self, docs: list[str]) -> list[list[int]]:
+        try:
+            return [e.ids for e in self._encode_batch(docs, add_special_tokens=False)]
+        except (UnicodeEncodeError, TypeError, ValueError) as exc:  # a lone surrogate escape
+            raise DataError(f"a document cannot be tokenized: {exc}") from None
+
+    def _join(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``before + ids + after`` of every document, concatenated; and each one's length."""
+        if not docs:
+            return np.zeros(0, self.dtype), np.zeros(0, np.int64)
+        sep = self.separator
+        if self._impl is None:
+            raw = [d.encode("utf-8") for d in docs]
+            joined = bytes(sep.before) + bytes(sep.before).join(raw)
+            lengths = np.fromiter((len(r) + 1 for r in raw), np.int64, len(raw))
+            return np.frombuffer(joined, np.uint8).astype(self.dtype), lengths
+        ids = self._ids(docs)
+        extra = len(sep.before) + len(sep.after)
+        lengths = np.fromiter((len(i) + extra for i in ids), np.int64, len(ids))
+        pieces = chain.from_iterable((sep.before, one, sep.after) for one in ids)
+        flat = np.fromiter(chain.from_iterable(pieces), np.int64, int(lengths.sum()))
+        return self._cast(flat), lengths
+
+    def _cast(self, tokens: np.ndarray) -> np.ndarray:
+        if tokens.size and int(tokens.max()) > np.iinfo(self.dtype).max:
+            top, kind = int(tokens.max()), self.dtype.__name__
+            raise DataError(f"token id {top} does not fit {kind}; use --dtype uint32")
+        return tokens.astype(self.dtype)

@@ -1,0 +1,188 @@
+"""What one tokenize will do, fixed before the first token: inputs, tokenizer, separator, options.
+
+``Request`` is what the user asked (the command line); ``Plan`` is that request resolved: every
+input file in order (Hub revisions pinned to commit shas), the tokenizer copied into the output
+folder (``tokenizer.json``; a Hub one downloaded there first), its separator, the dtype. The
+plan is the first thing the journal records: a resumed tokenize takes the plan from the journal
+rather than resolving again (a Hub branch may have moved since; a resume must read the same
+files), after checking that the request is the same and that no local input changed size or
+modification time. Stdlib (and ``tokenizers`` to pick the separator).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from speedtronic.data.ingest import spec
+from speedtronic.data.ingest.encode import Separator, choose_separator
+from speedtronic.data.ingest.spec import InputFile
+from speedtronic.errors import DataError
+
+FORMAT_VERSION = 1
+TOKENIZER_FILE = "tokenizer.json"
+SHARD_TOKENS = 100_000_000  # ~200 MB of uint16 a shard (llm.c's fineweb shards are 1e8 too)
+
+
+@dataclass(frozen=True)
+class Request:
+    sources: tuple[str, ...]
+    tokenizer: str = "byte"
+    column: str = "text"
+    val_fraction: float = 0.0
+    max_tokens: int | None = None
+    dtype: str = "auto"
+    shard_tokens: int = SHARD_TOKENS
+    separator: str | None = None
+    flat: bool = False
+
+    def record(self) -> dict:
+        return {**asdict(self), "sources": list(self.sources), "format_version": FORMAT_VERSION}
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: Request
+    inputs: tuple[InputFile, ...]
+    tokenizer: dict  # kind, source, sha256, vocab_size (+ file for tokenizers)
+    separator: Separator
+    dtype: str
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer["vocab_size"]
+
+    def record(self) -> dict:
+        return {
+            "request": self.request.record(),
+            "inputs": [f.record() for f in self.inputs],
+            "tokenizer": self.tokenizer,
+            "separator": self.separator.record(),
+            "dtype": self.dtype,
+        }
+
+    @classmethod
+    def from_record(cls, doc: dict, request: Request) -> Plan:
+        return cls(
+            request,
+            tuple(InputFile.from_record(f) for f in doc["inputs"]),
+            doc["tokenizer"],
+            Separator.from_record(doc["separator"]),
+            doc["dtype"],
+        )
+
+
+def check_request(request: Request) -> None:
+    if not 0 <= request.val_fraction < 1:
+        raise DataError(f"--val-fraction: must be in [0, 1) (got {request.val_fraction})")
+    if request.max_tokens is not None and request.max_tokens < 1:
+        raise DataError(f"--max-tokens: must be >= 1 (got {request.max_tokens})")
+    if request.shard_tokens < 1:
+        raise DataError(f"--shard-tokens: must be >= 1 (got {request.shard_tokens})")
+    if request.dtype not in ("auto", "uint16", "uint32"):
+        raise DataError(f"--dtype: must be auto, uint16 or uint32 (got {request.dtype!r})")
+    if request.flat and request.val_fraction:
+        raise DataError(
+            "--val-fraction: a flat .bin output has no place for a validation part; name an "
+            "output folder instead (without .bin)"
+        )
+
+
+def resolve(request: Request, folder: Path) -> Plan:
+    """Resolve ``request`` into a plan; the tokenizer file lands in ``folder``."""
+    inputs: list[InputFile] = []
+    for source in request.sources:
+        if spec.is_hub(source):
+            from speedtronic.data.ingest.hub_source import hub_inputs
+
+            inputs += hub_inputs(source)
+        else:
+            inputs += spec.local_inputs(source)
+    tokenizer, impl = _tokenizer(request.tokenizer, folder)
+    separator = choose_separator(impl, request.separator, request.tokenizer)
+    dtype = request.dtype
+    if dtype == "auto":
+        dtype = "uint16" if tokenizer["vocab_size"] <= 65536 else "uint32"
+    elif dtype == "uint16" and tokenizer["vocab_size"] > 65536:
+        raise DataError(
+            f"--dtype uint16: the vocabulary has {tokenizer['vocab_size']} ids; use uint32"
+        )
+    return Plan(request, tuple(inputs), tokenizer, separator, dtype)
+
+
+def _tokenizer(setting: str, folder: Path) -> tuple[dict, object]:
+    """The tokenizer's record and its ``tokenizers.Tokenizer`` (None for bytes), its file in
+    ``folder``."""
+    if setting == "byte":
+        return {"kind": "byte", "vocab_size": 256}, None
+    dest = folder / TOKENIZER_FILE
+    if spec.is_hub(setting):
+        from speedtronic.data.ingest.hub_source import hub_file
+
+        origin = hub_file(setting, dest)
+    else:
+        path = Path(setting)
+        if not path.is_file():
+            raise DataError(f"--tokenizer: file not found: {setting} (or use 'byte')")
+        shutil.copyfile(path, dest)
+        origin = {
+            "source": str(path),
+            "sha256": sha256_file(dest),
+            "size_bytes": dest.stat().st_size,
+        }
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError(
+            "--tokenizer: a tokenizer file needs the 'tokenizers' package",
+            hint="pip install 'speedtronic[tokenizers]'",
+        ) from None
+    try:
+        impl = Tokenizer.from_file(str(dest))
+    except Exception as exc:  # the Rust side raises a plain Exception for a bad file
+        raise DataError(f"--tokenizer: {setting} is not a tokenizers JSON file: {exc}") from None
+    vocab = impl.get_vocab_size(with_added_tokens=True)
+    return {"kind": "tokenizers", "file": TOKENIZER_FILE, "vocab_size": vocab, **origin}, impl
+
+
+def resumed(doc: dict, request: Request, partial: Path, unread: int) -> Plan:
+    """The journal's plan, if ``request`` is the one it was made for and no input it read from
+    changed. Inputs from index ``unread`` on were not read yet: one of those that changed (a
+    file fixed after an error) is taken as it is now."""
+    saved = doc.get("request", {})
+    now = request.record()
+    for key in now:
+        if saved.get(key) != now[key]:
+            raise DataError(
+                f"the unfinished tokenize in this output was started with {key} = "
+                f"{saved.get(key)!r}, not {now[key]!r}; run the same command to continue, or "
+                f"remove {partial} to start over"
+            )
+    plan = Plan.from_record(doc, request)
+    inputs = list(plan.inputs)
+    for index, before in enumerate(inputs):
+        if before.on_hub:
+            continue
+        try:
+            now_file = spec.local_inputs(before.path)[0]
+        except DataError:
+            now_file = None
+        if now_file is not None and index >= unread:
+            inputs[index] = now_file
+        elif now_file is None or spec.changed(before, now_file):
+            raise DataError(
+                f"{before.name} changed (or went missing) since this tokenize read from it; "
+                f"remove {partial} to start over"
+            )
+    return Plan(request, tuple(inputs), plan.tokenizer, plan.separator, plan.dtype)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,191 @@
+"""What ``data tokenize`` reads: SOURCE arguments turned into one ordered list of input files.
+
+A SOURCE is a file, a directory (its files of a known format, recursively, in sorted order of
+their paths), a glob (``*`` within a path segment, ``**`` across them; matches in sorted order),
+or ``hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB]`` (listed by ``hub_source``). The
+format comes from the name: ``.txt`` text, ``.jsonl`` / ``.ndjson`` JSON Lines, the same
+``.gz`` or ``.zst`` compressed (``.json.gz`` too), ``.parquet``; a file named on its own with
+another suffix is read as text (what ``data.text_path`` accepts). A glob that matches nothing,
+a directory without a known file and a missing file are one-line errors naming them.
+
+Stdlib only: the CLI's checks and the loader's refusal of a ``.jsonl`` as ``data.text_path``
+use it without pyarrow or torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+from speedtronic.errors import DataError
+
+FORMATS = {
+    ".txt": "text",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".jsonl.gz": "jsonl.gz",
+    ".json.gz": "jsonl.gz",
+    ".ndjson.gz": "jsonl.gz",
+    ".jsonl.zst": "jsonl.zst",
+    ".json.zst": "jsonl.zst",
+    ".ndjson.zst": "jsonl.zst",
+    ".parquet": "parquet",
+}
+FORMAT_NAMES = {
+    "text": "UTF-8 text",
+    "jsonl": "JSON Lines",
+    "jsonl.gz": "gzipped JSON Lines",
+    "jsonl.zst": "zstd-compressed JSON Lines",
+    "parquet": "Parquet",
+}
+KNOWN = ", ".join(FORMATS)
+HF_DATASETS = "hf://datasets/"
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def file_format(name: str) -> str | None:
+    """The format a file name says (longest suffix first), None for an unknown suffix."""
+    lower = name.lower()
+    for suffix in sorted(FORMATS, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return FORMATS[suffix]
+    return None
+
+
+def corpus_format(name: str) -> str | None:
+    """The format of a corpus file that needs ``data tokenize`` first (not plain text), or None."""
+    found = file_format(name)
+    return None if found in (None, "text") else found
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One file to read. ``name`` is what messages and the manifest show: the local path, or
+    ``hf://datasets/ID@SHA/PATH``; ``path`` is where its bytes are (a Hub file's download)."""
+
+    name: str
+    format: str
+    size: int
+    path: str | None = None
+    mtime_ns: int | None = None
+    repo: str | None = None
+    revision: str | None = None
+    repo_path: str | None = None
+    sha256: str | None = None
+    oid: str | None = None
+
+    @property
+    def on_hub(self) -> bool:
+        return self.repo is not None
+
+    def record(self) -> dict:
+        """What the plan and the manifest keep of it (no local path for a Hub file)."""
+        doc = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.on_hub:
+            doc.pop("path", None)
+        doc["size_bytes"] = doc.pop("size")
+        return doc
+
+    @classmethod
+    def from_record(cls, doc: dict) -> InputFile:
+        fields = {k: v for k, v in doc.items() if k != "size_bytes"}
+        return cls(size=doc["size_bytes"], **fields)
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """``hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB]`` taken apart."""
+
+    repo: str
+    revision: str
+    pattern: str
+
+    @property
+    def literal_prefix(self) -> str:
+        """The folder to list: the one holding the pattern's part before its first glob
+        character (a plain path's parent: it may name a file or a folder)."""
+        return _GLOB_CHARS.split(self.pattern, 1)[0].rpartition("/")[0]
+
+
+def is_hub(source: str) -> bool:
+    return source.startswith("hf://")
+
+
+def parse_hub(source: str) -> HubSpec:
+    """A dataset source's repo, revision (default ``main``; ``%2F`` for a slash) and pattern."""
+    if not source.startswith(HF_DATASETS):
+        raise DataError(
+            f"{source}: a Hub source is hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB] "
+            "(model repos hold no corpora; a tokenizer is --tokenizer hf://OWNER/MODEL/FILE)"
+        )
+    parts = source[len(HF_DATASETS) :].split("/")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise DataError(f"{source}: name the dataset as hf://datasets/OWNER/NAME[/PATH]")
+    name, _, revision = parts[1].partition("@")
+    pattern = "/".join(p for p in parts[2:] if p)
+    if {".", ".."} & set(pattern.split("/")):
+        raise DataError(f"{source}: '.' and '..' are not repo paths")
+    return HubSpec(f"{parts[0]}/{name}", unquote(revision) or "main", pattern)
+
+
+def matches(pattern: str, path: str) -> bool:
+    """Glob ``pattern`` against a repo ``path``: ``*`` / ``?`` / ``[...]`` stay within a path
+    segment, ``**`` spans any number of them; a pattern without glob characters names a file or
+    a folder (everything below it)."""
+    if not _GLOB_CHARS.search(pattern):
+        return not pattern or path == pattern or path.startswith(pattern.rstrip("/") + "/")
+    return _glob_regex(pattern).fullmatch(path) is not None
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        elif pattern[i] == "[" and (close := pattern.find("]", i + 1)) > i:
+            out, i = out + "[" + pattern[i + 1 : close].replace("!", "^", 1) + "]", close + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+def local_inputs(source: str) -> list[InputFile]:
+    """The files a local SOURCE names, in order; a one-line DataError when it names none."""
+    path = Path(source)
+    if _GLOB_CHARS.search(source) and not path.exists():
+        found = sorted(glob.glob(source, recursive=True))
+        files = [Path(p) for p in found if os.path.isfile(p)]
+        if not files:
+            raise DataError(f"{source}: no file matches this glob")
+        return [_local(p, file_format(p.name) or "text") for p in files]
+    if path.is_dir():
+        below = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p.name))
+        below = [p for p in below if not any(part.startswith(".") for part in p.parts[-1:])]
+        if not below:
+            raise DataError(f"{source}: the directory holds no file of a known format ({KNOWN})")
+        return [_local(p, file_format(p.name)) for p in below]
+    if not path.exists():
+        raise DataError(f"{source}: file not found")
+    if not path.is_file():
+        raise DataError(f"{source}: not a regular file or a directory")
+    return [_local(path, file_format(path.name) or "text")]
+
+
+def _local(path: Path, fmt: str) -> InputFile:
+    info = path.stat()
+    return InputFile(str(path), fmt, info.st_size, str(path), info.st_mtime_ns)
+
+
+def changed(before: InputFile, now: InputFile) -> bool:
+    """Whether a local file is not what a tokenize started with (size or modification time)."""
+    return (before.size, before.mtime_ns) != (now.size, now.mtime_ns)

@@ -1,0 +1,80 @@
+"""The tokenize pipeline's worker side: one unit in, its tokens out (run in a process per core).
+
+``init`` builds the process's ``Reader`` and ``Encoder`` once (the tokenizer loads from the
+output folder's copy, so what is recorded is what tokenized); ``work`` reads a unit and encodes
+it. A bad-input ``SpeedtronicError`` comes back as a value, not a pickled exception, so its
+message and hint reach the user intact; SIGINT is ignored here, so Ctrl-C is the main
+process's to handle (it commits what is done first), and a worker whose parent died (SIGKILL)
+exits on its own. No torch is imported on this side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from speedtronic.data.ingest.encode import Encoded, Encoder, Separator
+from speedtronic.data.ingest.formats import Reader, Unit
+from speedtronic.errors import SpeedtronicError
+
+
+@dataclass(frozen=True)
+class Task:
+    unit: Unit
+    format: str
+    path: str
+    name: str
+    held_out: bool = False  # a text file's whole document is in the validation part
+
+
+@dataclass(frozen=True)
+class Setup:
+    tokenizer_file: str | None
+    separator: dict
+    val_fraction: float
+    dtype: str
+    column: str
+
+
+_STATE: dict = {}
+
+
+def init(setup: Setup, worker: bool = True) -> None:
+    if worker:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _exit_with_parent()
+    separator = Separator.from_record(setup.separator)
+    _STATE["encoder"] = Encoder(setup.tokenizer_file, separator, setup.val_fraction, setup.dtype)
+    _STATE["reader"] = Reader(setup.column)
+
+
+def _exit_with_parent() -> None:
+    """End this worker once its parent is gone (killed with SIGKILL, say): every worker holds
+    the task queue's write end too, so the read it blocks in would never see EOF."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def work(task: Task) -> Encoded | tuple[str, str | None]:
+    """``task``'s tokens, or ``(message, hint)`` for bad input."""
+    encoder, reader = _STATE["encoder"], _STATE["reader"]
+    try:
+        if task.format == "text":
+            text = reader.text(task.unit, task.path, task.name)
+            return encoder.text(text, task.unit.first, task.held_out)
+        docs, skipped = reader.documents(task.unit, task.format, task.path, task.name)
+        return encoder.documents(docs, skipped)
+    except SpeedtronicError as exc:
+        message = str(exc)
+        if not message.startswith(task.name):
+            message = f"{task.name}: {message}"
+        return message, exc.hint

@@ -1,0 +1,177 @@
+"""Token shards written so that a kill loses nothing committed and a resume writes the same bytes.
+
+The output is built in ``OUT.partial/``: per part (``train``, ``val``) shards ``train_00000.bin``,
+``train_00001.bin``, ... of flat ``uint16`` / ``uint32`` ids; a shard is closed at the first unit
+boundary past ``shard_tokens``. ``progress.json`` (the journal) says how far the output is
+good: the plan the tokenize started with, the next unit to read, every closed shard (tokens,
+sha256) and the length of each open one, and the counts so far. A commit fsyncs the open shards,
+then replaces the journal atomically (write, fsync, rename, fsync the folder): whatever was
+written after the last commit is cut off on resume (``ShardWriter.resume``), and the units after
+it are read again, so the result is byte-identical to a run never killed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from speedtronic.errors import DataError
+
+JOURNAL = "progress.json"
+PARTS = ("train", "val")
+
+
+def shard_name(part: str, index: int) -> str:
+    return f"{part}_{index:05d}.bin"
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """``doc`` to ``path`` atomically and durably (a reader sees the old or the new file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not on this platform (Windows)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Part:
+    """One part's shards: those closed (records), and the open one's tokens so far."""
+
+    name: str
+    closed: list[dict] = field(default_factory=list)
+    open_tokens: int = 0
+    documents: int = 0
+    _file: object = None
+    _hash: object = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.closed) + self.open_tokens
+
+    def state(self) -> dict:
+        return {"closed": self.closed, "open_tokens": self.open_tokens, "documents": self.documents}
+
+
+class ShardWriter:
+    """Appends each unit's tokens to the open shard of its part; commits with the journal."""
+
+    def __init__(self, root: Path, dtype: str, shard_tokens: int, single: bool = False):
+        self.root, self.dtype = root, np.dtype(dtype)
+        self.shard_tokens, self.single = shard_tokens, single  # single: one train shard, ever
+        self.parts = {name: Part(name) for name in PARTS}
+
+    def resume(self, state: dict | None) -> None:
+        """Open the shards where the journal left them (cut to its lengths); no state: fresh."""
+        for name, part in self.parts.items():
+            saved = (state or {}).get(name, {})
+            part.closed = list(saved.get("closed", []))
+            part.open_tokens, part.documents = (
+                saved.get("open_tokens", 0),
+                saved.get("documents", 0),
+            )
+            for record in part.closed:
+                self._check_closed(record)
+            self._open(part)
+            for stale in sorted(self.root.glob(f"{name}_*.bin")):
+                if int(stale.stem.rpartition("_")[2]) > len(part.closed):
+                    stale.unlink()  # written after the last commit: read again
+
+    def _check_closed(self, record: dict) -> None:
+        path = self.root / record["file"]
+        expected = record["tokens"] * self.dtype.itemsize
+        if not path.is_file() or path.stat().st_size != expected:
+            raise DataError(
+                f"{path}: a finished shard is missing or changed since the journal was written; "
+                f"remove {self.root} and run the command again"
+            )
+
+    def _open(self, part: Part) -> None:
+        path = self.root / shard_name(part.name, len(part.closed))
+        keep = part.open_tokens * self.dtype.itemsize
+        if keep and (not path.is_file() or path.stat().st_size < keep):
+            raise DataError(f"{path}: shorter than its journal says; remove {self.root} and rerun")
+        f = open(path, "r+b" if keep else "wb")  # noqa: SIM115 - held open across units
+        f.truncate(keep)
+        part._hash = hashlib.sha256()
+        while f.tell() < keep:  # the hash of what stays (bounded by one shard)
+            part._hash.update(f.read(min(1 << 24, keep - f.tell())))
+        f.seek(keep)
+        part._file = f
+
+    def add(self, name: str, tokens: np.ndarray, documents: int) -> None:
+        if not tokens.size and not documents:
+            return
+        part = self.parts[name]
+        data = tokens.astype(self.dtype, copy=False).tobytes()
+        part._file.write(data)
+        part._hash.update(data)
+        part.open_tokens += tokens.size
+        part.documents += documents
+
+    def end_unit(self) -> None:
+        """A unit boundary: close each shard that has reached ``shard_tokens``."""
+        for part in self.parts.values():
+            if part.open_tokens >= self.shard_tokens and not (self.single and part.name == "train"):
+                self._close(part)
+                self._open(part)
+
+    def _close(self, part: Part) -> None:
+        f = part._file
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        part.closed.append(
+            {
+                "file": shard_name(part.name, len(part.closed)),
+                "tokens": part.open_tokens,
+                "sha256": part._hash.hexdigest(),
+            }
+        )
+        part.open_tokens = 0
+
+    def sync(self) -> dict:
+        """Make the open shards durable; the state a journal records for them."""
+        for part in self.parts.values():
+            part._file.flush()
+            os.fsync(part._file.fileno())
+        return {name: part.state() for name, part in self.parts.items()}
+
+    def finish(self) -> dict[str, list[dict]]:
+        """Close every open shard that holds tokens (and drop empty ones); the shards per part."""
+        out = {}
+        for part in self.parts.values():
+            if part.open_tokens:
+                self._close(part)
+            else:
+                part._file.close()
+                (self.root / shard_name(part.name, len(part.closed))).unlink(missing_ok=True)
+            out[part.name] = part.closed
+        fsync_dir(self.root)
+        return out
+
+    def close(self) -> None:
+        for part in self.parts.values():
+            if part._file is not None and not part._file.closed:
+                part._file.close()
