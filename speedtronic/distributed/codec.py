@@ -343,14 +343,22 @@ def _check_norm(delta: dict[str, Tensor], reference: dict[str, Tensor], ratio: f
         )
 
 
-def check_plausible_global(weights: dict[str, Tensor], previous_norm: float, ratio: float = 10.0):
-    """Refuse a global whose L2 norm is over ``ratio`` times, or under 1/``ratio`` of, the
-    previous weights' (I4): finite values of 1e30 pass every other check, and would stop every
-    node after its next steps. Outer steps move weights by far less than that."""
-    new, old = global_norm(weights), previous_norm
-    if old > 0 and not old / ratio <= new <= ratio * old:
+def check_plausible_global(
+    weights: dict[str, Tensor],
+    anchor_norm: float,
+    anchor: str = "the initial weights",
+    ratio: float = 10.0,
+) -> None:
+    """Refuse a global whose L2 norm is over ``ratio`` times, or under 1/``ratio`` of,
+    ``anchor_norm`` (I4): finite values of 1e30 pass every other check, and would stop every
+    node after its next steps. The anchor is fixed (a node's own weights at start, a master's
+    initial weights), never the previous global: a bound against each step before compounds,
+    and a global grown 9x per publish would pass a 10x check every time. Training moves a
+    model's norm by far less than 10x (docs/diloco.md, "Trust boundary", has the figures)."""
+    new = global_norm(weights)
+    if anchor_norm > 0 and not anchor_norm / ratio <= new <= ratio * anchor_norm:
         raise BadDelta(
-            f"implausible weights: L2 norm {new:.4g} against {old:.4g} for the weights before "
+            f"implausible weights: L2 norm {new:.4g} against {anchor_norm:.4g} for {anchor} "
             f"(more than {ratio:g}x apart)"
         )
 

@@ -41,9 +41,9 @@ DELTA_NAME_RULE = "delta_<digits>.safetensors"
 # 18 digits at most, so a hostile header cannot make huge numbers.
 _COUNT_RE = re.compile(r"0|[1-9][0-9]{0,17}")
 MAX_COUNT = 10**18 - 1  # the largest count a name or a header holds (18 digits)
-# Outer steps and sequence numbers in step_count.json stay below this: a node counts on from
-# them (its next delta, the next publish), so a value near MAX_COUNT would leave it no room.
-# A tenth of the 18 digits is far beyond any run (a round every nanosecond for three years).
+# A node counts on from an outer step or a sequence number the repo names (the next publish,
+# its next delta), so it takes one only below this (``leaves_room``): one near MAX_COUNT would
+# leave it no room. A tenth of the 18 digits is beyond any run (a round a nanosecond for 3 years)
 MAX_RUNNING_COUNT = 10**17 - 1
 _MAX_CREATED_AT_CHARS = 64
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -77,6 +77,12 @@ def check_node_id(node_id: str) -> str:
     if node_id in (".", ".."):
         raise ValueError(f"node_id {node_id!r}: must not be '.' or '..'")
     return node_id
+
+
+def leaves_room(count: int) -> bool:
+    """Whether a node may count on from ``count`` (an outer step, a delta's seq) and stay within
+    the 18 digits names and headers hold, however long it runs."""
+    return count <= MAX_RUNNING_COUNT
 
 
 def _check_count(name: str, value: object, limit: int = MAX_COUNT) -> int:
@@ -118,6 +124,15 @@ def delta_path_problem(path: str) -> str | None:
     if not _DELTA_NAME_RE.fullmatch(parts[2]):
         return f"not named {DELTA_NAME_RULE}"
     return None
+
+
+def check_deletable(path: str) -> str:
+    """``path`` if a master may delete it: a delta's path (``delta_path_problem``), the only
+    file a round consumes. Anything else is a bug to see, never a file to remove (ValueError)."""
+    problem = delta_path_problem(path) if isinstance(path, str) else "not a path"
+    if problem is not None:
+        raise ValueError(f"refusing to delete {short_repr(path)}: {problem}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -261,8 +276,7 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
         )
     if "outer_step" not in value:
         raise ValueError("no outer_step")
-    outer_step = _check_count("outer_step", value["outer_step"], MAX_RUNNING_COUNT)
-    checked: dict[str, Any] = {"outer_step": outer_step}
+    checked: dict[str, Any] = {"outer_step": _check_count("outer_step", value["outer_step"])}
     if "format" in value and value["format"] != STEP_COUNT_FORMAT:
         raise ValueError(
             f"format {short_repr(value['format'])}: this node reads format {STEP_COUNT_FORMAT} "
@@ -317,11 +331,7 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
         unknown = sorted(str(key) for key in info if key not in (*_NODE_COUNTS, "last_delta_at"))
         if unknown:
             raise ValueError(f"{where}: unknown field {short_repr(unknown[0])}")
-        entry = {
-            k: _check_count(f"{where}.{k}", info[k], limit)
-            for k, limit in _NODE_COUNTS.items()
-            if k in info
-        }
+        entry = {k: _check_count(f"{where}.{k}", info[k]) for k in _NODE_COUNTS if k in info}
         if "last_delta_at" in info:
             entry["last_delta_at"] = _check_short_text(
                 f"{where}.last_delta_at", info["last_delta_at"]
@@ -330,8 +340,7 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
     return checked
 
 
-# a node numbers its deltas on from its seq, so it must leave room (MAX_RUNNING_COUNT)
-_NODE_COUNTS = {"seq": MAX_RUNNING_COUNT, "base_outer_step": MAX_RUNNING_COUNT, "tokens": MAX_COUNT}
+_NODE_COUNTS = ("seq", "base_outer_step", "tokens")
 
 
 def _check_short_text(name: str, value: object) -> str:

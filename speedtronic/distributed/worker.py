@@ -212,7 +212,7 @@ class WorkerPlugin:
         own work.
         """
         ready = self.fetcher.take()
-        if ready is None or ready.outer_step <= self.base_outer_step:
+        if ready is None or (ready.outer_step <= self.base_outer_step and not ready.replaces):
             return None
         missing = self.uploader.not_included(ready.own_seq)
         progress = None
@@ -272,6 +272,7 @@ class WorkerPlugin:
             "rate": self.rate,
             **self.uploader.state_dict(),
             "counters": dict(self.counters),
+            "norm_anchor": self.fetcher.anchor_norm,  # fixed for the run (I4), not per resume
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -280,5 +281,6 @@ class WorkerPlugin:
         self.fetcher.installed_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
         self.rate = float(state.get("rate", 0.0))
+        self.fetcher.anchor_norm = state.get("norm_anchor")
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))
