@@ -347,19 +347,26 @@ def check_plausible_global(
     weights: dict[str, Tensor],
     anchor_norm: float,
     anchor: str = "the initial weights",
+    travel: float = 0.0,
     ratio: float = 10.0,
 ) -> None:
-    """Refuse a global whose L2 norm is over ``ratio`` times, or under 1/``ratio`` of,
-    ``anchor_norm`` (I4): finite values of 1e30 pass every other check, and would stop every
-    node after its next steps. The anchor is fixed (a node's own weights at start, a master's
-    initial weights), never the previous global: a bound against each step before compounds,
-    and a global grown 9x per publish would pass a 10x check every time. Training moves a
-    model's norm by far less than 10x (docs/diloco.md, "Trust boundary", has the figures)."""
+    """Refuse a global whose L2 norm is not within [``anchor_norm`` / ``ratio``, ``ratio`` x
+    (``anchor_norm`` + ``travel``)] (I4): finite values of 1e30 pass every other check, and
+    would stop every node after its next steps.
+
+    The anchor is fixed (a node's own weights at start, a master's initial weights), never the
+    global before: a bound against each step before compounds, and globals grown 9x per publish
+    pass a 10x check every time. ``travel`` is how far a node's own training has moved its
+    weights (the summed norms of its deltas): a fleet's global moves about as far as its nodes'
+    deltas do, so honest growth is allowed for and a writer cannot add to it (an optimizer's
+    steps do not grow with the weights it is handed). docs/diloco.md has the figures."""
     new = global_norm(weights)
-    if anchor_norm > 0 and not anchor_norm / ratio <= new <= ratio * anchor_norm:
+    low, high = anchor_norm / ratio, ratio * (anchor_norm + travel)
+    if anchor_norm > 0 and not low <= new <= high:
+        moved = f" moved {travel:.4g} by its training since," if travel else ""
         raise BadDelta(
-            f"implausible weights: L2 norm {new:.4g} against {anchor_norm:.4g} for {anchor} "
-            f"(more than {ratio:g}x apart)"
+            f"implausible weights: L2 norm {new:.4g} against {anchor_norm:.4g} for {anchor},"
+            f"{moved} outside [{low:.4g}, {high:.4g}] ({ratio:g}x)"
         )
 
 

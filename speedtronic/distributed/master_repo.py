@@ -256,8 +256,8 @@ class RepoGuard:
         return AnotherMaster(
             f"another master ({view.master or 'no id'}) published outer step {view.step} to "
             f"{self.transport.describe()}; only one master may run",
-            hint="stop the other master; if the repo's global is this run's and this state dir "
-            "is stale, move the state dir aside to continue from the repo",
+            hint=f"stop the other master; if none runs (a file someone wrote), delete "
+            f"{STEP_COUNT} and start this master again: it publishes its own state",
         )
 
     def _say(self, message: str) -> bool:

@@ -55,8 +55,11 @@ class GlobalFetcher:
         self.installed_step = -1  # the outer step of the global the node's base came from
         self.ready: Ready | None = None  # a validated global newer than the installed one
         # I4 plausibility: every global's L2 norm is within 10x of this node's own weights at
-        # start (its initial weights, or its checkpoint's). Fixed: it never follows the globals
+        # start, plus how far its own training has moved them since (codec). Neither follows
+        # the globals, so a writer's globals cannot raise the bound; both go into checkpoints
         self.anchor_norm: float | None = None
+        self.travel = 0.0
+        self._moved: list[torch.Tensor] = []  # delta norms from boundaries, summed here
         self.lock = threading.Lock()
         self._fetching = threading.Lock()
         self.throttle = Throttle()  # the same failure at every poll: one line a minute
@@ -104,7 +107,8 @@ class GlobalFetcher:
             return  # a publish in flight: step_count and weights disagree until it ends
         if self.anchor_norm is None:  # the node's own weights, before any global
             self.anchor_norm = global_norm(self.params)
-        check_plausible_global(weights, self.anchor_norm, "this node's own weights at start")
+        anchor = "this node's own weights at start"
+        check_plausible_global(weights, self.anchor_norm, anchor, self.travelled())
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
         rate = counted.get("fleet_tokens_per_step", 0)
         ready = Ready(outer_step, weights, rate, own_seq, replaces=went_back)
@@ -117,6 +121,22 @@ class GlobalFetcher:
                 "master never goes back, so one of them was not its publish: following the "
                 "repo (a master restores its own within a minute)"
             )
+
+    def moved(self, delta: dict[str, torch.Tensor]) -> None:
+        """A boundary's delta (the training thread): its norm joins the travel, computed where
+        the delta lives and read in the poller thread, so the training thread never waits."""
+        with torch.no_grad():
+            norms = torch.stack([torch.linalg.vector_norm(t.float()) for t in delta.values()])
+            norm = torch.linalg.vector_norm(norms)
+        with self.lock:
+            self._moved.append(norm)
+
+    def travelled(self) -> float:
+        """How far this node's own training has moved its weights: its deltas' norms, added."""
+        with self.lock:  # the poller and a checkpoint (the training thread) may both ask
+            self.travel += sum(float(norm) for norm in self._moved)
+            self._moved = []
+            return self.travel
 
     def _waiting_step(self) -> int:
         return self.ready.outer_step if self.ready else -1
