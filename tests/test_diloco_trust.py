@@ -13,26 +13,24 @@ import shutil
 import threading
 
 import pytest
+import safetensors.torch
 import torch
 from diloco_support import Log, settings
 from test_diloco_faults import run_master_to, upload_delta
 from test_diloco_nodes import FakeTrainer, master_loop, model
 
-from speedtronic.distributed.codec import decode_weights, encode_weights
+from speedtronic.distributed.codec import encode_weights
 from speedtronic.distributed.master_repo import AnotherMaster
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, parse_delta_path
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker import WorkerPlugin
-
-REFERENCE = {"weight": torch.zeros(1, 2)}
 
 
 def forge(repo, weights: bytes, step: int, master: str | None = "keep", **fields) -> None:
     """The issue's writer: the global copied under ``step``, with a consistent step_count.json
     (the sha256 of the copy, the master's id unless ``master`` says otherwise)."""
     counted = json.loads((repo / STEP_COUNT).read_text())
-    _, tensors = decode_weights(weights, REFERENCE)
-    data = encode_weights(tensors, step)
+    data = encode_weights(safetensors.torch.load(weights), step)  # any model's
     counted.update(outer_step=step, weights_sha256=hashlib.sha256(data).hexdigest(), **fields)
     if master is None:
         counted.pop("master")

@@ -234,6 +234,18 @@ def test_I3_a_publish_is_seen_whole_and_deletes_what_it_consumed(repo):
     assert list(deltas(master)) == [delta_path("worker-1", 2)]
 
 
+@pytest.mark.parametrize("path", [STEP_COUNT, GLOBAL_WEIGHTS, "nodes/a", "README.md"])
+def test_I4_issue27_3_a_publish_deletes_deltas_only(repo, path):
+    """Deletes keep the rules of writes: only what a round consumes (a delta's path) goes,
+    and anything else is refused before the publish writes a byte."""
+    master = repo.transport("master")
+    master.read_step_count()
+    master.publish(weights(0), step_count(0), [])
+    with pytest.raises(ValueError, match="refusing to delete"):
+        master.publish(weights(1), step_count(1), [path])
+    assert master.read_step_count()["outer_step"] == 0
+
+
 def test_I3_a_step_count_never_names_weights_that_are_not_there(repo):
     master, reader = repo.transport("master"), repo.transport("worker-1")
     master.read_step_count()
