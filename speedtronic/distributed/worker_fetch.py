@@ -3,7 +3,8 @@
 ``GlobalFetcher.refresh`` reads ``step_count.json`` and, when it names an outer step newer than
 the one installed and the one waiting, downloads ``global/latest.safetensors``, validates it
 (``codec``: keys, shapes, dtypes, finiteness, a norm within 10x of this node's own weights at
-start) and keeps it as ``ready`` for the plug-in to install. A step count and weights that
+start plus how far its own training moved them) and keeps it as ``ready`` for the plug-in to
+install. A step count and weights that
 disagree are a publish in flight: skipped until the next poll. Every failure is logged and the
 last good global kept (I5); a permanent one stops the node through its ``NodeStatus``.
 
@@ -11,8 +12,8 @@ The repo is untrusted: a writer may publish a global under a step far ahead of t
 A master never goes back (I3), so a step count below the step installed means one of the two
 was not the master's publish: the node follows the repo's (``Ready.replaces``), and is back on
 the master's trajectory once the master has republished its own. The norm bound is against a
-fixed anchor, never the previous global: a bound against each step before compounds (a global
-grown 9x per publish passes a 10x check every time).
+fixed anchor and this node's own travel, never the previous global: a bound against each step
+before compounds (a global grown 9x per publish passes a 10x check every time).
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class GlobalFetcher:
     def moved(self, delta: dict[str, torch.Tensor]) -> None:
         """A boundary's delta (the training thread): its norm joins the travel, computed where
         the delta lives and read in the poller thread, so the training thread never waits."""
+        if not delta:
+            return
         with torch.no_grad():
             norms = torch.stack([torch.linalg.vector_norm(t.float()) for t in delta.values()])
             norm = torch.linalg.vector_norm(norms)
