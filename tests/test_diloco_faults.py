@@ -98,7 +98,13 @@ GOOD = {"outer_step": 3, "updated_at": "2026-01-01T00:00:00Z", "weights_sha256":
         ({"fleet_tokens_per_step": "x"}, "fleet_tokens_per_step 'x': must be an integer"),
         ({"fleet_tokens_per_step": -1}, "fleet_tokens_per_step -1"),
         ({"outer_step": True}, "outer_step True"),
-        ({"outer_step": 2**63}, "must be below 2**63"),
+        ({"outer_step": 2**63}, "must be at most 999999999999999999"),
+        ({"outer_step": 10**18}, "must be at most 999999999999999999"),
+        ({"nodes": {"a": {"seq": 10**18}}}, "nodes.a.seq 1000000000000000000: must be at"),
+        ({"nodes": {"a": {"seq": 1, "later": 2}}}, "nodes.a: unknown field 'later'"),
+        ({"fleet_tokens": "x"}, "unknown field 'fleet_tokens'"),
+        ({"format": 2}, "format 2: this node reads format 1"),
+        ({"weights_key": "global/weights/000000000004-" + "a" * 16 + ".safetensors"}, "names"),
         ({"weights_sha256": "zz"}, "weights_sha256"),
         ({"updated_at": {"a": 1}}, "updated_at"),
     ],
@@ -109,10 +115,11 @@ def test_I4_every_step_count_field_is_type_and_range_checked(change, reason):
     assert str(info.value).startswith(STEP_COUNT)
 
 
-def test_step_count_keeps_known_fields_and_drops_unknown_ones():
+def test_I4_a_step_count_of_known_fields_parses_whole():
     nodes = {"a": {"seq": 1, "base_outer_step": 2, "tokens": 3, "last_delta_at": "t"}}
-    parsed = parse_step_count(json.dumps({**GOOD, "nodes": nodes, "later": [1]}).encode())
-    assert parsed == {**GOOD, "nodes": nodes}
+    full = {**GOOD, "nodes": nodes, "format": 1, "master": "0" * 16, "fleet_tokens_per_step": 7}
+    full["weights_key"] = f"global/weights/000000000003-{'a' * 16}.safetensors"
+    assert parse_step_count(json.dumps(full).encode()) == full
 
 
 # ---- I2: a node's consecutive deltas add up ------------------------------------------------
@@ -342,6 +349,28 @@ def test_I4_a_worker_keeps_training_over_a_malformed_step_count(tmp_path, body, 
     worker.on_train_end(trainer, None)
     named = [w for w in log.warnings if f"could not fetch the global weights ({STEP_COUNT}: " in w]
     assert any(f"{STEP_COUNT}: {field}" in w for w in named) and worker.base_outer_step == -1
+
+
+def test_I4_issue27_defect8_an_ill_typed_unknown_field_is_named_and_the_last_good_global_kept(
+    tmp_path,
+):
+    """Issue 27, defect 8: ``"fleet_tokens": "x"`` was dropped unread and the global installed."""
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = started_worker(transport, log)
+    transport.publish(encode_weights({"weight": torch.full((1, 2), 2.0)}, 1), {"outer_step": 1}, [])
+    worker.fetcher.refresh()
+    trainer.train_step(worker)
+    trainer.train_step(worker)  # a boundary: installs step 1
+    assert worker.base_outer_step == 1
+    bad = encode_weights({"weight": torch.full((1, 2), 3.0)}, 2)
+    transport.publish(bad, {"outer_step": 2, "fleet_tokens": "x"}, [])
+    worker.fetcher.refresh()
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    assert worker.base_outer_step == 1 and net.weight.max() < 2.5  # the last good one kept
+    [line] = [w for w in log.warnings if "fleet_tokens" in w]
+    assert f"{STEP_COUNT}: unknown field 'fleet_tokens'" in line and "\n" not in line
+    worker.status.stop.set()
 
 
 def test_I4_a_global_of_huge_finite_values_is_refused_by_name(tmp_path):

@@ -39,6 +39,7 @@ TORCH_FREE = (
     "speedtronic.history",
     "speedtronic.distributed.protocol",
     "speedtronic.distributed.transport",
+    "speedtronic.distributed.repo_files",
     "speedtronic.distributed.repos",
     "speedtronic.hub.names",
     "speedtronic.hub.budget",

@@ -152,9 +152,28 @@ def test_a_hung_server_raises_within_the_timeouts(s3_store, bucket):
     client = s3_store.client(bucket, timeout_s=0.5, max_attempts=2)
     s3_store.proxy.plan.add(STALL, method="GET", times=2, delay_s=30)
     began = time.monotonic()
-    with pytest.raises(S3Error, match="gave up after 2 attempts"):
+    with pytest.raises(S3Error, match=r"\(no answer\): the store has answered no request since"):
         client.get(PATH, 100)
     assert time.monotonic() - began < 5
+
+
+def test_I5_issue27_5_a_silent_store_is_not_asked_again_until_a_probe_hears_it(s3_store, bucket):
+    """A store that accepts and never answers cost each attempt its read timeout: 8 of 60 s
+    before a worker's training started. Once silent, requests fail at once (no request sent)
+    until the cool-down, then one HEAD asks whether it answers again."""
+    client = s3_store.client(bucket, timeout_s=0.5, max_attempts=8)
+    s3_store.proxy.plan.add(STALL, method="GET", times=1, delay_s=30)
+    began = time.monotonic()
+    with pytest.raises(S3Error, match="has answered no request since") as info:
+        client.get(PATH, 100)  # one read timeout, not eight
+    assert not info.value.permanent and time.monotonic() - began < 5
+    sent = s3_store.proxy.count()
+    with pytest.raises(S3Error, match="has answered no request since"):
+        client.list("nodes")
+    assert s3_store.proxy.count() == sent  # refused here, nothing sent
+    client.silence.clock = lambda: time.monotonic() + 60  # the cool-down is over
+    assert client.get(PATH, 100) is None  # a HEAD heard the store: the request goes
+    assert s3_store.proxy.count("HEAD") == 1 and client.silence.since is None
 
 
 def test_no_credentials_is_permanent_with_the_fix(s3_store, bucket, monkeypatch):

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from s3_support import SECRET_KEY, running_store
+from s3_support import FAKE_ENV, SECRET_KEY, running_store
 from test_diloco_e2e import CONFIG, installs, log_of, wait_until
 
 from speedtronic.distributed.protocol import STEP_COUNT
@@ -188,3 +189,38 @@ def test_a_worker_on_a_missing_bucket_stops_at_start_with_one_line(tmp_path, s3_
         f"visible to these credentials): create it with speedtronic storage init {repo}"
     ]
     assert [(m, p) for m, p, _ in s3_store.proxy.requests] == [("HEAD", "/never-made")]
+
+
+@pytest.fixture
+def silent_url():
+    """A server that accepts every connection and never answers one (issue 27, defect 5)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.mark.s3
+def test_I5_issue27_5_a_worker_on_a_store_that_never_answers_trains_at_once(
+    tmp_path, silent_url, monkeypatch
+):
+    """Before: nothing printed for about 9 minutes (8 attempts of a 60 s read timeout), then the
+    master's and the worker's start-up reads, each as long: no training step at 14 minutes."""
+    for name, value in FAKE_ENV.items():
+        monkeypatch.setenv(name, value)
+    began = time.monotonic()
+    worker = start(tmp_path, silent_url, "worker", "worker-1", 20, upload_timeout_s=1.0)
+    said = wait_until(lambda: "could not check" in log_of(tmp_path, "worker-1"), watch=worker)
+    first_line_s = time.monotonic() - began
+    assert said, log_of(tmp_path, "worker-1")
+    assert worker.wait(timeout=600) == 0, log_of(tmp_path, "worker-1")
+    wall_s = time.monotonic() - began
+    text = (tmp_path / "worker-1.log").read_text()
+    assert "Traceback" not in text and "has answered no request since" in text, text[-3000:]
+    steps = [e["step"] for e in events(tmp_path, "worker-1", "train_step")]
+    assert steps and max(steps) == 20, text[-3000:]
+    # The default timeouts: a 5 s start-up check, then every read fails at once. On main the
+    # first line alone took 8 read timeouts of 60 s, sleeping (no load makes it shorter); here
+    # it is the interpreter's start plus 5 s, so these bounds hold on a loaded machine too
+    assert first_line_s < 180 and wall_s < 300, (first_line_s, wall_s)
+    print(f"\nsilent store: first line after {first_line_s:.1f} s, 20 steps done in {wall_s:.1f} s")

@@ -343,15 +343,30 @@ def _check_norm(delta: dict[str, Tensor], reference: dict[str, Tensor], ratio: f
         )
 
 
-def check_plausible_global(weights: dict[str, Tensor], previous_norm: float, ratio: float = 10.0):
-    """Refuse a global whose L2 norm is over ``ratio`` times, or under 1/``ratio`` of, the
-    previous weights' (I4): finite values of 1e30 pass every other check, and would stop every
-    node after its next steps. Outer steps move weights by far less than that."""
-    new, old = global_norm(weights), previous_norm
-    if old > 0 and not old / ratio <= new <= ratio * old:
+def check_plausible_global(
+    weights: dict[str, Tensor],
+    anchor_norm: float,
+    anchor: str = "the initial weights",
+    travel: float = 0.0,
+    ratio: float = 10.0,
+) -> None:
+    """Refuse a global whose L2 norm is not within [``anchor_norm`` / ``ratio``, ``ratio`` x
+    (``anchor_norm`` + ``travel``)] (I4): finite values of 1e30 pass every other check, and
+    would stop every node after its next steps.
+
+    The anchor is fixed (a node's own weights at start, a master's initial weights), never the
+    global before: a bound against each step before compounds, and globals grown 9x per publish
+    pass a 10x check every time. ``travel`` is how far a node's own training has moved its
+    weights (the summed norms of its deltas): a fleet's global moves about as far as its nodes'
+    deltas do, so honest growth is allowed for and a writer cannot add to it (an optimizer's
+    steps do not grow with the weights it is handed). docs/diloco.md has the figures."""
+    new = global_norm(weights)
+    low, high = anchor_norm / ratio, ratio * (anchor_norm + travel)
+    if anchor_norm > 0 and not low <= new <= high:
+        moved = f" moved {travel:.4g} by its training since," if travel else ""
         raise BadDelta(
-            f"implausible weights: L2 norm {new:.4g} against {old:.4g} for the weights before "
-            f"(more than {ratio:g}x apart)"
+            f"implausible weights: L2 norm {new:.4g} against {anchor_norm:.4g} for {anchor},"
+            f"{moved} outside [{low:.4g}, {high:.4g}] ({ratio:g}x)"
         )
 
 

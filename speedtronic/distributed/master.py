@@ -22,7 +22,7 @@ import torch
 from speedtronic.distributed.master_intake import DeltaIntake
 from speedtronic.distributed.master_publish import Publisher, PublishSender
 from speedtronic.distributed.master_repo import RepoGuard
-from speedtronic.distributed.master_state import master_id
+from speedtronic.distributed.master_state import master_id, newest_saved_step
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.outer import Master, MasterConfig, MasterState, RoundResult
 from speedtronic.distributed.transport import Transport
@@ -114,13 +114,16 @@ class MasterLoop:
             if state is not None:
                 self._resume(state)
             return
-        state, publish = self.guard.at_start(state, view)
+        state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
         # the state's own summary when it has one (older states: the repo's)
         self.intake.nodes = dict((state.nodes if state else None) or view.nodes or {})
         self._resume(state)
         self.guard.last_check = self.clock()
+        rate = (view.count or {}).get("fleet_tokens_per_step")  # the pace its state says
+        publish = publish or bool(state and state.fleet and rate != round(self.master.fleet_rate))
         if not publish and view.step is not None:  # the repo holds this master's step
             self.publisher.last_step, self.publisher.last_sha = view.step, view.sha256
+            self.publisher.last_count = view.count  # the whole file, for the periodic look
         if publish:
             self._publish_safely(self.master.global_weights)
 
@@ -177,8 +180,8 @@ class MasterLoop:
     def _check_repo(self) -> None:
         """Look at the repo's global (before every publish, and every few polls): whatever
         happened to it is named in one line, and the next publish restores it."""
-        step, sha = self.publisher.last_step, self.publisher.last_sha
-        if step is not None and self.guard.check(step, sha, self.intake.max_bytes):
+        expected, saved = self.publisher.last_count, self.publisher.saved_step
+        if expected is not None and self.guard.check(expected, saved, self.intake.max_bytes):
             self.publisher.repo_lost_it = True  # restored by this poll's publish
 
     def _publish(self, weights: Tensors) -> None:

@@ -56,6 +56,7 @@ class Publisher:
         # What the repo should hold: the step and weights sha256 this master last published
         self.last_step: int | None = None
         self.last_sha: str | None = None
+        self.last_count: dict[str, Any] | None = None  # the whole step count: the repo's look
         self.saved_step: int | None = None  # the newest step saved to state_dir
         self.repo_lost_it = False  # the repo no longer holds last_step: publish it again
         # one publish at a time: a send left running by a timed-out close and the final
@@ -120,6 +121,7 @@ class Publisher:
         self.transport.publish(data, step_count, publication.consumed)
         self.last_publish, self.repo_lost_it = self.clock(), False
         self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
+        self.last_count = step_count
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},

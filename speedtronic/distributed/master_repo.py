@@ -7,15 +7,18 @@ untrusted data and says what is wrong with it, naming the file; ``at_start`` dec
 state the master resumes and whether to republish; ``check`` is the periodic look that restores
 a global that was deleted, damaged or left behind, and stops this master when another one
 publishes. The repo is adopted only where nothing local can say better: with no state dir (a
-master on a new machine), or when it holds this master's own later publish (its newest state
-was lost).
+master on a new machine), or when it holds this master's own later publish whose state was
+lost (a publish follows its save, so never past an intact state dir). A step count that names
+this master past its saved state, or names no master, is no master's publish: named once, and
+replaced by this master's own. The periodic look compares the whole file with what this master
+published, so an edited field (a node's seq, the fleet's pace) is restored too.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,7 +31,7 @@ from speedtronic.distributed.codec import (
     global_norm,
 )
 from speedtronic.distributed.master_state import MasterState
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, leaves_room
 from speedtronic.errors import DamagedRepoFile, TransportError
 
 Tensors = dict[str, torch.Tensor]
@@ -44,6 +47,7 @@ class RepoView:
     problem: str | None = None
     weights: Tensors | None = None  # read at start only, when consistent with the step count
     nodes: dict | None = None  # step_count's per-node summary (``hub status`` shows it)
+    count: dict | None = None  # the whole step count as parsed: the periodic look compares it
 
 
 class AnotherMaster(TransportError):
@@ -87,8 +91,8 @@ class RepoGuard:
             counted.get("master"),
             counted.get("weights_sha256"),
             nodes=counted.get("nodes"),
+            count=counted,
         )
-        self.checked = True
         if not with_weights:
             return view
         return self._with_weights(view, max_bytes)
@@ -107,12 +111,15 @@ class RepoGuard:
             return RepoView(problem=problem)
         if view.sha256 is not None and hashlib.sha256(data).hexdigest() != view.sha256:
             return RepoView(problem=f"{GLOBAL_WEIGHTS} does not match {STEP_COUNT}'s sha256")
-        return RepoView(view.step, view.master, view.sha256, None, weights, view.nodes)
+        return replace(view, weights=weights)
 
     # ------------------------------------------------------------------ decisions
 
-    def at_start(self, state: MasterState | None, view: RepoView) -> tuple[MasterState, bool]:
-        """The state to resume and whether to publish it now."""
+    def at_start(
+        self, state: MasterState | None, view: RepoView, newest_saved: int | None = None
+    ) -> tuple[MasterState, bool]:
+        """The state to resume and whether to publish it now. ``newest_saved`` is the newest
+        outer step with a manifest in state_dir, usable or not (None: none there)."""
         if state is None:
             return self._without_state(view)
         where = f"this master's state (outer step {state.outer_step})"
@@ -122,14 +129,65 @@ class RepoGuard:
         if view.step is None or view.step < state.outer_step:
             return state, True
         if view.step == state.outer_step:
-            return state, view.sha256 != weights_sha256(state.global_weights, state.outer_step)
-        if view.master == self.master_id:  # our own later publish; our newest state was lost
+            return state, not self._holds(view, state)
+        if self._own(view) and self._lost_since(state, view.step, newest_saved):
             self._say(
                 f"the repo holds this master's outer step {view.step}, past {where}: continuing "
                 "from it (outer momentum starts again from zero)"
             )
             return MasterState(view.step, view.weights), False
+        if view.master in (self.master_id, None) or not leaves_room(view.step):
+            self._say(f"{self._not_a_publish(view, state.outer_step)}; republishing {where}")
+            return state, True
         raise self._another_master(view)
+
+    def _own(self, view: RepoView) -> bool:
+        """Whether the repo's step can be a publish of this master's: its id, and a step a
+        master can count on from (one near the 18-digit limit is no run's)."""
+        return view.master == self.master_id and leaves_room(view.step)
+
+    def _holds(self, view: RepoView, state: MasterState) -> bool:
+        """Whether the repo's global at the state's step is this state's, as published: the
+        weights, this master's id and each node's newest applied delta (a node numbers its
+        deltas and reapplies its own from them); what differs is named once."""
+        edited = [
+            name
+            for name, same in (
+                ("weights_sha256", view.sha256 == weights_sha256(state.global_weights, view.step)),
+                ("master", view.master == self.master_id),
+                ("nodes", not state.nodes or view.nodes == state.nodes),
+            )
+            if not same
+        ]
+        if edited:
+            where = f"this master's state (outer step {state.outer_step})"
+            self._say(f"{STEP_COUNT} differs from {where} in {', '.join(edited)}; republishing it")
+        return not edited
+
+    @staticmethod
+    def _lost_since(state: MasterState, step: int, newest_saved: int | None) -> bool:
+        """Whether ``step`` can be this master's publish whose state is lost: a publish follows
+        its save, so only up to the newest manifest in state_dir, when that one is unusable,
+        or when state_dir holds nothing newer than the state (restored from a checkpoint)."""
+        if newest_saved is None or newest_saved < state.outer_step:
+            return True  # state_dir lost: the checkpoint's copy is older than what was published
+        return state.outer_step < newest_saved and step <= newest_saved
+
+    def _not_a_publish(self, view: RepoView, outer_step: int) -> str:
+        if not leaves_room(view.step):
+            return (
+                f"{STEP_COUNT} says outer step {view.step}, which leaves no room to count on "
+                "(names and headers hold 18 digits): no master's publish"
+            )
+        if view.master is None:
+            return (
+                f"{STEP_COUNT} says outer step {view.step} and names no master: not a master's "
+                "publish (every master names itself)"
+            )
+        return (
+            f"{STEP_COUNT} names this master at outer step {view.step}, past its newest saved "
+            f"state (outer step {outer_step}): not its publish (a publish follows its save)"
+        )
 
     def _without_state(self, view: RepoView) -> tuple[MasterState | None, bool]:
         if view.problem is not None:
@@ -138,6 +196,9 @@ class RepoGuard:
                 "starting from the initial weights"
             )
         if view.weights is None:
+            return None, True
+        if not leaves_room(view.step):
+            self._say(f"{self._not_a_publish(view, 0)}; starting from the initial weights")
             return None, True
         self._say(
             f"no state of this master: continuing from the repo's outer step {view.step} "
@@ -148,11 +209,14 @@ class RepoGuard:
     def due(self) -> bool:
         return self.clock() - self.last_check >= self.interval_s
 
-    def check(self, published_step: int, published_sha: str | None, max_bytes: int) -> bool:
-        """Is the repo still what this master last published? False if so; True (with the
-        anomaly named once in the log) when it must be published again; ``AnotherMaster`` when
-        a consistent global at or past that step is not this master's."""
+    def check(self, expected: dict, saved_step: int | None, max_bytes: int) -> bool:
+        """Is the repo's step count still ``expected``, the one this master last published (or
+        found in order at start), in every field? False if so; True (with the anomaly named
+        once in the log) when it must be published again; ``AnotherMaster`` when a consistent
+        global at or past that step is another master's. ``saved_step`` is the newest step
+        this master saved: a publish of its own may land late, never past it."""
         self.last_check = self.clock()
+        published_step, published_sha = expected["outer_step"], expected.get("weights_sha256")
         view = self.inspect(with_weights=False, max_bytes=max_bytes)
         again = "publishing this master's global again"
         if view.problem is not None:
@@ -160,11 +224,23 @@ class RepoGuard:
         if view.step is None:
             return self._say(f"{STEP_COUNT} is missing from the repo; {again}")
         if view.step == published_step and view.sha256 == (published_sha or view.sha256):
-            self._said.clear()  # in order again (an adopted global too): a later problem is news
-            return False
+            edited = _edited_fields(view.count or {}, expected)
+            if not edited:  # in order again (an adopted global too): a later problem is news
+                self._said.clear()
+                return False
+            fields = ", ".join(edited)
+            return self._say(
+                f"{STEP_COUNT} was edited since this master published ({fields}); {again}"
+            )
+        if not leaves_room(view.step) or view.master is None:
+            return self._say(f"{self._not_a_publish(view, published_step)}; {again}")
         if view.master == self.master_id:
-            if view.step > published_step:
+            if published_step < view.step <= max(saved_step or 0, published_step):
                 return True  # a publish of ours whose answer was lost, landing late
+            if view.step > published_step:
+                return self._say(
+                    f"{self._not_a_publish(view, saved_step or published_step)}; {again}"
+                )
             if view.step == published_step:
                 return self._say(f"{STEP_COUNT} names other weights than published; {again}")
         if view.step < published_step:
@@ -180,8 +256,8 @@ class RepoGuard:
         return AnotherMaster(
             f"another master ({view.master or 'no id'}) published outer step {view.step} to "
             f"{self.transport.describe()}; only one master may run",
-            hint="stop the other master; if the repo's global is this run's and this state dir "
-            "is stale, move the state dir aside to continue from the repo",
+            hint=f"stop the other master; if none runs (a file someone wrote), delete "
+            f"{STEP_COUNT} and start this master again: it publishes its own state",
         )
 
     def _say(self, message: str) -> bool:
@@ -194,6 +270,13 @@ class RepoGuard:
 def weights_sha256(weights: Tensors, outer_step: int) -> str:
     """The sha256 a publish of ``weights`` at ``outer_step`` carries (the encoding is canonical)."""
     return hashlib.sha256(encode_weights(weights, outer_step)).hexdigest()
+
+
+def _edited_fields(found: dict, expected: dict) -> list[str]:
+    """The fields of a step count that differ from the one published; ``weights_key`` is the
+    bucket transport's own (it checks it against the step and sha256)."""
+    keys = (found.keys() | expected.keys()) - {"weights_key"}
+    return sorted(k for k in keys if found.get(k) != expected.get(k))
 
 
 def _named(path: str, exc: BaseException) -> str:

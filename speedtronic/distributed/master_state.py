@@ -110,6 +110,12 @@ class MasterState:
         return None
 
 
+def newest_saved_step(state_dir: str | os.PathLike) -> int | None:
+    """The newest outer step with a manifest in ``state_dir``, usable or not; None if none:
+    a publish follows its save, so no publish of this master's is past it (I3)."""
+    return max(_manifest_steps(Path(state_dir)), default=None)
+
+
 def _manifest_steps(root: Path) -> list[int]:
     names = [p.name for p in root.iterdir()] if root.is_dir() else []
     return [int(m.group(1)) for name in names if (m := _MANIFEST_RE.fullmatch(name))]

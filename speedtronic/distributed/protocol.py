@@ -34,12 +34,17 @@ ENCODINGS = ("fp32", "bf16", "int8")
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Any number of digits (other tools name deltas delta_<local_step>): the name is not the
 # identity, content is (I1), so delta_1 and delta_00000001 cannot count one delta twice.
-# 18 digits at most: every value stays below 2**63.
+# 18 digits at most (``MAX_COUNT``), as every count the protocol parses.
 _DELTA_NAME_RE = re.compile(r"delta_([0-9]{1,18})\.safetensors")
 DELTA_NAME_RULE = "delta_<digits>.safetensors"
 # Canonical non-negative decimal integers only: int() would also take " 1", "+1", "1_0".
-# 18 digits keeps every value below 2**63, so a hostile header cannot make huge numbers.
+# 18 digits at most, so a hostile header cannot make huge numbers.
 _COUNT_RE = re.compile(r"0|[1-9][0-9]{0,17}")
+MAX_COUNT = 10**18 - 1  # the largest count a name or a header holds (18 digits)
+# A node counts on from an outer step or a sequence number the repo names (the next publish,
+# its next delta), so it takes one only below this (``leaves_room``): one near MAX_COUNT would
+# leave it no room. A tenth of the 18 digits is beyond any run (a round a nanosecond for 3 years)
+MAX_RUNNING_COUNT = 10**17 - 1
 _MAX_CREATED_AT_CHARS = 64
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
@@ -74,12 +79,18 @@ def check_node_id(node_id: str) -> str:
     return node_id
 
 
-def _check_count(name: str, value: object) -> int:
+def leaves_room(count: int) -> bool:
+    """Whether a node may count on from ``count`` (an outer step, a delta's seq) and stay within
+    the 18 digits names and headers hold, however long it runs."""
+    return count <= MAX_RUNNING_COUNT
+
+
+def _check_count(name: str, value: object, limit: int = MAX_COUNT) -> int:
     # bool is an int subclass; True as a sequence number is a bug, not a value.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} {short_repr(value)}: must be an integer >= 0")
-    if value >= 2**63:
-        raise ValueError(f"{name} {short_repr(value)}: must be below 2**63")
+    if value > limit:
+        raise ValueError(f"{name} {short_repr(value)}: must be at most {limit}")
     return value
 
 
@@ -113,6 +124,15 @@ def delta_path_problem(path: str) -> str | None:
     if not _DELTA_NAME_RE.fullmatch(parts[2]):
         return f"not named {DELTA_NAME_RULE}"
     return None
+
+
+def check_deletable(path: str) -> str:
+    """``path`` if a master may delete it: a delta's path (``delta_path_problem``), the only
+    file a round consumes. Anything else is a bug to see, never a file to remove (ValueError)."""
+    problem = delta_path_problem(path) if isinstance(path, str) else "not a path"
+    if problem is not None:
+        raise ValueError(f"refusing to delete {short_repr(path)}: {problem}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -213,12 +233,14 @@ def is_weights_key(path: object) -> bool:
 
 
 def parse_step_count(data: bytes) -> dict[str, Any]:
-    """``step_count.json``'s bytes as a dict whose every known field is type- and range-checked.
+    """``step_count.json``'s bytes as a dict whose every field is type- and range-checked.
 
     The file is written by the master but lives in a repo anyone with write access can edit
-    (I4), so a field of the wrong type or range raises ``DamagedRepoFile`` (a TransportError)
-    naming the file and the field, and the reader keeps what it has. Unknown keys are dropped
-    (a later master may add some); known optional ones may be absent.
+    (I4), so a field of the wrong type or range, or one this format does not have, raises
+    ``DamagedRepoFile`` (a TransportError) naming the file and the field, and the reader keeps
+    what it has. Every field is known: a later master that adds one raises ``format``, which
+    a node of this version then refuses by name rather than installing what it cannot check.
+    The optional fields may be absent (older masters wrote fewer).
     """
     try:
         value = json.loads(data)
@@ -232,13 +254,39 @@ def parse_step_count(data: bytes) -> dict[str, Any]:
         raise DamagedRepoFile(f"{STEP_COUNT}: {exc}") from None
 
 
+STEP_COUNT_FORMAT = 1  # what ``format`` says; a file of another format is refused by name
+_STEP_COUNT_FIELDS = (
+    "outer_step",
+    "updated_at",
+    "weights_sha256",
+    "format",
+    "fleet_tokens_per_step",
+    "master",
+    "nodes",
+    "weights_key",
+)
+
+
 def _checked_step_count(value: dict) -> dict[str, Any]:
+    unknown = sorted(str(key) for key in value if key not in _STEP_COUNT_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"unknown field {short_repr(unknown[0])} (format {STEP_COUNT_FORMAT} has "
+            f"{', '.join(_STEP_COUNT_FIELDS)})"
+        )
     if "outer_step" not in value:
         raise ValueError("no outer_step")
     checked: dict[str, Any] = {"outer_step": _check_count("outer_step", value["outer_step"])}
-    for key in ("fleet_tokens_per_step", "format"):
-        if key in value:
-            checked[key] = _check_count(key, value[key])
+    if "format" in value and value["format"] != STEP_COUNT_FORMAT:
+        raise ValueError(
+            f"format {short_repr(value['format'])}: this node reads format {STEP_COUNT_FORMAT} "
+            "(a master of another speedtronic version wrote it?)"
+        )
+    if "format" in value:
+        checked["format"] = STEP_COUNT_FORMAT
+    if "fleet_tokens_per_step" in value:
+        rate = value["fleet_tokens_per_step"]
+        checked["fleet_tokens_per_step"] = _check_count("fleet_tokens_per_step", rate)
     for key in ("updated_at", "master"):
         if key in value:
             checked[key] = _check_short_text(key, value[key])
@@ -248,20 +296,31 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
             raise ValueError(f"weights_sha256 {short_repr(sha)}: must be 64 lowercase hex digits")
         checked["weights_sha256"] = sha
     if "weights_key" in value:
-        key = value["weights_key"]
-        if not is_weights_key(key):
-            raise ValueError(
-                f"weights_key {short_repr(key)}: must be "
-                f"{WEIGHTS_DIR}/<outer step>-<16 hex digits>.safetensors"
-            )
-        checked["weights_key"] = key
+        checked["weights_key"] = _checked_weights_key(value["weights_key"], checked)
     if "nodes" in value:
         checked["nodes"] = check_nodes(value["nodes"])
     return checked
 
 
+def _checked_weights_key(key: object, checked: dict[str, Any]) -> str:
+    """A bucket's ``weights_key``: a name ``weights_key`` gives, for this step and sha256."""
+    if not is_weights_key(key):
+        raise ValueError(
+            f"weights_key {short_repr(key)}: must be "
+            f"{WEIGHTS_DIR}/<outer step>-<16 hex digits>.safetensors"
+        )
+    sha = checked.get("weights_sha256")
+    if sha is not None and key != weights_key(checked["outer_step"], sha):
+        raise ValueError(
+            f"weights_key {short_repr(key)}: names another outer step or other weights than "
+            "outer_step and weights_sha256"
+        )
+    return key
+
+
 def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
-    """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked."""
+    """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked; a
+    field of another name is refused, as in the rest of the file."""
     if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
         raise ValueError(f"nodes: must be an object of at most {_MAX_NODES} node ids")
     checked = {}
@@ -269,6 +328,9 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
         if not NODE_ID_RE.fullmatch(node_id) or not isinstance(info, dict):
             raise ValueError(f"nodes: {short_repr(node_id)} must be a node id with an object")
         where = f"nodes.{node_id}"
+        unknown = sorted(str(key) for key in info if key not in (*_NODE_COUNTS, "last_delta_at"))
+        if unknown:
+            raise ValueError(f"{where}: unknown field {short_repr(unknown[0])}")
         entry = {k: _check_count(f"{where}.{k}", info[k]) for k in _NODE_COUNTS if k in info}
         if "last_delta_at" in info:
             entry["last_delta_at"] = _check_short_text(

@@ -16,17 +16,18 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from speedtronic.checkpoint.files import TMP_PREFIX, fsync_dir, replace_atomically
+from speedtronic.checkpoint.files import TMP_PREFIX
+from speedtronic.distributed import repo_files
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
+    check_deletable,
     delta_path_problem,
     parse_step_count,
 )
@@ -107,51 +108,62 @@ class LocalTransport:
         self._write(path, data)
 
     def list_deltas(self) -> list[DeltaRef]:
-        nodes = self.root / NODES_DIR
+        """Every entry under ``nodes/``, each folder opened without following a link."""
         try:
-            entries = sorted(os.scandir(nodes), key=lambda e: e.name)
+            with repo_files.folder(self.root, (NODES_DIR,), create=False) as fd:
+                entries = sorted(os.scandir(fd), key=lambda e: e.name)
+                refs = []
+                for entry in entries:
+                    path = f"{NODES_DIR}/{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        refs.extend(self._list_node(entry.name, path))
+                    elif not entry.name.startswith(TMP_PREFIX):
+                        refs.append(_stranger(entry, path, "not inside a node's folder"))
+                return refs
         except FileNotFoundError:
             return []
+        except repo_files.NotAFolder:  # nodes/ itself is a link or a file: nothing to read
+            return [DeltaRef(NODES_DIR, 0, "not-a-delta: not a folder", "a link or not a folder")]
         except OSError as exc:
-            raise TransportError(f"cannot list {nodes}: {exc.strerror}") from exc
-        refs = []
-        for entry in entries:
-            path = f"{NODES_DIR}/{entry.name}"
-            if entry.is_dir(follow_symlinks=False):
-                refs.extend(self._list_node(entry.path, path))
-            elif not entry.name.startswith(TMP_PREFIX):
-                refs.append(_stranger(entry, path, "not inside a node's folder"))
-        return refs
+            raise TransportError(f"cannot list {self.root / NODES_DIR}: {exc.strerror}") from exc
 
-    def _list_node(self, node_dir: str, folder: str) -> list[DeltaRef]:
+    def _list_node(self, name: str, folder: str) -> list[DeltaRef]:
         try:
-            entries = list(os.scandir(node_dir))
+            with repo_files.folder(self.root, (NODES_DIR, name), create=False) as fd:
+                # a write in flight (ours or a worker's) becomes a file or goes: not listed
+                entries = [e for e in os.scandir(fd) if not e.name.startswith(TMP_PREFIX)]
+                refs = [self._ref(entry, f"{folder}/{entry.name}") for entry in entries]
         except OSError:
-            return []  # vanished or unreadable: the next poll sees it again
-        refs = []
-        for entry in entries:
-            if entry.name.startswith(TMP_PREFIX):
-                continue  # a write in flight (ours or a worker's): it becomes a file or goes
-            path = f"{folder}/{entry.name}"
-            problem = delta_path_problem(path) or _kind_problem(entry)
-            if problem is not None:
-                refs.append(_stranger(entry, path, problem))
-                continue
-            info = entry.stat(follow_symlinks=False)
-            refs.append(DeltaRef(path, info.st_size, f"{info.st_mtime_ns}-{info.st_size}"))
+            return []  # vanished, unreadable or replaced by a link: the next poll looks again
         return sorted(refs, key=lambda r: r.path)
 
+    @staticmethod
+    def _ref(entry: os.DirEntry, path: str) -> DeltaRef:
+        problem = delta_path_problem(path) or _kind_problem(entry)
+        if problem is not None:
+            return _stranger(entry, path, problem)
+        info = entry.stat(follow_symlinks=False)
+        return DeltaRef(path, info.st_size, f"{info.st_mtime_ns}-{info.st_size}")
+
     def read(self, path: str, max_bytes: int) -> bytes | None:
-        """The file's bytes, None if it is gone; refuses links, non-regular and oversize files."""
-        full = self._resolve(path)
+        """The file's bytes, None if it is gone; refuses links (at any depth), non-regular and
+        oversize files."""
+        *folders, name = self._parts(path)
         try:
-            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+            with repo_files.folder(self.root, tuple(folders), create=False) as fd:
+                return self._read_in(fd, name, path, max_bytes)
         except FileNotFoundError:
             return None
+        except repo_files.NotAFolder as exc:  # a link, or a file where a folder should be
+            raise DamagedRepoFile(f"cannot read {path}: {exc.strerror}") from exc
         except OSError as exc:
-            if exc.errno in _DAMAGE_ERRNOS:  # a link, or a file where a folder should be
+            if exc.errno in _DAMAGE_ERRNOS:
                 raise DamagedRepoFile(f"cannot read {path}: {exc.strerror}") from exc
             raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
+
+    @staticmethod
+    def _read_in(folder_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+        fd = os.open(name, os.O_RDONLY | repo_files.NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
         try:  # fstat before fdopen: opening a folder's fd as a file raises a nameless error
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -171,52 +183,46 @@ class LocalTransport:
         return None if data is None else parse_step_count(data)
 
     def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
+        doomed = [check_deletable(path) for path in consumed]  # refused before anything lands
         self._write(GLOBAL_WEIGHTS, weights)
         self._write(STEP_COUNT, json.dumps(step_count, indent=2).encode() + b"\n")
-        for path in consumed:
-            try:
-                os.unlink(self._resolve(path))
-            except FileNotFoundError:
-                pass
+        for path in doomed:
+            self._delete(path)
 
-    def _resolve(self, path: str) -> Path:
-        """``root/path`` for a repo path that stays inside the root (no '..', no absolute)."""
+    def _parts(self, path: str) -> list[str]:
+        """The parts of a repo path that stays inside the root (no '..', no absolute)."""
         parts = Path(path).parts
         if not parts or Path(path).is_absolute() or any(p in ("..", ".", "") for p in parts):
             raise TransportError(f"refusing repo path {path!r}")
-        return self.root.joinpath(*parts)
+        return list(parts)
 
     def _write(self, path: str, data: bytes) -> None:
-        final = self._resolve(path)
+        """Write ``path`` atomically; a link, file or FIFO where a folder belongs (a ``global``
+        link, a folder named ``step_count.json``) is cleared first: writes never follow a link
+        out of the repo, and a damaged ``global/`` is restored rather than failing forever."""
+        *folders, name = self._parts(path)
         try:
-            self._make_room(final)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            replace_atomically(final, data)
+            with repo_files.folder(self.root, tuple(folders), create=True) as fd:
+                repo_files.replace_in(fd, name, data)
+                # The file has landed: raising now would make the caller send it again.
+                with contextlib.suppress(OSError):
+                    repo_files.sync(fd)
         except OSError as exc:
             error = TransportError(f"cannot write {path} in {self.root}: {exc.strerror}")
             error.permanent = exc.errno in _NO_ACCESS_ERRNOS  # retrying cannot help
             raise error from exc
-        # After the rename the file has landed: raising now would make the caller send it again.
-        with contextlib.suppress(OSError):
-            fsync_dir(final.parent)
 
-    def _make_room(self, final: Path) -> None:
-        """Clear what stands where the layout has a folder or ``final`` (a file, a link or a
-        FIFO named ``global``, a folder named ``step_count.json``): writes never follow a link
-        out of the repo, and a damaged ``global/`` is restored rather than failing forever."""
-        current = self.root
-        for part in final.relative_to(self.root).parts[:-1]:
-            current = current / part
-            try:
-                if stat.S_ISDIR(os.lstat(current).st_mode):
-                    continue
-            except FileNotFoundError:
-                return  # mkdir makes the rest
-            current.unlink()
-            return
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISDIR(os.lstat(final).st_mode):
-                shutil.rmtree(final)
+    def _delete(self, path: str) -> None:
+        """Delete a consumed delta by the rules of writes: no link followed at any depth, so a
+        delta's folder replaced by a link to another directory deletes nothing there."""
+        *folders, name = self._parts(path)
+        try:
+            with repo_files.folder(self.root, tuple(folders), create=False) as fd:
+                repo_files.delete_in(fd, name)
+        except (FileNotFoundError, repo_files.NotAFolder):
+            return  # gone, or no folder of the repo any more: nothing of ours to delete there
+        except OSError as exc:
+            raise TransportError(f"cannot delete {path} in {self.root}: {exc.strerror}") from exc
 
 
 def _kind_problem(entry: os.DirEntry) -> str | None:

@@ -140,6 +140,7 @@ class WorkerPlugin:
         start = time.perf_counter()
         current = snapshot(self.params)
         delta = {k: self.base[k] - current[k] for k in current}  # base - current, fp32
+        self.fetcher.moved(delta)  # how far this node's training went: the globals' bound (I4)
         steps = trainer.step - self.boundary_step
         tokens = trainer.tokens - self.boundary_tokens
         self.uploader.queue(Pending(delta, self.base_outer_step, steps, tokens))
@@ -212,7 +213,7 @@ class WorkerPlugin:
         own work.
         """
         ready = self.fetcher.take()
-        if ready is None or ready.outer_step <= self.base_outer_step:
+        if ready is None or (ready.outer_step <= self.base_outer_step and not ready.replaces):
             return None
         missing = self.uploader.not_included(ready.own_seq)
         progress = None
@@ -272,6 +273,8 @@ class WorkerPlugin:
             "rate": self.rate,
             **self.uploader.state_dict(),
             "counters": dict(self.counters),
+            # the globals' norm bound (I4): fixed for the run, not reset by a resume
+            "norm_anchor": [self.fetcher.anchor_norm, self.fetcher.travelled()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -280,5 +283,6 @@ class WorkerPlugin:
         self.fetcher.installed_step = int(state["base_outer_step"])
         self.boundary_step, self.boundary_tokens = (int(v) for v in state["boundary"])
         self.rate = float(state.get("rate", 0.0))
+        self.fetcher.anchor_norm, self.fetcher.travel = state.get("norm_anchor", [None, 0.0])
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))

@@ -2,10 +2,18 @@
 
 ``GlobalFetcher.refresh`` reads ``step_count.json`` and, when it names an outer step newer than
 the one installed and the one waiting, downloads ``global/latest.safetensors``, validates it
-(``codec``: keys, shapes, dtypes, finiteness, a norm within 10x of the previous global's) and
-keeps it as ``ready`` for the plug-in to install. A step count and weights that disagree are a
-publish in flight: skipped until the next poll. Every failure is logged and the last good
-global kept (I5); a permanent one stops the node through its ``NodeStatus``.
+(``codec``: keys, shapes, dtypes, finiteness, a norm within 10x of this node's own weights at
+start plus how far its own training moved them) and keeps it as ``ready`` for the plug-in to
+install. A step count and weights that
+disagree are a publish in flight: skipped until the next poll. Every failure is logged and the
+last good global kept (I5); a permanent one stops the node through its ``NodeStatus``.
+
+The repo is untrusted: a writer may publish a global under a step far ahead of the master's.
+A master never goes back (I3), so a step count below the step installed means one of the two
+was not the master's publish: the node follows the repo's (``Ready.replaces``), and is back on
+the master's trajectory once the master has republished its own. The norm bound is against a
+fixed anchor and this node's own travel, never the previous global: a bound against each step
+before compounds (a global grown 9x per publish passes a 10x check every time).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from speedtronic.distributed.codec import (
     global_norm,
 )
 from speedtronic.distributed.node_status import NodeStatus, Throttle
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Ready:
     weights: dict[str, torch.Tensor]
     fleet_rate: int
     own_seq: int = -1
+    replaces: bool = False  # at or below the installed step: the repo went back, follow it
 
 
 class GlobalFetcher:
@@ -46,7 +55,12 @@ class GlobalFetcher:
         self.params = params  # the reference for keys and shapes
         self.installed_step = -1  # the outer step of the global the node's base came from
         self.ready: Ready | None = None  # a validated global newer than the installed one
-        self.norm: float | None = None  # the last accepted global's L2 norm (I4 plausibility)
+        # I4 plausibility: every global's L2 norm is within 10x of this node's own weights at
+        # start, plus how far its own training has moved them since (codec). Neither follows
+        # the globals, so a writer's globals cannot raise the bound; both go into checkpoints
+        self.anchor_norm: float | None = None
+        self.travel = 0.0
+        self._moved: list[torch.Tensor] = []  # delta norms from boundaries, summed here
         self.lock = threading.Lock()
         self._fetching = threading.Lock()
         self.throttle = Throttle()  # the same failure at every poll: one line a minute
@@ -77,8 +91,13 @@ class GlobalFetcher:
     def fetch_newer(self) -> None:
         counted = self.transport.read_step_count()
         with self.lock:
-            known = max(self.installed_step, self.ready.outer_step if self.ready else -1)
-        if counted is None or counted["outer_step"] <= known:
+            installed, waiting = self.installed_step, self._waiting_step()
+        if counted is None or counted["outer_step"] in (installed, waiting):
+            return
+        # below what the node trains from: the repo went back (a waiting global newer than the
+        # repo's is kept: a slower read must not replace it; installed, it is compared here)
+        went_back = counted["outer_step"] < installed
+        if counted["outer_step"] < waiting and not went_back:
             return
         data = self.transport.read(GLOBAL_WEIGHTS, self._max_weight_bytes())
         if data is None:
@@ -87,15 +106,43 @@ class GlobalFetcher:
         self.status.counters["bytes_down"] += len(data)
         if outer_step != counted["outer_step"]:
             return  # a publish in flight: step_count and weights disagree until it ends
-        if self.norm is None:  # the first global: against this node's own initial weights
-            self.norm = global_norm(self.params)
-        check_plausible_global(weights, self.norm)
-        self.norm = global_norm(weights)
+        if self.anchor_norm is None:  # the node's own weights, before any global
+            self.anchor_norm = global_norm(self.params)
+        anchor = "this node's own weights at start"
+        check_plausible_global(weights, self.anchor_norm, anchor, self.travelled())
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
-        with self.lock:  # never replace a newer global already waiting
-            if outer_step > (self.ready.outer_step if self.ready else self.installed_step):
-                rate = counted.get("fleet_tokens_per_step", 0)
-                self.ready = Ready(outer_step, weights, rate, own_seq)
+        rate = counted.get("fleet_tokens_per_step", 0)
+        ready = Ready(outer_step, weights, rate, own_seq, replaces=went_back)
+        with self.lock:  # never replace a newer global already waiting, unless the repo went back
+            if went_back or outer_step > max(self.installed_step, self._waiting_step()):
+                self.ready = ready
+        if went_back:
+            self.logger.warn(
+                f"diloco: {STEP_COUNT} went back from outer step {installed} to {outer_step}; a "
+                "master never goes back, so one of them was not its publish: following the "
+                "repo (a master restores its own within a minute)"
+            )
+
+    def moved(self, delta: dict[str, torch.Tensor]) -> None:
+        """A boundary's delta (the training thread): its norm joins the travel, computed where
+        the delta lives and read in the poller thread, so the training thread never waits."""
+        if not delta:
+            return
+        with torch.no_grad():
+            norms = torch.stack([torch.linalg.vector_norm(t.float()) for t in delta.values()])
+            norm = torch.linalg.vector_norm(norms)
+        with self.lock:
+            self._moved.append(norm)
+
+    def travelled(self) -> float:
+        """How far this node's own training has moved its weights: its deltas' norms, added."""
+        with self.lock:  # the poller and a checkpoint (the training thread) may both ask
+            self.travel += sum(float(norm) for norm in self._moved)
+            self._moved = []
+            return self.travel
+
+    def _waiting_step(self) -> int:
+        return self.ready.outer_step if self.ready else -1
 
     def _max_weight_bytes(self) -> int:
         return expected_delta_bytes(self.params, "fp32") + (1 << 20)

@@ -21,7 +21,13 @@ import torch
 
 from speedtronic.distributed.codec import encode_delta
 from speedtronic.distributed.node_status import NodeStatus
-from speedtronic.distributed.protocol import DeltaHeader, delta_path, parse_delta_path
+from speedtronic.distributed.protocol import (
+    STEP_COUNT,
+    DeltaHeader,
+    delta_path,
+    leaves_room,
+    parse_delta_path,
+)
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 # Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
@@ -96,8 +102,16 @@ class Uploader:
             self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
             return
         applied = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
+        if applied is not None and not leaves_room(applied):  # a writer's, not the master's
+            self.logger.warn(
+                f"diloco: {STEP_COUNT} says this node's newest applied delta is {applied}, "
+                "which leaves no room to number on (18 digits); ignored"
+            )
+            applied = None
         mine = [parse_delta_path(r.path) for r in refs if r.problem is None]
-        used = [seq for node, seq in filter(None, mine) if node == self.node_id]
+        used = [
+            seq for node, seq in filter(None, mine) if node == self.node_id and leaves_room(seq)
+        ]
         self.seq = max([self.seq, *used, *([applied] if applied is not None else [])])
 
     def queue(self, pending: Pending) -> None:

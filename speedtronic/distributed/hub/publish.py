@@ -17,10 +17,10 @@ from typing import Any
 
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, check_deletable
 from speedtronic.errors import TransportError
 from speedtronic.hub.errors import CommitConflict
-from speedtronic.hub.files import check_repo_path, git_blob_oid
+from speedtronic.hub.files import git_blob_oid
 
 MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
 
@@ -80,9 +80,7 @@ class Publisher:
         One ``paths_info`` call answers both: the step count's version (one we read or wrote
         means no other master; any other is downloaded and compared) and which deltas exist.
         """
-        wanted = [p for p in dict.fromkeys(consumed) if p not in (GLOBAL_WEIGHTS, STEP_COUNT)]
-        for path in wanted:
-            check_repo_path(path)
+        wanted = [check_deletable(p) for p in dict.fromkeys(consumed)]  # deltas only
         found = self.client.paths_info([STEP_COUNT, *wanted], parent)
         counted = found.get(STEP_COUNT)
         if counted is not None and not self.view.is_own(counted.oid):

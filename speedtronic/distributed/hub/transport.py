@@ -21,7 +21,7 @@ from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
 from speedtronic.distributed.protocol import NODES_DIR, delta_path_problem, parse_delta_path
 from speedtronic.distributed.transport import DeltaRef
-from speedtronic.errors import TransportError
+from speedtronic.errors import DamagedRepoFile
 from speedtronic.hub.errors import HubError
 from speedtronic.hub.files import check_repo_path
 
@@ -144,8 +144,8 @@ class HubTransport:
         if cached is None:
             cached = read_step_count_at(self.client, head)
             self.view.store_step(cached)
-        if cached.error is not None:
-            raise TransportError(cached.error)
+        if cached.error is not None:  # the repo answered; the file is what is wrong
+            raise DamagedRepoFile(cached.error)
         return _copy(cached.value)
 
     # ------------------------------------------------------------------ the master

@@ -78,14 +78,14 @@ class RepoView:
                 return list(self._listing[1])
         return None
 
-    def store_listing(self, head: str, refs: list[DeltaRef]) -> int:
-        """Keep ``refs`` as listed at ``head``; returns how many paths are new since the last
-        listing (0 for the first: it holds the past, not arrivals)."""
+    def store_listing(self, head: str, refs: list[DeltaRef]) -> list[str]:
+        """Keep ``refs`` as listed at ``head``; returns the paths new since the last listing
+        (none for the first: it holds the past, not arrivals)."""
         with self._lock:
             before = None if self._listing is None else {r.path for r in self._listing[1]}
             self._listing = (head, list(refs))
             self._pins = {r.path: head for r in refs}
-        return 0 if before is None else sum(r.path not in before for r in refs)
+        return [] if before is None else [r.path for r in refs if r.path not in before]
 
     def revision_of(self, path: str) -> str | None:
         """Where ``path`` should be read: a delta where it was listed, a global file where the

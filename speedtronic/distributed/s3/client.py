@@ -2,8 +2,11 @@
 
 ``S3Client`` owns the requests: each operation is one botocore call per attempt (botocore's own
 retries are off) under ``policy.RequestPolicy``, which retries what is transient and words what
-is not; every attempt is counted per operation by a botocore event hook and bounded by the
-client's timeouts (connect, read, and a deadline on each body read). 404 NoSuchKey is "absent",
+is not, within a total deadline per request; every attempt is counted per operation by a
+botocore event hook and bounded by the client's timeouts (connect, read, and a deadline on each
+body read). A store that answers nothing is remembered (``silence.Silence``): requests then fail
+at once until a probe hears it again, and until it has answered once, the start-up check's
+HEAD waits seconds, not a read timeout. 404 NoSuchKey is "absent",
 304 "unchanged", 412 ``PreconditionFailed``. A write whose answer was lost is sent again as it
 was (an unconditional PUT of the same bytes is idempotent); a conditional one that then meets a
 412 says so (``after_lost``) for the caller to look. Paths are repo paths
@@ -14,6 +17,7 @@ boto3's standard chain (environment, profiles, SSO, instance roles), never from 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,11 +31,13 @@ from speedtronic.config.storage import endpoint_url_problem
 from speedtronic.distributed.s3.counter import RequestCounter
 from speedtronic.distributed.s3.errors import NOT_MODIFIED, PreconditionFailed, S3Error
 from speedtronic.distributed.s3.policy import RequestPolicy, Transient, code_of, status_of
+from speedtronic.distributed.s3.silence import Silence
 from speedtronic.errors import ConfigError
 
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # botocore's own names, in order
 MAX_PUT_BYTES = 5 * 1024**3  # S3's limit for one PUT; bigger objects need multipart uploads
 MIN_DOWNLOAD_RATE = 1 << 20  # bytes/s: a body slower than this (after timeout_s) is retried
+FIRST_ANSWER_S = 5.0  # a store never heard from answers a HEAD within this, or is silent
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,24 @@ def resolve_endpoint(endpoint_url: str | None) -> str | None:
     if problem is not None:
         raise ConfigError(f"{source}: {problem}")
     return url
+
+
+def botocore_config(read_timeout_s: float, endpoint_url: str | None) -> Config:
+    """One botocore client's settings: our timeouts and retries (none of botocore's)."""
+    return Config(
+        connect_timeout=min(read_timeout_s, 10.0),
+        read_timeout=read_timeout_s,
+        retries={"total_max_attempts": 1, "mode": "standard"},  # ours: see _run
+        # a store behind a custom endpoint (MinIO, R2, the Hugging Face gateway) is
+        # addressed by path; AWS itself picks virtual hosts
+        s3={"addressing_style": "path" if endpoint_url else "auto"},
+        # newer botocore sends CRC trailers that some gateways refuse; every file is
+        # validated by the codec anyway (docs/storage.md)
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        max_pool_connections=16,
+        user_agent_extra="speedtronic",
+    )
 
 
 class S3Client:
@@ -95,31 +119,28 @@ class S3Client:
             max_attempts=max_attempts,
             max_backoff_s=max_backoff_s,
             sleep=sleep,
+            deadline_s=2 * timeout_s,  # every request's attempts and waits together
         )
-        self._run = self.policy.run
-        self._s3 = self._session.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=self._session.region_name or "us-east-1",  # gateways need one
-            config=self._config(),
-        )
-        self._s3.meta.events.register("before-send.s3", self._on_send)
+        self._clients: dict[float, Any] = {}  # botocore clients by read timeout
+        self._clients_lock = threading.Lock()
+        self._s3 = self._client(timeout_s)
+        first = min(FIRST_ANSWER_S, timeout_s)
+        self.silence = Silence(self._probe, first_s=first, longest_s=timeout_s)
 
-    def _config(self) -> Config:
-        return Config(
-            connect_timeout=min(self.timeout_s, 10.0),
-            read_timeout=self.timeout_s,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # ours: see _run
-            # a store behind a custom endpoint (MinIO, R2, the Hugging Face gateway) is
-            # addressed by path; AWS itself picks virtual hosts
-            s3={"addressing_style": "path" if self.endpoint_url else "auto"},
-            # newer botocore sends CRC trailers that some gateways refuse; every file is
-            # validated by the codec anyway (docs/storage.md)
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            max_pool_connections=16,
-            user_agent_extra="speedtronic",
-        )
+    def _client(self, read_timeout_s: float) -> Any:
+        """The botocore client whose read timeout is ``read_timeout_s`` (probes wait less)."""
+        with self._clients_lock:
+            if read_timeout_s not in self._clients:
+                client = self._session.client(
+                    "s3",
+                    endpoint_url=self.endpoint_url,
+                    region_name=self._session.region_name or "us-east-1",  # gateways need one
+                    config=botocore_config(read_timeout_s, self.endpoint_url),
+                )
+                client.meta.events.register("before-send.s3", self._on_send)
+                client.meta.events.register("after-call.s3", self._on_answer)
+                self._clients[read_timeout_s] = client
+            return self._clients[read_timeout_s]
 
     @property
     def max_attempts(self) -> int:
@@ -138,12 +159,42 @@ class S3Client:
     def _on_send(self, request: Any = None, event_name: str = "", **_: Any) -> None:
         self.counter.request(event_name.rsplit(".", 1)[-1])
 
+    def _on_answer(self, **_: Any) -> None:
+        self.silence.heard()  # an HTTP answer, an error too: the store is there
+
+    def _run(self, what: str, subject: str, fn: Callable[[], Any], write: bool = False) -> Any:
+        """``fn`` under the request policy, each attempt through the silence gate."""
+
+        def attempt() -> Any:
+            why = self.silence.admit()
+            if why is not None:  # transient: the caller tries again later
+                raise S3Error(self.policy.message(what, subject, None, why))
+            try:
+                return fn()
+            except Exception as exc:
+                self.silence.failed(exc)
+                raise
+
+        return self.policy.run(what, subject, attempt, write)
+
+    def _probe(self, timeout_s: float) -> bool:
+        """One HEAD of the bucket waiting at most ``timeout_s``: whether the store answered."""
+        try:
+            self._client(timeout_s).head_bucket(Bucket=self.bucket)
+        except bx.ClientError:
+            return True  # an answer (403, 404...): what it means is the request's to find out
+        except Exception:  # no answer, a refused connection, a dropped one: still silent
+            return False
+        return True
+
     # -- the bucket ---------------------------------------------------------------------------
 
     def bucket_exists(self) -> bool:
         """HeadBucket: True, or False when it is missing; 403 and the rest raise."""
+        # never heard from (the start-up check): a few seconds, not a read timeout, per attempt
+        s3 = self._s3 if self.silence.heard_once else self._client(self.silence.first_s)
         try:
-            self._run("cannot reach", self.url(), lambda: self._s3.head_bucket(Bucket=self.bucket))
+            self._run("cannot reach", self.url(), lambda: s3.head_bucket(Bucket=self.bucket))
         except S3Error as exc:
             if exc.status == 404:
                 return False

@@ -7,7 +7,8 @@ one DeleteObjects the deltas the round consumed, every weights object but the ne
 one just replaced (a worker that read the previous pointer a moment ago still finds its
 weights), and whatever failed to go last time. A delete that fails never fails the publish,
 which has landed: it is tried again with the next one, and a warning says so. Only names that
-``protocol.is_weights_key`` gives are touched under ``global/weights/``. Stdlib only.
+``protocol.is_weights_key`` gives are touched under ``global/weights/``, and only deltas'
+paths (``protocol.check_deletable``) elsewhere. Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from speedtronic.distributed.protocol import WEIGHTS_DIR, is_weights_key
+from speedtronic.distributed.protocol import WEIGHTS_DIR, check_deletable, is_weights_key
 from speedtronic.errors import TransportError
 
 
@@ -45,6 +46,7 @@ class Garbage:
     def collect(self, consumed: list[str], keep: set[str]) -> tuple[list[str], str | None]:
         """Delete ``consumed``, superseded weights (all but ``keep``) and the leftovers; the
         paths deleted, and a warning if some could not be."""
+        consumed = [check_deletable(p) for p in consumed]  # deltas only, as a round consumes
         with self._lock:
             superseded = sorted((self._globals or set()) - keep)
             targets = list(dict.fromkeys([*consumed, *superseded, *sorted(self._leftovers)]))

@@ -3,8 +3,9 @@ failure is worded.
 
 ``RequestPolicy.run`` calls one request function under the policy. botocore's own retries are
 off (see ``client``), so each call is one attempt, counted by the client and bounded by its
-timeouts; here, timeouts, dropped connections, 5xx, 503 SlowDown and 429 are retried with
-exponential back-off and full jitter (or after the ``Retry-After`` the store asks for), while
+timeouts, and all of a request's attempts and waits by its ``deadline_s``; here, timeouts,
+dropped connections, 5xx, 503 SlowDown and 429 are retried with exponential back-off and full
+jitter (or after the ``Retry-After`` the store asks for), while
 403, a missing bucket, missing credentials and the other 4xx fail at once as a permanent
 ``S3Error`` in one line naming the object and the store's code. A write whose answer was lost
 (a dropped connection after sending, a 500) is ``ambiguous``: the caller learns that it may
@@ -68,9 +69,11 @@ class RequestPolicy:
         max_attempts: int,
         max_backoff_s: float,
         sleep: Callable[[float], None],
+        deadline_s: float = float("inf"),
     ):
         self.counter, self.node_id, self.where, self._session = counter, node_id, where, session
         self.max_attempts, self.max_backoff_s = max(1, max_attempts), max_backoff_s
+        self.deadline_s = deadline_s  # attempts and waits of one request, all together
         self._sleep = sleep
         self._backoff = tenacity.wait_random_exponential(multiplier=0.25, max=max_backoff_s)
         self._secret_cache: set[str] | None = None
@@ -79,7 +82,8 @@ class RequestPolicy:
     def run(self, what: str, subject: str, fn: Callable[[], T], write: bool = False) -> T:
         """``fn()`` under the policy: transient failures retried, the rest raised at once."""
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts),
+            stop=tenacity.stop_after_attempt(self.max_attempts)
+            | tenacity.stop_after_delay(self.deadline_s),
             wait=self._wait,
             retry=tenacity.retry_if_exception_type(Transient),
             sleep=self._sleep,
@@ -99,7 +103,8 @@ class RequestPolicy:
             return retrying(attempt)
         except Transient as exc:
             message = self.message(what, subject, exc.status, exc.detail)
-            message += f" (gave up after {self.max_attempts} attempts)"
+            attempts = retrying.statistics.get("attempt_number", self.max_attempts)
+            message += f" (gave up after {attempts} attempts)"
             raise S3Error(message, status=exc.status, maybe_landed=exc.ambiguous) from None
 
     def classify(self, exc: Exception, what: str, subject: str, write: bool) -> Exception:
@@ -150,8 +155,11 @@ class RequestPolicy:
         exc = state.outcome.exception()
         self.counter.add("retries")
         if isinstance(exc, Transient) and exc.wait_s is not None:
-            return min(exc.wait_s, self.max_backoff_s) + random.uniform(0.0, 0.5)
-        return self._backoff(state)
+            wait = min(exc.wait_s, self.max_backoff_s) + random.uniform(0.0, 0.5)
+        else:
+            wait = self._backoff(state)
+        left = self.deadline_s - (state.seconds_since_start or 0.0)
+        return max(0.0, min(wait, left))  # never sleeps past the request's deadline
 
     def _log_retry(self, what: str, subject: str, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception()

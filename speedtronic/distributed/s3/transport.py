@@ -25,6 +25,7 @@ from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
+    check_deletable,
     delta_path_problem,
     parse_step_count,
     weights_key,
@@ -33,7 +34,7 @@ from speedtronic.distributed.s3.admin import check_access
 from speedtronic.distributed.s3.errors import NOT_MODIFIED, PreconditionFailed
 from speedtronic.distributed.s3.garbage import Garbage
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES, DeltaRef
-from speedtronic.errors import TransportError
+from speedtronic.errors import DamagedRepoFile, TransportError
 
 MAX_PUBLISH_ATTEMPTS = 5  # pointer writes refused in a row (a late landing of ours, a restart)
 
@@ -152,7 +153,7 @@ class S3Transport:
             return None
         key, sha = pointer.value.get("weights_key"), pointer.value.get("weights_sha256")
         if key is None:
-            raise TransportError(
+            raise DamagedRepoFile(
                 f"{self.client.url(STEP_COUNT)} names no weights_key: it was not written by a "
                 "bucket master (copy a run between stores with its master, not by hand)"
             )
@@ -160,7 +161,7 @@ class S3Transport:
         if got is None:
             return None  # superseded and deleted since: the next poll reads the new pointer
         if sha is not None and hashlib.sha256(got.data).hexdigest() != sha:
-            raise TransportError(
+            raise DamagedRepoFile(
                 f"{self.client.url(key)} does not match the weights_sha256 of {STEP_COUNT}; "
                 "not used"
             )
@@ -178,8 +179,8 @@ class S3Transport:
             pointer = ABSENT if got is None else self._parse(got.data, got.etag)
             with self._lock:
                 self._pointer = pointer
-        if pointer.error is not None:
-            raise TransportError(pointer.error)
+        if pointer.error is not None:  # the store answered; the file is what is wrong
+            raise DamagedRepoFile(pointer.error)
         return _copy(pointer.value)
 
     def _parse(self, data: bytes, etag: str) -> Pointer:
@@ -197,6 +198,7 @@ class S3Transport:
         Raises only when the pointer did not move (an orphaned weights object is deleted with a
         later publish); the deletes after the swap never fail the publish.
         """
+        wanted = [check_deletable(p) for p in consumed]  # refused before anything is written
         outer_step, sha = step_count["outer_step"], hashlib.sha256(weights).hexdigest()
         key = weights_key(outer_step, sha)
         body = {**step_count, "weights_key": key, "weights_sha256": sha}
@@ -209,7 +211,6 @@ class S3Transport:
         self._garbage.wrote(key)
         replaced = self._swap(data, body_sha, outer_step)
         keep = {key} | ({replaced["weights_key"]} if "weights_key" in replaced else set())
-        wanted = [check_repo_path(p) for p in consumed if p not in (GLOBAL_WEIGHTS, STEP_COUNT)]
         deleted, warning = self._garbage.collect(wanted, keep)
         with self._lock:
             self._counts["publishes"] += 1
