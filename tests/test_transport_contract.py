@@ -373,19 +373,10 @@ def test_I4_absent_files_read_as_none(repo):
 # ---------------------------------------------------------------------------- I5
 
 
-# Found by this contract, left to the Hub client's owner: not run, as it takes ~50 s
-HUB_UPLOAD_HANGS = (
-    "known defect: huggingface_hub retries a timed-out preupload POST itself (5 retries, "
-    "1-8 s sleeps) outside HubClient's policy: ~25 s per attempt here, minutes by default"
-)
-
-
 @pytest.mark.parametrize("operation", ["list_deltas", "read_step_count", "upload"])
 def test_I5_a_dead_server_raises_a_transport_error_within_the_timeout(repo, dead_url, operation):
     if not repo.has_server:
         pytest.skip("a directory has no server to hang")
-    if repo.name == "hub" and operation == "upload":
-        pytest.xfail(HUB_UPLOAD_HANGS)
     transport = repo.dead_transport(dead_url)
     calls = {
         "list_deltas": transport.list_deltas,
