@@ -4,14 +4,16 @@ The library sends every request through one shared ``httpx2.Client`` (``get_sess
 retries some of them itself, sleeping for real. Inside one attempt of a client's call
 (``attempt(policy)``) every request on that session, to the Hub's API origin or to another one
 (the storage an LFS upload is PUT to, the CDN a download is redirected to), is counted in the
-client's ``Budget`` (API calls and storage requests apart), given the client's timeout (the
-library sets none), and its failure reaches the client's policy at once: a retryable status
-raises in a response hook, and a network error is wrapped (``NetworkFailure``) on its way out of
-the transport, so no retry loop of the library's (``http_backoff``) runs under the client's own.
-The attempt also records whether the commit request went out: only after it can a failure
-have landed. Requests of anyone else on the shared session (no attempt in that context) pass
-untouched. The hooks are installed through the library's client factory, so every session it
-makes anew (in forked children, say) carries them too.
+client's ``Budget`` (API calls and storage requests apart), given the policy's timeout (the
+library sets none; the policy's is shorter until the Hub has answered once, and its response
+hook is what tells the policy that it has), and its failure reaches the client's policy at
+once: a retryable status raises in a response hook, and a network error is wrapped
+(``NetworkFailure``) on its way out of the transport, so no retry loop of the library's
+(``http_backoff``) runs under the client's own. The attempt also records whether the commit
+request went out: only after it can a failure have landed. Requests of anyone else on the
+shared session (no attempt in that context) pass untouched. The hooks are installed through
+the library's client factory, so every session it makes anew (in forked children, say) carries
+them too.
 """
 
 from __future__ import annotations
@@ -82,13 +84,20 @@ def _on_request(request: httpx2.Request) -> None:
             current.commit_sent = True
     else:  # the storage an LFS object goes to, the CDN a download is redirected to
         policy.budget.count_storage()
-    if all(v is None for v in (request.extensions.get("timeout") or {}).values()):
-        request.extensions["timeout"] = httpx2.Timeout(policy.timeout_s).as_dict()
+    limit = policy.request_timeout_s()
+    asked = request.extensions.get("timeout") or {}
+    if all(v is None for v in asked.values()):
+        request.extensions["timeout"] = httpx2.Timeout(limit).as_dict()
+    else:  # the caller's own timeout, but never past the policy's
+        request.extensions["timeout"] = {k: min(v or limit, limit) for k, v in asked.items()}
 
 
 def _on_response(response: httpx2.Response) -> None:
-    status = response.status_code
-    if _ACTIVE.get() is not None and (status in (408, 429) or status >= 500):
+    current, status = _ACTIVE.get(), response.status_code
+    if current is None:
+        return
+    current.policy.heard()
+    if status in (408, 429) or status >= 500:
         hf_utils.hf_raise_for_status(response)  # ours to retry: stops the library's own loops
 
 
