@@ -190,9 +190,9 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             resume_run(runtime, runtime.checkpoints)
         logger.log("run_start", runtime.facts())
         if trainer.step >= trainer.options.max_steps:
+            then = "ending the DumbDiLoCo run" if config.distributed.enabled else "nothing to do"
             logger.notice(
-                f"already at step {trainer.step} of max_steps "
-                f"{trainer.options.max_steps}; nothing to do"
+                f"already at step {trainer.step} of max_steps {trainer.options.max_steps}; {then}"
             )
         try:
             result = trainer.fit()

@@ -37,5 +37,7 @@ def settings(**overrides):
         outer_policy="fleet",
         reapply_own_delta=False,
         sync_wait_s=0.0,
+        drain_timeout_s=0.0,  # no test waits at the end unless it says so
+        in_flight_disk_mb=8192.0,
     )
     return SimpleNamespace(**{**base, **overrides})

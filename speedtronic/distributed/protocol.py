@@ -20,6 +20,11 @@ from typing import Any
 from speedtronic.errors import DamagedRepoFile
 
 DELTA_FORMAT = "speedtronic-delta-1"
+# Compatible additions to a delta-1 header, which older masters ignore: revision 2 adds
+# ``final`` (the node's last delta of its run: the end of a run is a protocol event, I6) and
+# ``end_step`` (the node's optimizer step at the boundary, so a resumed node never sends an inner
+# loop twice, I1). ``format`` guards incompatible changes; ``revision`` names the additions.
+DELTA_REVISION = 2
 WEIGHTS_FORMAT = "speedtronic-global-1"
 
 GLOBAL_WEIGHTS = "global/latest.safetensors"
@@ -44,6 +49,7 @@ _MAX_CREATED_AT_CHARS = 64
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
 _INT_FIELDS = ("seq", "base_outer_step", "steps", "tokens")
+_FLAGS = {"1": True, "0": False}  # how a boolean travels in safetensors metadata (strings)
 # Where a bucket keeps each published global (``weights_key`` in step_count.json, which is the
 # commit point): named by outer step and content, so a publish never overwrites an object a
 # reader may be fetching. A directory or Hub repo has no such field (one file, replaced).
@@ -135,11 +141,17 @@ class DeltaHeader:
     encoding: str
     created_at: str
     chain: str = ""  # "": a node that predates chains; its deltas form one chain
+    # The node's last delta of its run (revision 2). With ``steps`` 0 and zero tensors it is an
+    # end marker: sent when the run ended with nothing left to send, it carries no work.
+    final: bool = False
+    end_step: int = 0  # the node's optimizer step at the boundary; 0: not said (revision 1)
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
-        for name in _INT_FIELDS:
+        for name in (*_INT_FIELDS, "end_step"):
             _check_count(name, getattr(self, name))
+        if not isinstance(self.final, bool):
+            raise ValueError(f"final {short_repr(self.final)}: must be true or false")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding {short_repr(self.encoding)}: must be one of {ENCODINGS}")
         created = self.created_at
@@ -152,8 +164,14 @@ class DeltaHeader:
 
     def to_metadata(self) -> dict[str, str]:
         """The header as safetensors metadata (all strings), with ``format`` added."""
-        meta = {key: str(value) for key, value in asdict(self).items() if value != ""}
-        meta["format"] = DELTA_FORMAT
+        fields = asdict(self)
+        final, end_step = fields.pop("final"), fields.pop("end_step")
+        meta = {key: str(value) for key, value in fields.items() if value != ""}
+        if final:
+            meta["final"] = "1"
+        if end_step:
+            meta["end_step"] = str(end_step)
+        meta["format"], meta["revision"] = DELTA_FORMAT, str(DELTA_REVISION)
         return meta
 
     @classmethod
@@ -177,6 +195,12 @@ class DeltaHeader:
             fields["chain"] = meta["chain"]
         for key in _INT_FIELDS:
             fields[key] = parse_count(key, meta[key])
+        if "end_step" in meta:
+            fields["end_step"] = parse_count("end_step", meta["end_step"])
+        if "final" in meta:
+            if meta["final"] not in _FLAGS:
+                raise BadDelta(f"header final {short_repr(meta['final'])}: must be '1' or '0'")
+            fields["final"] = _FLAGS[meta["final"]]
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -261,7 +285,8 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
 
 
 def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
-    """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked."""
+    """``{node_id: {seq, base_outer_step, tokens, last_delta_at, end_step, chain, final}}``,
+    each field checked (``final``: the node's last delta of its run is in this global, I6)."""
     if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
         raise ValueError(f"nodes: must be an object of at most {_MAX_NODES} node ids")
     checked = {}
@@ -274,11 +299,19 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
             entry["last_delta_at"] = _check_short_text(
                 f"{where}.last_delta_at", info["last_delta_at"]
             )
+        if "final" in info:
+            if not isinstance(info["final"], bool):
+                raise ValueError(f"{where}.final {short_repr(info['final'])}: must be a boolean")
+            entry["final"] = info["final"]
+        if "chain" in info:
+            if not isinstance(info["chain"], str) or not _CHAIN_RE.fullmatch(info["chain"]):
+                raise ValueError(f"{where}.chain {short_repr(info['chain'])}: must be hex digits")
+            entry["chain"] = info["chain"]
         checked[node_id] = entry
     return checked
 
 
-_NODE_COUNTS = ("seq", "base_outer_step", "tokens")
+_NODE_COUNTS = ("seq", "base_outer_step", "tokens", "end_step")
 
 
 def _check_short_text(name: str, value: object) -> str:
