@@ -157,7 +157,8 @@ def start_node(repo: Repo, work: Path, code: Path, node: str, role: str, steps: 
     log = open(work / f"{node}.log", "w")  # noqa: SIM115 - closed with the process
     command = [sys.executable, "-m", "speedtronic", "train", "-c", str(path)]
     command += ["--output-dir", str(work / node)]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # cwd: the run's folder, so that ``-m speedtronic`` imports from ``code``, not from here
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
 
 
 def uploads(work: Path, node: str) -> dict[str, int]:

@@ -175,7 +175,7 @@ def test_I2_with_boundary_installs_a_global_arriving_mid_loop_waits_for_the_boun
     loop = master_loop(tmp_path, transport, log)
     loop.start()
     net = model(1.0)
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 2)
     worker.on_train_start(trainer)
     # Another node's delta makes a new global (weights 1.0 - 0.3 = 0.7) mid-loop.
     loop.master.global_weights["weight"].sub_(0.3)

@@ -17,7 +17,12 @@ from typing import Any
 from speedtronic.distributed.codec import BadDelta, decode_delta, expected_delta_bytes
 from speedtronic.distributed.master_roster import Roster
 from speedtronic.distributed.outer import ReceivedDelta, RoundResult, delta_identity
-from speedtronic.distributed.protocol import DeltaHeader, parse_delta_path
+from speedtronic.distributed.protocol import (
+    ANNOUNCEMENT,
+    DeltaHeader,
+    announced_node,
+    parse_delta_path,
+)
 from speedtronic.distributed.transport import DeltaRef, Transport
 
 
@@ -37,11 +42,14 @@ class DeltaIntake:
         self.nodes: dict[str, dict[str, Any]] = {}  # node -> newest applied delta (step_count)
         self.headers: dict[str, Any] = {}  # identity -> header of a delta waiting for a round
         self.markers: dict[str, DeltaHeader] = {}  # node -> its end marker, for the next summary
+        self.announced: dict[str, str] = {}  # node -> its node.json, deleted once it has ended
 
     def poll(self, master: Any) -> None:
         """Offer ``master`` every new delta listed in the repo."""
         for ref in self.transport.list_deltas():
-            if ref.problem is not None:
+            if ref.problem == ANNOUNCEMENT:
+                self._announce(ref)
+            elif ref.problem is not None:
                 self._ignore(ref)
             elif self.settled_versions.get(ref.path) != ref.version:
                 try:
@@ -126,7 +134,24 @@ class DeltaIntake:
             return
         self._offered(ref.path, identity, header, outcome)
 
+    def _announce(self, ref: DeltaRef) -> None:
+        """A node's run has begun (``nodes/<id>/node.json``, never read): wait for its end."""
+        if self.settled_versions.get(ref.path) == ref.version:
+            return
+        self.settled_versions[ref.path] = ref.version
+        node = announced_node(ref.path)
+        self.announced[node] = ref.path
+        if self.roster.joined(node):
+            self._ended(node)
+
+    def _ended(self, node: str) -> None:
+        """The node's run is over: its announcement goes with the next publish."""
+        if node in self.announced:
+            self.unusable.append(self.announced.pop(node))
+
     def _offered(self, path: str, identity: str, header: DeltaHeader, outcome: str) -> None:
+        if header.final:
+            self._ended(header.node_id)
         if outcome == "stale":
             self.logger.warn(f"diloco master: {path} is too stale; skipped")
             self.roster.heard(header.node_id, header.seq, header.final, "too stale")

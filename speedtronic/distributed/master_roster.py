@@ -64,6 +64,16 @@ class Roster:
                 record.final_seq, record.ended_before = seq, True
             record.heard_at = record.heard_at or _parse_time(info.get("last_delta_at"))
 
+    def joined(self, node_id: str) -> bool:
+        """The node's announcement was seen (its run has begun): it is waited for at the end
+        like a node that sent deltas; whether it had ended already (its announcement is then
+        a leftover, to delete)."""
+        record = self.nodes.get(node_id)
+        if record is None:
+            self.nodes[node_id] = NodeRecord(node_id, heard_at=self.wall())
+            return False
+        return record.ended
+
     def heard(self, node_id: str, seq: int, final: bool = False, dropped: str | None = None):
         """A delta of ``node_id`` was seen: offered to a round, or dropped (``dropped``: why)."""
         record = self.nodes.setdefault(node_id, NodeRecord(node_id))

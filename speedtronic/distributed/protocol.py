@@ -30,6 +30,10 @@ WEIGHTS_FORMAT = "speedtronic-global-1"
 GLOBAL_WEIGHTS = "global/latest.safetensors"
 STEP_COUNT = "global/step_count.json"
 NODES_DIR = "nodes"
+# nodes/<node_id>/node.json: the node's run has begun (I6), so a master whose own run ends
+# first waits for that node's last delta. Its presence is the message: a master never reads it.
+NODE_FILE = "node.json"
+ANNOUNCEMENT = "a node's announcement"  # its ``delta_path_problem``: not a delta, but ours
 
 ENCODINGS = ("fp32", "bf16", "int8")
 
@@ -96,6 +100,18 @@ def delta_path(node_id: str, seq: int) -> str:
     return f"{NODES_DIR}/{node_id}/delta_{seq:08d}.safetensors"
 
 
+def node_file_path(node_id: str) -> str:
+    """``nodes/<node_id>/node.json``: where a node says its run has begun."""
+    return f"{NODES_DIR}/{check_node_id(node_id)}/{NODE_FILE}"
+
+
+def announced_node(path: str) -> str | None:
+    """The node id of ``nodes/<node_id>/node.json``; None for any other path."""
+    if delta_path_problem(path) != ANNOUNCEMENT:
+        return None
+    return path.split("/")[1]
+
+
 def parse_delta_path(path: str) -> tuple[str, int] | None:
     """``(node_id, seq)`` for ``nodes/<node_id>/delta_<digits>.safetensors``; None otherwise."""
     if not isinstance(path, str) or delta_path_problem(path) is not None:
@@ -116,6 +132,8 @@ def delta_path_problem(path: str) -> str | None:
         return f"the folder {short_repr(node_id)} is not a valid node id"
     if len(parts) > 3:
         return "nested below a node's folder"
+    if parts[2] == NODE_FILE:
+        return ANNOUNCEMENT
     if not _DELTA_NAME_RE.fullmatch(parts[2]):
         return f"not named {DELTA_NAME_RULE}"
     return None

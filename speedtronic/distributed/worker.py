@@ -107,6 +107,9 @@ class WorkerPlugin:
             self._install_latest_global_now()
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.uploader.number_past_used(2 * expected_delta_bytes(self.params, "fp32") + (1 << 20))
+        # a run that ends at once needs no announcement (``announce``: a seam for unit tests)
+        if getattr(self.config, "announce", True) and not self.end.at_max_steps(trainer):
+            self.uploader.hello.ready(trainer.step)
         if not self.background:
             return
         for target in (self.uploader.run, self.fetcher.run):

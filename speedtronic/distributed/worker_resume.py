@@ -1,4 +1,5 @@
-"""A node's sequence numbers across restarts, and what a resumed node must not send twice (I1).
+"""A node's place in the run across restarts: its numbering, what a resumed node must not send
+twice (I1), and the announcement that its run has begun (I6).
 
 A node numbers its deltas past every one it ever used (its deltas in the repo, its newest the
 master applied), so a reused name never meets an old file. A node resumed from a checkpoint
@@ -6,15 +7,52 @@ trains again the steps its previous process trained after that checkpoint, and t
 may have sent them: every delta names its chain and the optimizer step its inner loop ended at
 (``end_step``), so the resumed node finds how far its chain got (its deltas past the
 checkpoint's number in the repo, and the master's summary of its newest applied one) and drops
-the inner loops it trains again up to there instead of sending them a second time.
+the inner loops it trains again up to there instead of sending them a second time. At its
+start a node uploads ``nodes/<id>/node.json`` (``Announcement``): a master whose own run ends
+first then waits for this node's last delta, though none of its deltas has arrived yet.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
-from speedtronic.distributed.protocol import BadDelta, DeltaHeader, delta_path, parse_delta_path
+from speedtronic.distributed.protocol import (
+    BadDelta,
+    DeltaHeader,
+    delta_path,
+    node_file_path,
+    parse_delta_path,
+)
+
+
+class Announcement:
+    """``nodes/<id>/node.json`` for an ``Uploader`` (``up``): sent by its thread before the next
+    delta; a failure is tried again with the next send, and blocks no delta."""
+
+    def __init__(self, up: Any):
+        self.up = up
+        self.data: bytes | None = None  # waiting to go out
+
+    def ready(self, started_step: int) -> None:
+        """This node's run begins at ``started_step``: say so with the next send."""
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"node_id": self.up.node_id, "chain": self.up.chain, "started_at": stamp}
+        self.data = json.dumps({**body, "step": started_step}).encode() + b"\n"
+        self.up.wake.set()
+
+    def send(self) -> None:
+        data = self.data
+        if data is None:
+            return
+        try:
+            self.up.transport.upload(node_file_path(self.up.node_id), data)
+        except Exception as exc:  # noqa: BLE001 - tried again with the next send
+            self.up.status.stop_if_permanent(exc)
+            return
+        if self.data is data:
+            self.data = None
 
 
 def number_past_used(up: Any, max_bytes: int) -> None:

@@ -28,7 +28,7 @@ from speedtronic.distributed.codec import encode_delta
 from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.protocol import DeltaHeader, delta_path
 from speedtronic.distributed.worker_inflight import InFlight
-from speedtronic.distributed.worker_resume import number_past_used, replayed
+from speedtronic.distributed.worker_resume import Announcement, number_past_used, replayed
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 
@@ -82,6 +82,7 @@ class Uploader:
         self.final_seq: int | None = None  # the seq of the run's last delta, once it is sent
         self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
         self.replayed_to = 0  # a resumed node's steps its previous process already sent
+        self.hello = Announcement(self)  # that this node's run has begun (worker_resume)
 
     def number_past_used(self, max_bytes: int = 1 << 40) -> None:
         """New names start past every one this node used (``worker_resume``); after a resume,
@@ -100,11 +101,13 @@ class Uploader:
 
     def all_sent(self) -> bool:
         with self.lock:
-            return self.outbox is None and self.sending is None and self.exact is None
+            idle = self.outbox is None and self.sending is None and self.exact is None
+            return idle and self.hello.data is None
 
     def unsent(self) -> bool:
         with self.lock:
-            return self.outbox is not None or self.exact is not None
+            waiting = self.outbox is not None or self.exact is not None
+            return waiting or self.hello.data is not None
 
     def _room(self, pending: Pending, size: int) -> bool:
         """Whether the in-flight records can keep one more; if not, ``pending`` goes back to
@@ -176,6 +179,7 @@ class Uploader:
 
         Transports raise only when the file did not land, so folding cannot count it twice.
         """
+        self.hello.send()
         pending, was_exact = self._take()
         if pending is None:
             return False
