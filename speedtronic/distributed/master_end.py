@@ -26,25 +26,44 @@ from speedtronic.errors import TransportError
 FinalWriter = Callable[[dict, int, dict], "Path | None"]  # (weights, outer step, nodes) -> path
 
 
-def drain(loop: MasterLoop, should_stop: Callable[[], bool], cap_s: float | None = None) -> None:
+def drain(
+    loop: MasterLoop,
+    should_stop: Callable[[], bool],
+    cap_s: float | None = None,
+    stragglers: bool = True,
+) -> None:
     """Block while the background poll thread runs rounds, until no node is left to wait for
-    (``Roster.waiting_for``), ``should_stop()`` says so, or ``cap_s`` (a DDP group's limit)."""
-    began, said = time.monotonic(), False
+    (``Roster.waiting_for``), ``should_stop()`` says so, or ``cap_s`` (a DDP group's limit).
+    A master whose training ended just now (``stragglers``) waits a little for nodes not seen
+    yet: one drain deadline when it has heard from no other node (it was started first and its
+    fleet is on its way), and ``Roster.join_grace_s`` after the newest node appeared."""
+    began, said = time.monotonic(), set()
     pace = min(1.0, loop.config.poll_interval)
     while loop.fatal is None and not should_stop():
         waiting = loop.roster.waiting_for() if loop.polled else ["(the repo)"]
-        if not waiting:
+        alone = not any(node != loop.config.node_id for node in loop.roster.nodes)
+        if stragglers and alone and time.monotonic() - began < loop.roster.deadline_s():
+            _say_once(loop, said, "alone", (
+                "diloco master: no other node has announced itself or sent a delta yet; "
+                f"waiting up to {loop.roster.deadline_s():.0f} s for one (drain_timeout_s)"
+            ))  # fmt: skip
+        elif not waiting and not (stragglers and loop.roster.join_grace_s() > 0):
             return
-        if not said:
-            said = True
-            loop.logger.notice(
+        else:
+            _say_once(loop, said, "waiting", (
                 f"diloco master: waiting for the last deltas of {', '.join(sorted(waiting))} "
                 f"(at most {loop.roster.longest_wait_s():.0f} s more of silence each)"
-            )
+            ))  # fmt: skip
         if cap_s is not None and time.monotonic() - began > cap_s:
             loop.logger.warn(f"diloco master: stopped waiting after {cap_s:.0f} s (DDP limit)")
             return
         time.sleep(pace)
+
+
+def _say_once(loop: MasterLoop, said: set[str], key: str, line: str) -> None:
+    if key not in said:
+        said.add(key)
+        loop.logger.notice(line)
 
 
 def finish(loop: MasterLoop, interrupted: bool = False) -> str:
@@ -137,6 +156,7 @@ class MasterPlugin:
         self.restored: MasterState | None = None
         self.final_writer: FinalWriter | None = None
         self.drain_cap_s: float | None = None  # a DDP group: the other ranks wait this long
+        self.stragglers = True  # wait a little for nodes not seen yet (``drain``)
         self.final_path: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,10 +172,13 @@ class MasterPlugin:
     def on_train_end(self, trainer: Any, result: Any) -> None:
         if self.local_worker is not None:  # its last delta belongs in the final round
             self.local_worker.finish_sending(trainer)
-        interrupted = getattr(result, "status", None) == "interrupted"
+        status = getattr(result, "status", None)
+        interrupted = status == "interrupted"
         if not interrupted:
             stopped = lambda: getattr(trainer, "stop_signal", None) is not None  # noqa: E731
-            drain(self.loop, stopped, self.drain_cap_s)
+            # a master resumed at max_steps ends with what is there: no stragglers to expect
+            stragglers = self.stragglers and status != "at_target"
+            drain(self.loop, stopped, self.drain_cap_s, stragglers)
             interrupted = stopped()
         self._stop.set()
         self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))

@@ -90,8 +90,8 @@ class DeltaIntake:
         self.unusable += [self.paths.pop(i) for i in identities if i in self.paths]
         self.nodes, self.markers = nodes, {}
         for identity in result.stale:
-            if (header := self.headers.get(identity)) is not None:
-                self.roster.heard(header.node_id, header.seq, header.final, "too stale")
+            if (h := self.headers.get(identity)) is not None:
+                self.roster.heard(h.node_id, h.seq, h.final, "too stale", h.created_at)
         for identity in identities:
             self.headers.pop(identity, None)
 
@@ -152,11 +152,12 @@ class DeltaIntake:
     def _offered(self, path: str, identity: str, header: DeltaHeader, outcome: str) -> None:
         if header.final:
             self._ended(header.node_id)
+        node, seq, final, created = header.node_id, header.seq, header.final, header.created_at
         if outcome == "stale":
             self.logger.warn(f"diloco master: {path} is too stale; skipped")
-            self.roster.heard(header.node_id, header.seq, header.final, "too stale")
+            self.roster.heard(node, seq, final, "too stale", created)
             return
-        self.roster.heard(header.node_id, header.seq, header.final)
+        self.roster.heard(node, seq, final, created_at=created)
         if outcome == "end":  # settled at once: deleted with the next publish
             self.unusable.append(self.paths.pop(identity, path))
             self.markers[header.node_id] = header

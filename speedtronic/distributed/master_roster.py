@@ -25,6 +25,7 @@ DEADLINE_FLOOR_S = 60.0  # a default drain deadline is never shorter (a loaded m
 DEADLINE_CAP_S = 3600.0  # nor longer: a node silent for an hour is not coming back for this run
 DEADLINE_UNKNOWN_S = 600.0  # nothing observed of the fleet's pace yet
 LOOPS_OF_SILENCE = 4  # a node is given up on after this many of its inner loops without a word
+JOIN_GRACE_S = 15.0  # nodes of one fleet start within seconds of each other: wait for stragglers
 
 
 @dataclass
@@ -35,7 +36,8 @@ class NodeRecord:
     last_seq: int = -1  # the newest delta seen
     final_seq: int | None = None  # its last delta of the run, once seen
     heard_at: float | None = None  # wall clock when the newest delta was seen (or sent)
-    gaps: list[float] = field(default_factory=list)  # seconds between its deltas' arrivals
+    gaps: list[float] = field(default_factory=list)  # seconds between its deltas (its clock)
+    created: float | None = None  # the newest delta's ``created_at``
     dropped: dict[int, str] = field(default_factory=dict)  # seq -> why no round used it
     ended_before: bool = False  # the state's summary said its last delta was applied
 
@@ -52,6 +54,7 @@ class Roster:
         self.wall, self.poll_interval = wall, poll_interval
         self.nodes: dict[str, NodeRecord] = {}
         self.started_at = wall()
+        self.joined_at: float | None = None  # when the newest node was first seen
         self.deadline_setting: float | None = None  # distributed.drain_timeout_s; None: auto
 
     def restore(self, summary: dict[str, dict[str, Any]]) -> None:
@@ -71,17 +74,30 @@ class Roster:
         record = self.nodes.get(node_id)
         if record is None:
             self.nodes[node_id] = NodeRecord(node_id, heard_at=self.wall())
+            self.joined_at = self.wall()
             return False
         return record.ended
 
-    def heard(self, node_id: str, seq: int, final: bool = False, dropped: str | None = None):
-        """A delta of ``node_id`` was seen: offered to a round, or dropped (``dropped``: why)."""
+    def heard(
+        self,
+        node_id: str,
+        seq: int,
+        final: bool = False,
+        dropped: str | None = None,
+        created_at: str | None = None,
+    ) -> None:
+        """A delta of ``node_id`` was seen: offered to a round, or dropped (``dropped``: why).
+        ``created_at`` (its header's) gives the node's pace: the time between its deltas by its
+        own clock, whatever the master's polls and pauses did to their arrival."""
+        if node_id not in self.nodes:
+            self.joined_at = self.wall()
         record = self.nodes.setdefault(node_id, NodeRecord(node_id))
-        now = self.wall()
-        if record.heard_at is not None and seq > record.last_seq and not record.ended_before:
-            record.gaps = [*record.gaps[-15:], max(0.0, now - record.heard_at)]
+        now, created = self.wall(), _parse_time(created_at)
+        if seq > record.last_seq and created is not None and record.created is not None:
+            record.gaps = [*record.gaps[-15:], max(0.0, created - record.created)]
         if seq >= record.last_seq:
             record.last_seq, record.heard_at = seq, now
+            record.created = created if created is not None else record.created
         if final:
             record.final_seq, record.ended_before = seq, False
         if dropped is not None:
@@ -103,6 +119,14 @@ class Roster:
             return DEADLINE_UNKNOWN_S
         wanted = LOOPS_OF_SILENCE * loop + 2 * self.poll_interval
         return min(DEADLINE_CAP_S, max(DEADLINE_FLOOR_S, wanted))
+
+    def join_grace_s(self) -> float:
+        """How much longer to wait for a node not seen yet: ``JOIN_GRACE_S`` (at least three
+        polls, at most the drain deadline) after the newest node appeared; 0 once past."""
+        if self.joined_at is None:
+            return 0.0
+        grace = min(self.deadline_s(), max(JOIN_GRACE_S, 3 * self.poll_interval))
+        return max(0.0, grace - (self.wall() - self.joined_at))
 
     def silence(self, node: NodeRecord) -> float:
         """Seconds since the node was last heard from (since this master started, if never)."""
