@@ -371,6 +371,14 @@ def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logge
 
     plugins = coordinator_plugins(config, model, logger)
     sync.worker = next((p for p in plugins if p.name == "diloco"), None)
+    # The run's end on rank 0 (the master's drain, the worker's wait for its global) must end
+    # while the other ranks wait for its checkpoint save
+    end_cap = max(1.0, config.run.group_timeout_s - config.distributed.upload_timeout_s - 10)
+    for plugin in plugins:
+        if plugin.name == "diloco_master":
+            plugin.drain_cap_s = end_cap
+    if sync.worker is not None:
+        sync.worker.end.wait_cap_s = end_cap
     if sync.worker is not None:  # it installs eagerly only where the other ranks look
         sync.worker.install_every = sync.every
     return [*plugins, sync]

@@ -60,6 +60,9 @@ class DirectoryHarness:
     def lose_next_write_answers(self, times: int) -> None:
         """A local rename either happens or raises: no answer can be lost."""
 
+    def slow_commits(self, delay_s: float) -> None:
+        """A directory has no commits to slow."""
+
 
 class HubHarness:
     name, pinned_reads, detects_second_master, has_server = "hub", True, True, True
@@ -97,6 +100,11 @@ class HubHarness:
     def dead_transport(self, url: str):
         return self.transport("dead", endpoint=url, timeout_s=DEAD_TIMEOUT_S, max_attempts=2)
 
+    def slow_commits(self, delay_s: float) -> None:
+        """Every commit waits before it is applied: the head moves under the ones in flight."""
+        faults = self.emu.faults
+        faults.add("slow", method="POST", path_re=r"/commit/", times=10**6, delay_s=delay_s)
+
 
 class S3Harness:
     name, pinned_reads, detects_second_master, has_server = "s3", True, True, True
@@ -126,6 +134,9 @@ class S3Harness:
 
     def dead_transport(self, url: str):
         return self.transport("dead", endpoint=url, timeout_s=DEAD_TIMEOUT_S, max_attempts=2)
+
+    def slow_commits(self, delay_s: float) -> None:
+        """A bucket's pointer swap does not conflict with writes of deltas: nothing to slow."""
 
 
 @pytest.fixture(scope="module")
@@ -465,3 +476,31 @@ def test_I6_a_master_started_after_its_workers_ended_applies_it_all_and_ends(rep
     fleet.assert_every_last_delta_counted(repo, workers)
     assert (tmp_path / "master" / "final_global" / "meta.json").is_file()
     assert deltas(repo.transport("reader")) == {}
+
+
+def test_I6_publishes_are_not_starved_by_nodes_committing_meanwhile(repo):
+    """Issue 26: 'could not publish outer step 3 ...: the repo changed under 5 commits in a
+    row', over the LFS emulator, the commits that moved the head being deltas under nodes/."""
+    repo.slow_commits(0.05)
+    master, busy = repo.transport("master"), repo.transport("node-a")
+    stop, uploaded = threading.Event(), []
+
+    def commit_deltas() -> None:
+        for seq in itertools.count(1):
+            if stop.is_set():
+                return
+            busy.upload(delta_path("node-a", seq), b"delta %d" % seq)
+            uploaded.append(seq)
+
+    thread = threading.Thread(target=commit_deltas, daemon=True)
+    thread.start()
+    master.read_step_count()
+    try:
+        for n in range(1, 6):  # every publish lands, however busy the repo
+            master.publish(weights(n), step_count(n), [])
+    finally:
+        stop.set()
+        thread.join(30)
+    assert repo.transport("worker-1").read_step_count()["outer_step"] == 5 and uploaded
+    if repo.name == "hub":  # the race did happen, and cost no publish
+        assert master.stats()["hub_publish_conflicts"] >= 1, master.stats()

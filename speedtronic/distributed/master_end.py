@@ -137,7 +137,8 @@ def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str
         weights = loop.master.global_weights
         path = final_writer(weights, loop.publisher.last_step, loop.publisher.landed_nodes or {})
     where = f"; written to {path}" if path else ""
-    loop.logger.notice(f"diloco master: {line}{where}")
+    say = loop.logger.warn if "; missing: " in line else loop.logger.notice
+    say(f"diloco master: {line}{where}")
     loop.logger.log(
         "diloco_final",
         {"outer_step": loop.publisher.last_step, "path": str(path) if path else None},

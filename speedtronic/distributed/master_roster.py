@@ -168,17 +168,19 @@ class Roster:
     def _problem(self, record: NodeRecord, applied: int | None) -> str | None:
         dropped = sorted(record.dropped.items())
         if not record.ended:
-            silent = self.silence(record)
+            silent, deadline = self.silence(record), self.deadline_s(record)
             since = _clock_text(record.heard_at) if record.heard_at is not None else "the start"
-            return (
-                f"sent no last delta (newest seq {record.last_seq}; silent since {since}, "
-                f"{silent:.0f} s, past the {self.deadline_s(record):.0f} s drain deadline)"
-            )
+            why = f"past the {deadline:.0f} s drain deadline" if silent > deadline else (
+                "the master did not wait: interrupted")  # fmt: skip
+            newest = f"newest seq {record.last_seq}" if record.last_seq >= 0 else "no delta yet"
+            return f"sent no last delta ({newest}; silent since {since}, {silent:.0f} s, {why})"
         if applied is None or applied < record.final_seq:
             why = record.dropped.get(record.final_seq, "not in a published round")
             return f"last delta seq {record.final_seq} not applied ({why})"
         if dropped:
-            return "deltas not applied: " + ", ".join(f"seq {s} ({why})" for s, why in dropped)
+            listed = ", ".join(f"seq {s} ({why})" for s, why in dropped[:3])
+            more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+            return f"deltas not applied: {listed}{more}"
         return None
 
 
