@@ -223,3 +223,33 @@ def test_a_final_line_names_a_last_delta_that_no_round_applied(dropped):
     line = roster.final_line(3, {"a": {"seq": 6}})
     why = dropped or "not in a published round"
     assert line.endswith(f"missing: a last delta seq 7 not applied ({why})"), line
+
+
+def test_I2_past_the_disk_budget_uploads_wait_in_the_outbox_and_installs_stay_exact(tmp_path):
+    """No room for a 4th record (3 in memory, a disk budget of 0): later inner loops wait in
+    the outbox, added up; once a global includes some, they go out, and the node's weights
+    never move at an install (its own work is all there is)."""
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    net = model(1.0)
+    config = settings(inner_steps=1, reapply_own_delta=True, in_flight_disk_bytes=0)
+    worker = WorkerPlugin(config, net, transport, log, background=False, spill_dir=tmp_path)
+    trainer = FakeTrainer(net)
+    worker.on_train_start(trainer)
+    for move in (-0.5, -0.25, -0.125, -0.0625, -0.03125):
+        trainer.train_step(worker, move=move)
+        worker.uploader.send_pending()
+    assert worker.counters["uploads"] == 3 and worker.uploader.held
+    assert worker.uploader.outbox.steps == 2  # the 4th and 5th loops, added up
+    assert sum("wait in the outbox" in w for w in log.warnings) == 1
+    assert loop.poll_once().outer_step == 1  # the master catches up: deltas 1-3
+    worker.fetcher.refresh()
+    before = net.weight.detach().clone()
+    trainer.train_step(worker, move=0.0)  # installs global 1; the held delta goes out
+    worker.uploader.send_pending()
+    torch.testing.assert_close(net.weight, before, rtol=0, atol=1e-6)
+    assert worker.counters["uploads"] == 4 and not worker.uploader.held  # loops 4-6 in one
+    [record] = worker.uploader.in_flight.records
+    assert record.seq == 4 and loop.poll_once().outer_step == 2
+    assert loop.counters["included"] == 4 and loop.counters["stale"] == 0

@@ -317,9 +317,9 @@ class DistributedConfig:
     # final round goes without its last delta, and how long a worker waits for a global that
     # holds its own; None: sized from the fleet's inner-loop time (60 s to an hour)
     drain_timeout_s: float | None = ranged(None, "[0, 604800]", "at most a week")
-    # Sent deltas no global includes yet: past 3 in memory they go to <output_dir> on disk, up to
-    # this many MB; past that, later inner loops wait in the outbox until the master catches up
-    in_flight_disk_mb: float = ranged(8192.0, "[0, 2**40]")
+    # Sent deltas no global includes yet: past 3 in memory they go to <output_dir> on disk, up
+    # to this many bytes (8 GiB); past that, later inner loops wait in the outbox
+    in_flight_disk_bytes: int = ranged(8 << 30, "[0, 2**50]")
     # > 0: at each boundary wait up to this long for the global holding this node's delta
     # (synchronous DiLoCo when min_deltas = the number of nodes); 0: never wait
     sync_wait_s: float = ranged(0.0, "[0, 604800]", "at most a week")

@@ -5,7 +5,7 @@ When a node installs a global, it adds back its own deltas the global does not i
 what the master will apply, in every encoding (``codec.decode_own_delta``) and however many are
 out: the newest ``MEMORY_RECORDS`` in memory, the ones past them spilled to disk in the node's
 output directory (``diloco_in_flight/``, in the delta's precision), up to the
-``in_flight_disk_mb`` budget. Past that the master is far behind: ``room`` says no, and the
+``in_flight_disk_bytes`` budget. Past that the master is far behind: ``room`` says no, and the
 uploader holds later inner loops back in its outbox (added up, still exact) until a global
 includes some. A global including sequence number n frees every record up to n. The records
 go into the node's checkpoint (bytes for those in memory, name and sha256 for those on disk),
@@ -48,9 +48,9 @@ class Record:
 class InFlight:
     """The records, oldest first; ``spill_dir`` None: a temporary directory made on first use."""
 
-    def __init__(self, spill_dir: str | os.PathLike | None, disk_budget_mb: float, log: Any):
+    def __init__(self, spill_dir: str | os.PathLike | None, disk_budget_bytes: int, log: Any):
         self.spill_dir = Path(spill_dir) if spill_dir is not None else None
-        self.budget = int(disk_budget_mb * (1 << 20))
+        self.budget = int(disk_budget_bytes)
         self.log = log  # warn(message)
         self.records: list[Record] = []
 

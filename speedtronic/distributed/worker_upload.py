@@ -72,7 +72,7 @@ class Uploader:
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
-        budget = getattr(config, "in_flight_disk_mb", 8192.0)
+        budget = getattr(config, "in_flight_disk_bytes", 8 << 30)
         # sent, not yet in a published global: exact records, memory then disk (I2)
         self.in_flight = InFlight(spill_dir, budget, logger.warn)
         self.upload_seconds: list[float] = []  # how long each upload took, for the poll advice
@@ -120,7 +120,7 @@ class Uploader:
                 self.logger.warn(
                     f"diloco: {len(self.in_flight)} deltas of this node are out and no global "
                     f"includes them ({self.in_flight.spilled_bytes >> 20} MB on disk, the "
-                    "in_flight_disk_mb budget): later inner loops wait in the outbox, added "
+                    "in_flight_disk_bytes budget): later inner loops wait in the outbox, added "
                     "up, until the master catches up"
                 )
             self.held, self.sending = True, None  # its name stays its own: nothing was sent
