@@ -253,3 +253,58 @@ def test_I2_past_the_disk_budget_uploads_wait_in_the_outbox_and_installs_stay_ex
     [record] = worker.uploader.in_flight.records
     assert record.seq == 4 and loop.poll_once().outer_step == 2
     assert loop.counters["included"] == 4 and loop.counters["stale"] == 0
+
+
+def test_I6_the_final_global_is_a_checkpoint_every_tool_reads(tmp_path):
+    """model.safetensors with the whole state (tied weights once, buffers), meta.json with the
+    run's config: load_checkpoint and a strict load_state_dict take it, ckpt inspect shows it."""
+    from speedtronic.checkpoint import load_checkpoint
+    from speedtronic.checkpoint.inspection import inspect_path
+    from speedtronic.distributed.final_global import FinalGlobalWriter
+    from speedtronic.distributed.worker import parameters_of, snapshot
+    from speedtronic.registry import build_model
+
+    params = {"vocab_size": 64, "seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 32}
+    net = build_model("reference_transformer", params)
+    weights = {k: v + 1.0 for k, v in snapshot(parameters_of(net)).items()}  # "the global"
+    config = {"model": {"name": "reference_transformer", **params}}
+    writer = FinalGlobalWriter(net, tmp_path, config, {"node_id": "w", "role": "worker"})
+    path = writer(weights, 7, {"holds_last_delta": True})
+    writer(weights, 7, {"holds_last_delta": True})  # written again over the first: one dir
+    assert path == tmp_path / "final_global" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "final_global"
+    ]
+    checkpoint = load_checkpoint(path)
+    fresh = build_model("reference_transformer", params)
+    fresh.load_state_dict(checkpoint.model_state, strict=True)
+    for name, tensor in parameters_of(fresh).items():
+        assert torch.equal(tensor, weights[name]), name
+    assert checkpoint.meta["step"] == 7 and checkpoint.meta["config"] == config
+    assert checkpoint.meta["diloco"]["holds_last_delta"] is True
+    [entry] = inspect_path(path)["checkpoints"]
+    assert entry["step"] == 7 and entry["status"] == "unverified"
+
+
+def test_I6_a_training_master_resumed_after_its_fleet_ended_applies_it_and_ends(tmp_path):
+    """Before: '--resume' of the master said 'nothing to do' and left 99 deltas unapplied."""
+    from speedtronic.distributed.master_end import MasterPlugin
+
+    transport = LocalTransport(tmp_path / "repo")
+    first = master_loop(tmp_path, transport, Log(), drain_timeout_s=600.0)
+    first.start()  # step 0 published; then the master is gone and its worker runs to its end
+    net = model(1.0)
+    worker = WorkerPlugin(settings(announce=True), net, transport, Log(), background=False)
+    trainer = FakeTrainer(net, max_steps=4)
+    worker.on_train_start(trainer)
+    for _ in range(4):
+        trainer.train_step(worker, move=-0.25)
+    worker.on_train_end(trainer, None)
+
+    log = Log()
+    plugin = MasterPlugin(master_loop(tmp_path, transport, log, drain_timeout_s=600.0))
+    began = time.monotonic()
+    plugin.on_at_target(FakeTrainer(model(1.0), max_steps=4), SimpleNamespace(status="at_target"))
+    assert time.monotonic() - began < 30  # no waiting for new nodes (the deadline is 600 s)
+    counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())
+    assert counted["outer_step"] == 1 and counted["nodes"]["node-a"]["final"], counted
+    assert not list((tmp_path / "repo" / "nodes").glob("*/*"))  # deltas and node.json gone

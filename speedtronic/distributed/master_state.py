@@ -256,7 +256,10 @@ def master_id(state_dir: str | os.PathLike) -> str:
         pass  # absent or damaged: a new id (the repo then looks like another master's until
         # this one publishes, which the start-up check handles)
     new = secrets.token_hex(8)
-    root.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, new.encode() + b"\n")
-    fsync_dir(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        replace_atomically(path, new.encode() + b"\n")
+        fsync_dir(root)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return new
