@@ -49,7 +49,7 @@ class RunEnd:
         p.status.raise_if_fatal()
         if trainer.step > p.boundary_step:
             p.boundary(trainer, final=True)
-        zeros = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in p.params.items()}
+        zeros = lambda: {k: torch.zeros(v.shape) for k, v in p.params.items()}  # noqa: E731
         p.uploader.end_run(zeros, max(p.base_outer_step, 0), trainer.step)
         if not p.background:
             return p.uploader.send_pending()

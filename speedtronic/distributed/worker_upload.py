@@ -163,15 +163,16 @@ class Uploader:
             time.sleep(0.05)
         return self.all_sent()
 
-    def end_run(self, zeros: dict[str, torch.Tensor], base: int, end_step: int) -> None:
+    def end_run(self, zeros: Any, base: int, end_step: int) -> None:
         """Mark the run's last delta: the one waiting in the outbox, or, when everything went
-        out already and the last was not marked, an end marker (0 steps, zero tensors)."""
+        out already and the last was not marked, an end marker (0 steps, the tensors ``zeros()``
+        makes)."""
         with self.lock:
             if self.outbox is not None:
                 self.outbox = replace(self.outbox, final=True)
             elif not any(p is not None and p.final for p in (self.exact, self.sending)):
                 if self.final_seq is None or self.final_seq < self.seq:
-                    self.outbox = Pending(zeros, base, 0, 0, final=True, end_step=end_step)
+                    self.outbox = Pending(zeros(), base, 0, 0, final=True, end_step=end_step)
         self.wake.set()
 
     def _take_and_send(self) -> bool:
