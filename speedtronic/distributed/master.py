@@ -169,6 +169,8 @@ class MasterLoop:
             self._check_repo()
         self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
         self.intake.poll(self.master)
+        if not self.polled:
+            self.roster.settle_backlog()
         self.polled = True
         if self.publisher.outstanding:  # a saved step the repo lacks: no round before it lands
             if self._sent():  # its send failed or the repo lost it: publish it again

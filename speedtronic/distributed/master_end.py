@@ -96,7 +96,8 @@ def serve(
     final_writer: FinalWriter | None = None,
 ) -> str | None:
     """Coordinate only (no local training) until the run ends: ``outer_steps`` rounds or the
-    whole fleet's last deltas, then every node's last delta or the drain deadline; or ``stop``
+    whole fleet's last deltas, then every node's last delta or the drain deadline, and
+    ``Roster.join_grace_s`` after a node joined (not one in the repo's backlog); or ``stop``
     (a signal: the final round on what is in). Returns where the final global was written."""
     loop.start_sending()
     said = False
@@ -110,7 +111,7 @@ def serve(
             )
             if ending and loop.polled:
                 waiting = loop.roster.waiting_for()
-                if not waiting:
+                if not waiting and loop.roster.join_grace_s() == 0:  # stragglers: a little
                     break
                 if not said:
                     said = True

@@ -120,6 +120,11 @@ class Roster:
         wanted = LOOPS_OF_SILENCE * loop + 2 * self.poll_interval
         return min(DEADLINE_CAP_S, max(DEADLINE_FLOOR_S, wanted))
 
+    def settle_backlog(self) -> None:
+        """The first poll is over: the nodes seen so far were in the repo already (a master
+        started late, or again), so none of them calls for a wait for stragglers."""
+        self.joined_at = None
+
     def join_grace_s(self) -> float:
         """How much longer to wait for a node not seen yet: ``JOIN_GRACE_S`` (at least three
         polls, at most the drain deadline) after the newest node appeared; 0 once past."""
