@@ -121,9 +121,11 @@ class Roster:
         return min(DEADLINE_CAP_S, max(DEADLINE_FLOOR_S, wanted))
 
     def settle_backlog(self) -> None:
-        """The first poll is over: the nodes seen so far were in the repo already (a master
-        started late, or again), so none of them calls for a wait for stragglers."""
-        self.joined_at = None
+        """The first poll is over. If every node it found had ended (a master started again
+        after its fleet ended), none of them calls for a wait for stragglers; a fleet still
+        running when the master started (it booted later than its workers) does."""
+        if all(record.ended for record in self.nodes.values()):
+            self.joined_at = None
 
     def join_grace_s(self) -> float:
         """How much longer to wait for a node not seen yet: ``JOIN_GRACE_S`` (at least three
