@@ -43,6 +43,7 @@ class EvalPlugin:
         self.loader, self.every, self.batches = loader, every, batches
         self.rank, self.world = shard
         self.sum_across = sum_across  # the group's all-reduce (sum); None: one process
+        self.last: tuple[int, float] | None = None  # (step, eval loss): checkpoints record it
 
     def after_optimizer_step(self, trainer: Any) -> None:
         if trainer.step % self.every == 0 or trainer.step == trainer.options.max_steps:
@@ -66,6 +67,7 @@ class EvalPlugin:
             "eval_s": time.perf_counter() - started,
         }
         trainer.logger.log("eval", payload)
+        self.last = (trainer.step, loss)
         return payload
 
     def _mean_loss(self, trainer: Any) -> tuple[float, int]:

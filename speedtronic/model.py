@@ -5,7 +5,9 @@ validated on construction), ``ReferenceTransformer`` (token embedding, pre-norm 
 RMSNorm + causal grouped-query attention with RoPE + SwiGLU MLP, final RMSNorm, LM head tied
 to the embedding by default), its weight init, its loss (mean cross-entropy over labels that
 are not -100, computed in float32), optional per-block activation checkpointing, and the
-parameter / FLOP counts used for throughput and MFU reporting. It imports only torch and the
+parameter / FLOP counts used for throughput and MFU reporting, and incremental decoding for
+generation (``new_cache`` / ``forward_cached`` over a ``KVCache``, beside the training forward,
+which it leaves as it is). It imports only torch and the
 standard library so it can be read, copied and tested on its own; it must run eagerly, under
 ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
 """
@@ -120,6 +122,23 @@ class RMSNorm(nn.Module):
         return (x32 * self.weight.float()).to(x.dtype)
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, per block, for decoding one token at a time.
+
+    ``k[layer]`` and ``v[layer]`` are ``(B, Hkv, max_len, D)``; ``length`` positions are filled.
+    """
+
+    def __init__(self, config: ReferenceConfig, batch: int, max_len: int, device, dtype):
+        shape = (batch, config.kv_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.length, self.max_len = 0, max_len
+
+
+# SDPA reads grouped K/V heads itself from torch 2.5 on: no copy of the whole cache per step.
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ReferenceConfig):
         super().__init__()
@@ -131,18 +150,50 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.d_model, kv_dim, bias=False)
         self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Queries (B, H, T, D), keys and values (B, Hkv, T, D), RoPE applied to q and k."""
+        B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self._qkv(x, cos, sin)
         groups = self.n_head // self.n_kv_head
         if groups > 1:
             # Query head h reads K/V head h // groups. SDPA's enable_gqa needs torch>=2.5.
             k = k.repeat_interleave(groups, dim=1)  # (B, H, T, D)
             v = v.repeat_interleave(groups, dim=1)  # (B, H, T, D)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward_cached(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        """``forward`` for ``x`` at positions ``cache.length ...``, attending to the cache too.
+
+        The same arithmetic as ``forward`` (tests hold the two equal); the caller advances
+        ``cache.length`` once every block has written its keys and values.
+        """
+        B, T, C = x.shape
+        q, k, v = self._qkv(x, cos, sin)
+        start, end = cache.length, cache.length + T
+        cache.k[layer][:, :, start:end] = k
+        cache.v[layer][:, :, start:end] = v
+        k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]  # (B, Hkv, end, D)
+        groups, gqa = self.n_head // self.n_kv_head, {}
+        if groups > 1 and _SDPA_GQA:
+            gqa = {"enable_gqa": True}
+        elif groups > 1:
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, end, D)
+            v = v.repeat_interleave(groups, dim=1)  # (B, H, end, D)
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        if start == 0:  # a prompt: plain causal attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        else:  # position start + i sees keys 0 .. start + i (one new token: all of them)
+            mask = None if T == 1 else torch.ones(T, end, dtype=torch.bool, device=x.device)
+            mask = None if mask is None else mask.tril(diagonal=start)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -167,6 +218,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)  # (B, T, C)
+        return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
+
+    def forward_cached(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.attn_norm(x), cos, sin, cache, layer)  # (B, T, C)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
 
 
@@ -236,6 +291,37 @@ class ReferenceTransformer(nn.Module):
         if labels is None:
             return logits
         return self._loss(logits, labels)
+
+    def new_cache(self, batch: int, max_len: int | None = None, dtype=None) -> KVCache:
+        """An empty KV cache for ``batch`` sequences of up to ``max_len`` (default seq_len)."""
+        max_len = self.config.seq_len if max_len is None else max_len
+        if not 0 < max_len <= self.config.seq_len:
+            raise ValueError(f"max_len: must be in [1, seq_len={self.config.seq_len}] ({max_len})")
+        weight = self.tok_emb.weight
+        return KVCache(self.config, batch, max_len, weight.device, dtype or weight.dtype)
+
+    @torch.no_grad()
+    def forward_cached(
+        self, input_ids: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab) of ``input_ids`` placed after the ``cache.length`` positions the
+        cache holds, which it then holds too; ``last_only``: the last position's (B, 1, vocab).
+
+        Inference only (no grad, no checkpointing): what ``speedtronic generate`` decodes with.
+        """
+        T, start = input_ids.shape[1], cache.length
+        if start + T > cache.max_len:
+            raise ValueError(
+                f"input_ids: {start} + {T} positions exceed the cache ({cache.max_len})"
+            )
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, D/2)
+        x = self.tok_emb(input_ids)  # (B, T, C)
+        for layer, block in enumerate(self.blocks):
+            x = block.forward_cached(x, cos, sin, cache, layer)
+        cache.length += T
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        return self.lm_head(self.norm(x))  # (B, T, vocab)
 
     @staticmethod
     def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
 from speedtronic.checkpoint.start import check_fresh_start, clear_checkpoints, held_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
+from speedtronic.data.loader import run_tokenizer
+from speedtronic.data.tokenizer import load_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
@@ -45,6 +47,9 @@ class Runtime:
     logger: MetricLogger
     trainer: Trainer
     checkpoints: CheckpointPlugin | None = None
+    # What the run's data was tokenized with (data.loader.run_tokenizer): ByteTokenizer, an
+    # HFTokenizer (.path: its tokenizer.json) or None when unknown; checkpoints record it.
+    tokenizer: Any = None
 
     def facts(self) -> dict[str, Any]:
         """The run_start payload: what a user wants to see before the first step."""
@@ -100,7 +105,9 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
-    data, evaluation = _build_data(config, dataset, tokenizer, device, logger, world)
+    if dataset is None and tokenizer is None and config.data.resolved_source == "text":
+        tokenizer = load_tokenizer(config.data.tokenizer)  # once: the data and the record
+    data, evaluation, run_tok = _build_data(config, dataset, tokenizer, device, logger, world)
     plugins = [*evaluation, *(plugins or [])]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
@@ -121,6 +128,7 @@ def build_runtime(
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
+    runtime.tokenizer = run_tok
     runtime.checkpoints = CheckpointPlugin(runtime)
     trainer.plugins.append(runtime.checkpoints)
     if world.active:
@@ -137,19 +145,20 @@ def _build_data(
     device: torch.device,
     logger: MetricLogger,
     world: parallel.World,
-) -> tuple[DataStream, list[EvalPlugin]]:
-    """The training stream (this rank's share), and the evaluation plug-in when a held-out
-    set is configured."""
+) -> tuple[DataStream, list[EvalPlugin], Any]:
+    """The training stream (this rank's share), the evaluation plug-in when a held-out set is
+    configured, and the tokenizer the data was tokenized with (``run_tokenizer``)."""
     train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
+    run_tok = run_tokenizer(config, train_set, tokenizer, from_config=dataset is None)
     shard = (world.rank, world.size)
     loader = build_dataloader(config, dataset=train_set, device=device, shard=shard)
     data = DataStream(loader, log=logger.notice)
     if eval_set is None or not config.data.eval_every:
-        return data, []
+        return data, [], run_tok
     eval_loader = build_eval_loader(config, eval_set, device)
     every, batches = config.data.eval_every, config.data.eval_batches
     reduce = parallel.sum_across if world.active else None
-    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)]
+    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)], run_tok
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:

@@ -10,6 +10,9 @@ Mark a fenced block by putting an HTML comment on the line right before its open
                                              language), for the blocks after it to use
     <!-- runnable: needs tensorboard -->     skipped, with the reason, if the module is absent
     <!-- runnable: env KEY=VALUE ... -->     extra environment variables for this block
+    <!-- runnable: hub -->                    runs against a local Hub emulator (tests/
+                                             hub_emulator.py): HF_ENDPOINT points at it and
+                                             HF_TOKEN is a write token of user "your-name"
 
 Options combine (``<!-- runnable: slow needs tensorboard -->``). The blocks of one page run in
 order in one fresh temporary directory holding a copy of what a fresh clone shows a user
@@ -21,6 +24,7 @@ the file, the line of the fence and the block, with the output's tail.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -51,6 +55,7 @@ class Block:
     file: str | None = None
     needs: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    hub: bool = False
 
     @property
     def where(self) -> str:
@@ -58,13 +63,14 @@ class Block:
 
 
 def parse_options(text: str, where: str) -> dict:
-    """``slow``, ``file NAME``, ``needs MODULE``, ``env KEY=VALUE ...`` in any order."""
-    words, options = text.split(), {"slow": False, "file": None, "needs": [], "env": {}}
+    """``slow``, ``hub``, ``file NAME``, ``needs MODULE``, ``env KEY=VALUE ...`` in any order."""
+    words = text.split()
+    options = {"slow": False, "file": None, "needs": [], "env": {}, "hub": False}
     i = 0
     while i < len(words):
         word = words[i]
-        if word == "slow":
-            options["slow"] = True
+        if word in ("slow", "hub"):
+            options[word] = True
         elif word in ("file", "needs") and i + 1 < len(words):
             i += 1
             if word == "file":
@@ -159,7 +165,11 @@ class Page:
         )
         started = time.perf_counter()
         # waited for by its progress, not a clock: a loaded machine makes snippets slow
-        proc = proc_support.run(command, cwd=self.workdir, env=snippet_env(block.env))
+        with _hub_for(block) as hub_env:
+            env = snippet_env({**block.env, **hub_env})
+            if hub_env:
+                env.pop("HF_HUB_OFFLINE")
+            proc = proc_support.run(command, cwd=self.workdir, env=env)
         code, out, err = proc.returncode, proc.stdout, proc.stderr
         took = time.perf_counter() - started
         if code != 0:
@@ -170,6 +180,22 @@ class Page:
                 f"\n--- stderr (tail)\n{_tail(err)}",
                 pytrace=False,
             )
+
+
+DOCS_HUB_USER, DOCS_HUB_TOKEN = "your-name", "hf_docs_your_name_write_token"
+
+
+@contextlib.contextmanager
+def _hub_for(block: Block):
+    """For a ``hub`` block, a Hub emulator serving while it runs, and the environment that
+    points the snippet's commands at it; else nothing."""
+    if not block.hub:
+        yield {}
+        return
+    from hub_emulator import HubEmulator
+
+    with HubEmulator({DOCS_HUB_TOKEN: DOCS_HUB_USER}) as emu:
+        yield {"HF_ENDPOINT": emu.url, "HF_TOKEN": DOCS_HUB_TOKEN}
 
 
 def snippet_env(extra: dict[str, str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ fsync helpers make both durable. Shared by saving and by ``benchmarks/checkpoint
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,17 @@ def write_json(path: Path, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(obj, indent=2, default=str) + "\n")
         flush_and_sync(f)
+
+
+def write_small_files(folder: Path, files: dict[str, bytes]) -> dict[str, dict]:
+    """Write each small file into ``folder``, fsynced; returns their meta.json records."""
+    records = {}
+    for name, data in files.items():
+        with open(folder / name, "wb") as f:
+            f.write(data)
+            flush_and_sync(f)
+        records[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return records
 
 
 def flush_and_sync(f) -> None:

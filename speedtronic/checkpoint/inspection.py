@@ -159,6 +159,7 @@ def inspect_checkpoint(path: str | os.PathLike, verify: bool = False) -> dict:
         "tied": _aliases(header),
         "is_latest": _latest_or_none(scan.path.parent) == scan.path.name,
         "config_facts": config_facts(meta.get("config")),
+        "tokenizer": meta.get("tokenizer"),  # the run's tokenizer record (checkpoint.tokenizer)
     }
 
 
@@ -247,6 +248,16 @@ def _aliases(header: dict) -> dict:
     except JSON_ERRORS:
         return {}
     return aliases if isinstance(aliases, dict) else {}
+
+
+def tokenizer_text(entry: dict) -> str:
+    """The tokenizer line of ``ckpt inspect``: what the checkpoint records of it."""
+    record = entry.get("tokenizer")
+    if not isinstance(record, dict):
+        return "not recorded (the run's tokenizer is unknown, or the checkpoint predates it)"
+    if record.get("kind") == "byte":
+        return "byte-level (ids are UTF-8 bytes)"
+    return f"{record.get('file')} beside the weights ({record.get('vocab_size')} tokens)"
 
 
 def config_facts(config: object) -> dict:

@@ -3,8 +3,9 @@
 This module owns the names of the layout (``latest.json``, ``step_XXXXXXXXXX`` dirs,
 ``.tmp-*`` dirs, the three files inside a checkpoint), listing them, reading ``latest.json``
 and a safetensors header without torch, ``scan_checkpoint``: meta.json parses and has the
-right shape, files exist with the recorded sizes, the safetensors header parses and covers its
-file, and ``verify_checkpoint``, which adds the sha256 of both files. It must never import
+right shape, files exist with the recorded sizes (the two data files, and the run's
+``tokenizer.json`` where meta.json lists one), the safetensors header parses and covers its
+file, and ``verify_checkpoint``, which adds the sha256 of every recorded file. It must never import
 torch or safetensors, so that ``speedtronic ckpt`` is instant and works without torch. Tensor
 loading builds on it in ``speedtronic.checkpoint.load``.
 """
@@ -28,6 +29,10 @@ STATE_FILE = "trainer_state.pt"
 META_FILE = "meta.json"
 LATEST_FILE = "latest.json"
 CHECKPOINT_FILES = (MODEL_FILE, STATE_FILE)
+# The run's tokenizer, when it is a tokenizers file (checkpoint.tokenizer): optional, and like
+# the two data files listed with its size and sha256 in meta.json's "files" when present.
+TOKENIZER_FILE = "tokenizer.json"
+EXTRA_FILES = (TOKENIZER_FILE,)
 FORMAT_VERSION = 1
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
@@ -259,6 +264,7 @@ _META_FIELDS = {
     "loss": ("a number or null", _or_null(_is_number)),
     "created_at": ("a string or null", _or_null(lambda value: isinstance(value, str))),
     "config": ("an object or null", _or_null(lambda value: isinstance(value, dict))),
+    "tokenizer": ("an object or null", _or_null(lambda value: isinstance(value, dict))),
 }
 _REQUIRED_META = ("step", "run_id")
 
@@ -277,8 +283,14 @@ def meta_fields_problem(meta: dict) -> str | None:
     return None
 
 
+def recorded_files(meta: dict) -> tuple[str, ...]:
+    """The files a checkpoint holds by its meta.json: both data files, and the extras it lists."""
+    files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+    return CHECKPOINT_FILES + tuple(name for name in EXTRA_FILES if name in files)
+
+
 def _files_problem(files: dict) -> str | None:
-    for name in CHECKPOINT_FILES:
+    for name in recorded_files({"files": files}):
         problem = _file_record_problem(files.get(name))
         if problem:
             return f"files[{name!r}] {problem}"
@@ -308,7 +320,7 @@ def _short(value: object) -> str:
 
 def _check_file_sizes(path: Path, meta: dict) -> list[Problem]:
     problems = []
-    for name in CHECKPOINT_FILES:
+    for name in recorded_files(meta):
         record = meta["files"][name]  # shape already checked by _read_meta
         try:
             size = (path / name).stat().st_size
@@ -322,7 +334,7 @@ def _check_file_sizes(path: Path, meta: dict) -> list[Problem]:
 
 
 def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
-    """``(status, problem)``: the structural check plus the sha256 of both files.
+    """``(status, problem)``: the structural check plus the sha256 of every recorded file.
 
     status is "ok", "incomplete" or "damaged"; problem names the file and what is wrong.
     Stdlib only, so ``ckpt inspect --verify`` can hash without importing torch.
@@ -335,18 +347,18 @@ def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
 
 
 def verify_hashes(scan: CheckpointScan) -> str | None:
-    """sha256 of both files of a checkpoint that scanned ok: the first mismatch, or None."""
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        return hash_problem(start_hashes(scan.path, pool), scan.meta)
+    """sha256 of the files of a checkpoint that scanned ok: the first mismatch, or None."""
+    with ThreadPoolExecutor(max_workers=len(recorded_files(scan.meta))) as pool:
+        return hash_problem(start_hashes(scan.path, pool, scan.meta), scan.meta)
 
 
-def start_hashes(path: Path, pool: ThreadPoolExecutor) -> dict[str, Future]:
-    """sha256 of both data files on ``pool``, so a loader can read them meanwhile."""
-    return {name: pool.submit(sha256_file, path / name) for name in CHECKPOINT_FILES}
+def start_hashes(path: Path, pool: ThreadPoolExecutor, meta: dict) -> dict[str, Future]:
+    """sha256 of the files meta.json records on ``pool``, so a loader can read them meanwhile."""
+    return {name: pool.submit(sha256_file, path / name) for name in recorded_files(meta)}
 
 
 def hash_problem(hashes: dict[str, Future], meta: dict) -> str | None:
-    """The first file whose hash is not the one meta.json records; None if both match."""
+    """The first file whose hash is not the one meta.json records; None if all match."""
     for name, future in hashes.items():
         try:
             digest = future.result()

@@ -5,7 +5,8 @@ Model weights load through safetensors, the trainer state through
 the data (``verify_checkpoint``, the hash check alone, is stdlib and lives in ``layout``).
 ``find_latest`` / ``load_latest`` start at ``latest.json`` and fall back to older checkpoints
 while verification fails, reporting each one skipped; ``load_latest`` refuses to mistake a
-directory of unusable checkpoints for an empty one.
+directory of unusable checkpoints for an empty one. ``load_weights`` / ``load_latest_weights``
+read the model alone, for taking a model out of a run (``speedtronic.modelout``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,20 @@ from safetensors.torch import load_file
 
 from speedtronic.checkpoint.layout import (
     CHECKPOINT_FILES,
+    JSON_ERRORS,
+    META_FILE,
     MODEL_FILE,
     SAFETENSORS_FORMAT,
     STATE_FILE,
+    error_reason,
     hash_problem,
     list_step_dirs,
+    meta_fields_problem,
     parse_step,
     read_latest,
+    read_safetensors_header,
     scan_checkpoint,
+    sha256_file,
     start_hashes,
     verify_checkpoint,
 )
@@ -98,8 +105,8 @@ def _read_checkpoint(path: Path) -> Checkpoint:
     if scan.status != "ok":
         raise _Unusable(scan.status, scan.problem)
     load_error = None
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES)) as pool:
-        hashes = start_hashes(path, pool)
+    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES) + 1) as pool:
+        hashes = start_hashes(path, pool, scan.meta)
         try:
             model_state = _load_model(path / MODEL_FILE, scan.header.get("__metadata__"))
             trainer_state = _load_trainer_state(path / STATE_FILE)
@@ -111,6 +118,70 @@ def _read_checkpoint(path: Path) -> Checkpoint:
     if load_error is not None:
         raise load_error
     return Checkpoint(path, model_state, trainer_state, scan.meta)
+
+
+def load_weights(path: str | os.PathLike) -> Checkpoint:
+    """The model weights and meta.json of one checkpoint dir, for reading a model out of a run.
+
+    Needs only ``model.safetensors`` and ``meta.json`` (a DumbDiLoCo run's final global may
+    have no trainer state): the weights are checked against the size and sha256 meta.json
+    records for them, when it records them, while they load. ``trainer_state`` is ``{}``. Any
+    problem is a CheckpointError naming the checkpoint and the file.
+    """
+    path = Path(path)
+    try:
+        return _read_weights(path)
+    except _Unusable as exc:
+        raise CheckpointError(f"checkpoint {path} is {exc.status}: {exc.problem}") from None
+
+
+def _read_weights(path: Path) -> Checkpoint:
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        header = read_safetensors_header(path / MODEL_FILE)
+    except FileNotFoundError as exc:
+        raise _Unusable("incomplete", f"{Path(exc.filename).name} missing") from None
+    except (OSError, *JSON_ERRORS) as exc:
+        raise _Unusable("damaged", error_reason(exc)) from None
+    if not isinstance(meta, dict):
+        raise _Unusable("damaged", f"{META_FILE}: not a JSON object")
+    problem = meta_fields_problem(meta)
+    if problem:
+        raise _Unusable("damaged", f"{META_FILE}: {problem}")
+    files = meta.get("files")
+    record = files.get(MODEL_FILE) if isinstance(files, dict) else None
+    metadata = dict(header.get("__metadata__") or {})
+    if metadata.get("format") != SAFETENSORS_FORMAT:
+        metadata = {"format": SAFETENSORS_FORMAT}  # plain safetensors: no aliases to restore
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(sha256_file, path / MODEL_FILE) if record else None
+        model_state = _load_model(path / MODEL_FILE, metadata)
+        if digest is not None and digest.result() != record.get("sha256"):
+            raise _Unusable("damaged", f"{MODEL_FILE}: sha256 mismatch")
+    return Checkpoint(path, model_state, {}, meta)
+
+
+def load_latest_weights(
+    root: str | os.PathLike, log: Callable[[str], None] | None = None
+) -> Checkpoint | None:
+    """The weights of the newest usable checkpoint in ``root``, as ``load_latest`` picks it
+    (the newest one whose structure is whole; damaged ones are skipped and reported), reading
+    only the model file. None when ``root`` holds no checkpoint; NoUsableCheckpointError when
+    it holds some and none is usable."""
+
+    def load(path: Path) -> tuple[Checkpoint | None, str]:
+        scan = scan_checkpoint(path)
+        if scan.status != "ok":
+            return None, f"{scan.status} ({scan.problem})"
+        try:
+            return _read_weights(path), ""
+        except _Unusable as exc:
+            return None, f"{exc.status} ({exc.problem})"
+
+    found, skipped = _newest_usable(Path(root), log or _warn, load)
+    if found is None and skipped:
+        raise NoUsableCheckpointError(Path(root), skipped)
+    return found
 
 
 def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:

@@ -10,13 +10,15 @@ to ``save`` and ``load`` beside this module.
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 from typing import Any
 
-from speedtronic.checkpoint.layout import STATE_FILE, step_dir_name
+from speedtronic.checkpoint.layout import STATE_FILE, TOKENIZER_FILE, step_dir_name
 from speedtronic.checkpoint.load import Checkpoint, NoUsableCheckpointError, load_latest
 from speedtronic.checkpoint.save import save_checkpoint
+from speedtronic.checkpoint.tokenizer import tokenizer_record
 from speedtronic.errors import CheckpointError, SpeedtronicError
 
 # What Trainer.load_state_dict reads at the top level of the state Trainer.state_dict writes:
@@ -54,6 +56,10 @@ class CheckpointPlugin:
         self.saved_step: int | None = None
         self.last_path: Path | None = None
         self.group: Any = None  # a DDP group (speedtronic.parallel): rank 0 writes, others wait
+        # Every checkpoint records the run's tokenizer (checkpoint.tokenizer), for generate/export
+        record, data = tokenizer_record(getattr(runtime, "tokenizer", None))
+        self.tokenizer_meta = record
+        self.extra_files = {TOKENIZER_FILE: data} if data is not None else {}
 
     def after_optimizer_step(self, trainer: Any) -> None:
         interval = self.config.interval
@@ -78,6 +84,8 @@ class CheckpointPlugin:
             "loss": trainer.current_loss(),
             "param_count": self.param_count,
             "config": runtime.config.to_dict(redact=True),
+            "tokenizer": self.tokenizer_meta,
+            "eval_loss": _last_eval(trainer),
         }
         try:
             self.last_path = save_checkpoint(
@@ -87,6 +95,7 @@ class CheckpointPlugin:
                 state,
                 meta,
                 keep_last=self.config.keep_last,
+                extra_files=self.extra_files,
             )
         except CheckpointError as exc:
             if not isinstance(exc.__cause__, OSError):
@@ -98,6 +107,15 @@ class CheckpointPlugin:
         if group is not None:
             group.saved()
         return self.last_path
+
+
+def _last_eval(trainer: Any) -> dict | None:
+    """The newest evaluation of this process, ``{"step", "loss"}``, for the model card."""
+    evals = [getattr(p, "last", None) for p in trainer.plugins if getattr(p, "name", "") == "eval"]
+    last = max((e for e in evals if e is not None), default=None)
+    if last is None or not math.isfinite(last[1]):
+        return None
+    return {"step": last[0], "loss": last[1]}
 
 
 def state_mismatch(model: dict[str, Any], saved: dict[str, Any]) -> str:

@@ -41,8 +41,10 @@ from speedtronic.checkpoint.files import (
     install_dir,
     write_json,
     write_latest,
+    write_small_files,
 )
 from speedtronic.checkpoint.layout import (
+    EXTRA_FILES,
     FORMAT_VERSION,
     META_FILE,
     MODEL_FILE,
@@ -88,6 +90,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     meta: dict[str, Any],
     keep_last: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write ``<root>/step_XXXXXXXXXX`` crash-safely, point latest.json at it, apply retention.
 
@@ -98,11 +101,13 @@ def save_checkpoint(
     refused now rather than discovered at resume, and so is a meta field of the wrong type.
     ``keep_last=N`` keeps the newest N complete checkpoints of this run_id and deletes only
     its older complete ones (never the one just written, never a damaged or incomplete one,
-    never other runs'). On an OSError
+    never other runs'). ``extra_files`` (``layout.EXTRA_FILES``: the run's ``tokenizer.json``)
+    are written beside the weights and listed in meta.json's "files" like them. On an OSError
     the temporary dir is removed, earlier checkpoints and latest.json are untouched, and a
     CheckpointError names the root and the OS reason.
     """
-    _check_arguments(step, trainer_state, meta, keep_last)
+    extras = dict(extra_files or {})
+    _check_arguments(step, trainer_state, meta, keep_last, extras)
     full_meta = _full_meta(step, meta)
     # Refuse now what every reader would later call a damaged checkpoint.
     problem = meta_fields_problem(full_meta)
@@ -115,7 +120,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier failed attempt
         tmp.mkdir()
-        _write_dir(tmp, tensors, aliases, trainer_state, full_meta)
+        _write_dir(tmp, tensors, aliases, trainer_state, full_meta, extras)
         final = install_dir(tmp, root / name)
         write_latest(root, step, name)
     except BaseException as exc:
@@ -128,7 +133,7 @@ def save_checkpoint(
     return final
 
 
-def _check_arguments(step: Any, trainer_state: Any, meta: Any, keep_last: Any) -> None:
+def _check_arguments(step: Any, trainer_state: Any, meta: Any, keep_last: Any, extras) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"step must be an integer >= 0, got {step!r}")
     if sys.byteorder != "little":
@@ -140,6 +145,8 @@ def _check_arguments(step: Any, trainer_state: Any, meta: Any, keep_last: Any) -
     if not isinstance(trainer_state, dict):
         raise CheckpointError(f"trainer_state must be a dict, got {type(trainer_state).__name__}")
     _check_plain(trainer_state, "trainer_state")
+    if set(extras) - set(EXTRA_FILES) or not all(type(d) is bytes for d in extras.values()):
+        raise CheckpointError(f"extra_files: only {', '.join(EXTRA_FILES)}, as bytes")
 
 
 def _check_plain(obj: Any, where: str) -> None:
@@ -203,8 +210,9 @@ def _write_dir(
     aliases: dict[str, str],
     trainer_state: dict,
     meta: dict,
+    extras: dict[str, bytes],
 ) -> None:
-    """Write the two data files, then meta.json (last, with their sizes and hashes).
+    """Write the data files and the extras, then meta.json (last, with their sizes and hashes).
 
     Hashing runs on helper threads (sha256 and file I/O both drop the GIL), and so do the
     data fsyncs: they wait on the disk while the hashes finish on the CPU. All three files
@@ -223,6 +231,7 @@ def _write_dir(
             MODEL_FILE: {"bytes": model_bytes, "sha256": model_sha.result()},
             STATE_FILE: {"bytes": state_bytes, "sha256": state_sha.result()},
         }
+        meta["files"].update(write_small_files(tmp, extras))
         write_json(tmp / META_FILE, meta)
         for future in synced:
             future.result()

@@ -43,7 +43,7 @@ def inspect(
     With the run's metrics JSONL (logging.json_file) next to the checkpoints, also its loss
     history: a sparkline, the first, last and lowest loss, and the eval losses.
     """
-    from speedtronic.checkpoint.inspection import inspect_path
+    from speedtronic.checkpoint.inspection import inspect_path, tokenizer_text
 
     report = inspect_path(path, verify=verify)
     if output_format is OutputFormat.json:
@@ -67,6 +67,7 @@ def inspect(
         dtypes = ", ".join(f"{k} x{v}" for k, v in chosen["dtypes"].items())
         console.print(f"{chosen['name']}: dtypes {dtypes}", highlight=False)
         console.print(f"config: {facts or 'not recorded'}", highlight=False)
+        console.print(f"tokenizer: {tokenizer_text(chosen)}", highlight=False)
 
 
 def prune(

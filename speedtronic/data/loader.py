@@ -17,7 +17,12 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data.sources import ByteTextBlocks, TokenFileBlocks, TokenizedTextStream
 from speedtronic.data.synthetic import SyntheticTokens
-from speedtronic.data.tokenizer import check_vocab, is_byte_level, load_tokenizer
+from speedtronic.data.tokenizer import (
+    ByteTokenizer,
+    check_vocab,
+    is_byte_level,
+    load_tokenizer,
+)
 from speedtronic.errors import DataError, SpeedtronicError
 
 
@@ -97,6 +102,28 @@ def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
     if held >= len(train):
         raise DataError(f"data.eval_fraction: {fraction} leaves no training blocks")
     return train.split(held)
+
+
+def run_tokenizer(
+    config: SpeedtronicConfig, dataset: Any, given: Any = None, from_config: bool = True
+) -> Any:
+    """The tokenizer the run's training data was tokenized with, or None when it is unknown.
+
+    The seam between the data sources and what outlives the run (``Runtime.tokenizer``, which
+    each checkpoint records for ``speedtronic generate`` and ``export``): first the training
+    dataset's own ``tokenizer`` attribute, where a source knows it (token shards whose
+    manifest names their tokenizer set it); then, for a dataset built from the config
+    (``from_config``), the tokenizer given to ``build_runtime`` or ``data.tokenizer`` for text,
+    and byte ids (``ByteTokenizer``) for synthetic data. A user's dataset, or token files
+    that name no tokenizer, give None.
+    """
+    own = getattr(dataset, "tokenizer", None)
+    if own is not None or not from_config:
+        return own
+    source = config.data.resolved_source
+    if source == "text":
+        return given if given is not None else load_tokenizer(config.data.tokenizer)
+    return ByteTokenizer() if source == "synthetic" else None
 
 
 def model_vocab(config: SpeedtronicConfig) -> int | None:

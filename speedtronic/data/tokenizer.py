@@ -1,12 +1,15 @@
 """Tokenizers for text sources: the byte-level default and Hugging Face ``tokenizers`` files.
 
 A tokenizer here is any callable ``str -> list[int]`` with an optional ``vocab_size``
-attribute. ``load_tokenizer`` resolves the ``data.tokenizer`` setting; ``check_vocab`` makes
-sure the model can embed every id the tokenizer produces.
+attribute; the two shipped ones also ``decode`` ids back to text, for generation.
+``load_tokenizer`` resolves the ``data.tokenizer`` setting; ``check_vocab`` makes sure the model
+can embed every id the tokenizer produces. How a checkpoint remembers the run's tokenizer is
+``speedtronic.checkpoint.tokenizer``'s.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +28,26 @@ class ByteTokenizer:
     def __call__(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def decode(self, ids: list[int]) -> str:
+        """Bytes back to text; a sequence cut inside a character shows as U+FFFD."""
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_stream(self, prefix: list[int]) -> Callable[[int], str]:
+        """For ids arriving one at a time after ``prefix``: each call returns the text that id
+        completes ("" inside a multi-byte character)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder.decode(bytes(prefix))
+        return lambda token: decoder.decode(bytes([token]))
+
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers`` JSON file (``tokenizer.json``), without special tokens."""
+    """A Hugging Face ``tokenizers`` JSON file (``tokenizer.json``), without special tokens.
 
-    def __init__(self, path: str | Path):
+    ``path`` is the file it was read from and ``data`` the exact bytes it was built from,
+    which is what a checkpoint keeps a copy of (a file edited later changes neither).
+    """
+
+    def __init__(self, path: str | Path, data: bytes | None = None):
         try:
             from tokenizers import Tokenizer as HFTokenizerImpl
         except ImportError:
@@ -38,19 +56,52 @@ class HFTokenizer:
                 hint="pip install 'speedtronic[tokenizers]'",
             ) from None
         path = Path(path)
-        if not path.is_file():
-            raise DataError(f"data.tokenizer: file not found: {path} (or use 'byte')")
+        if data is None:
+            if not path.is_file():
+                raise DataError(f"data.tokenizer: file not found: {path} (or use 'byte')")
+            data = path.read_bytes()
         try:
-            self._impl = HFTokenizerImpl.from_file(str(path))
+            self._impl = HFTokenizerImpl.from_str(data.decode("utf-8"))
         except Exception as exc:  # the Rust side raises a generic Exception for bad JSON
             raise DataError(
                 f"data.tokenizer: {path} is not a tokenizers JSON file: {exc}"
             ) from None
         self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
-        self.name = str(path)
+        self.name, self.path, self.data = str(path), path, data
 
     def __call__(self, text: str) -> list[int]:
         return self._impl.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._impl.decode(ids, skip_special_tokens=False)
+
+    def decode_stream(self, prefix: list[int]) -> Callable[[int], str]:
+        """For ids arriving one at a time after ``prefix`` (which decides e.g. whether a word
+        starts with a space): each call returns the text that id completes, maybe ""."""
+        try:
+            from tokenizers.decoders import DecodeStream  # tokenizers >= 0.21
+        except ImportError:
+            return _redecoding_stream(self, prefix)
+        stream = DecodeStream(skip_special_tokens=False)
+        if prefix:
+            stream.step(self._impl, list(prefix))
+        return lambda token: stream.step(self._impl, token) or ""
+
+
+def _redecoding_stream(tokenizer: HFTokenizer, prefix: list[int]) -> Callable[[int], str]:
+    """``decode_stream`` without DecodeStream: decode everything, hand out what is new."""
+    ids, shown = list(prefix), len(tokenizer.decode(list(prefix)))
+
+    def step(token: int) -> str:
+        nonlocal shown
+        ids.append(token)
+        text = tokenizer.decode(ids)
+        if text.endswith("\ufffd"):  # a character still incomplete: wait for its next id
+            return ""
+        new, shown = text[shown:], len(text)
+        return new
+
+    return step
 
 
 def load_tokenizer(setting: str) -> Any:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import secrets
 import time
+from typing import Any
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 from huggingface_hub import utils as hf_utils
@@ -58,10 +60,22 @@ class Commits:
         self.reads, self.policy = reads, policy
         self.repo_id = reads.repo_id
 
-    def commit(self, adds: dict[str, bytes], deletes: list[str], message: str, parent=None) -> str:
+    def commit(self, adds: dict[str, Any], deletes: list[str], message: str, parent=None) -> str:
         """One commit of ``adds`` and ``deletes`` to main; returns the new head sha (see the
-        module's docstring for the upload, lost answers and conflicts)."""
-        ops: list = [CommitOperationAdd(p, io.BytesIO(d)) for p, d in adds.items()]
+        module's docstring for the upload, lost answers and conflicts). An add's content is
+        ``bytes``, or the ``Path`` of a local file (read from disk as it uploads, for files too
+        large to hold in memory, e.g. a model's weights)."""
+        buffers: list[io.BufferedIOBase] = []
+        try:
+            for data in adds.values():
+                buffers.append(_buffer(data))
+            ops = [CommitOperationAdd(p, b) for p, b in zip(adds, buffers, strict=True)]
+            return self._commit(ops, deletes, message, parent)
+        finally:
+            for buffer in buffers:
+                buffer.close()
+
+    def _commit(self, ops: list, deletes: list[str], message: str, parent) -> str:
         if ops:
             upload = Op("cannot upload to", self.repo_id, write=True)
             self.policy.run(upload, lambda: self._upload(ops))
@@ -147,9 +161,19 @@ class Commits:
         return None, head or self.reads.head()
 
 
+def _buffer(data: Any) -> io.BufferedIOBase:
+    """What the library reads a file from: always a buffer (bytes or a path would go to hf_xet,
+    see the module docstring), ``bytes`` in memory or a local file opened for reading."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return io.BytesIO(data)
+    if isinstance(data, (str, os.PathLike)):
+        return open(data, "rb")  # noqa: SIM115 -- closed by commit() once the commit is done
+    raise TypeError(f"a commit's file is bytes or a path, not {type(data).__name__}")
+
+
 def _rewind(op) -> None:
     """Put a file's buffer back at its start. The library reads it from where it is, and does
     not seek back when a PUT fails: a retry would send the rest (nothing), which the storage
     refuses as short of the size it signed for."""
-    if isinstance(getattr(op, "path_or_fileobj", None), io.BytesIO):
+    if isinstance(getattr(op, "path_or_fileobj", None), io.BufferedIOBase):
         op.path_or_fileobj.seek(0)

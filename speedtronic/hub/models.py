@@ -1,0 +1,58 @@
+"""Model repos on the Hub: create one and upload a model directory to it in one commit.
+
+``push_folder`` is what ``speedtronic export --push`` runs: the repo is created when missing
+(private unless asked otherwise; an existing repo keeps its visibility), then every file of
+the export goes up in a single commit through ``HubClient``, under the request policy,
+retries, error classes, budget and token handling every Hub feature shares; the weights
+travel the Git LFS path, read from disk as they upload, and the commit lands exactly once
+(``commits.Commits``). Files of the repo that the export does not have are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedtronic.errors import ConfigError
+from speedtronic.hub.client import HubClient
+from speedtronic.hub.names import is_hub_repo_id
+
+
+@dataclass(frozen=True)
+class Pushed:
+    repo_id: str
+    url: str
+    commit: str
+    created: bool  # the repo was created by this push
+    private: bool | None  # its visibility now (None: not visible to this token)
+
+
+def check_model_repo_id(repo_id: str) -> str:
+    if not is_hub_repo_id(repo_id):
+        raise ConfigError(
+            f"--push: {repo_id!r} is not a Hugging Face Hub repo id: use owner/name, e.g. "
+            "my-name/my-model"
+        )
+    return repo_id
+
+
+def push_folder(
+    folder: Path,
+    files: list[str],
+    repo_id: str,
+    *,
+    private: bool = True,
+    message: str = "Upload model (speedtronic export)",
+    client: HubClient | None = None,
+    endpoint: str | None = None,
+) -> Pushed:
+    """Create ``repo_id`` if it is missing and commit ``files`` of ``folder`` to it at once."""
+    check_model_repo_id(repo_id)
+    client = client or HubClient(repo_id, endpoint=endpoint)
+    visibility = client.visibility()
+    created = visibility is None
+    if created:
+        client.create_repo(private=private)
+        visibility = private
+    sha = client.commit({name: folder / name for name in files}, [], message)
+    return Pushed(repo_id, f"{client.endpoint}/{repo_id}", sha, created, visibility)

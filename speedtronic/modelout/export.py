@@ -1,0 +1,186 @@
+"""``speedtronic export``: a run's checkpoint as a directory transformers loads.
+
+``export_run`` writes ``config.json`` (LlamaForCausalLM, every field explicit),
+``model.safetensors`` (``format: pt``, fp32 or bf16), ``generation_config.json``, the tokenizer
+files, the ``README.md`` model card and ``speedtronic_export.json`` (provenance, and the mark
+that says this directory is an export: the only kind of non-empty OUT it replaces; anything
+else there is refused, nothing touched). Everything is written and fsynced in a ``.tmp-*``
+sibling, checked with transformers there when asked (``--verify``), and only then renamed
+into place: an interrupted or refused export leaves OUT as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from speedtronic.checkpoint.files import fsync_dir, fsync_file, install_dir
+from speedtronic.checkpoint.layout import JSON_ERRORS, MODEL_FILE, TMP_PREFIX, sha256_file
+from speedtronic.errors import ConfigError, OutputError
+from speedtronic.modelout import llama
+from speedtronic.modelout.card import CardFacts, json_bytes, last_eval_loss, model_card
+from speedtronic.modelout.source import RunModel
+from speedtronic.modelout.tokenizer_files import tokenizer_files
+
+EXPORT_MARK = "speedtronic_export.json"
+EXPORT_FORMAT = 1
+# What a run's generate defaults are, written into generation_config.json too.
+DEFAULT_TEMPERATURE, DEFAULT_TOP_K = 0.8, 50
+
+
+@dataclass
+class Export:
+    """An export written to ``out``: its files (name -> size), what ``--verify`` found, and
+    notes for the user (e.g. a tokenizer with ids the model cannot embed)."""
+
+    out: Path
+    files: dict[str, int] = field(default_factory=dict)
+    replaced: bool = False
+    verified: Any = None  # verify.Verified
+    notes: list[str] = field(default_factory=list)
+
+
+def export_run(
+    run: RunModel,
+    out: str | Path,
+    dtype: str = "fp32",
+    repo_id: str | None = None,
+    verify: Callable[[Path], Any] | None = None,
+) -> Export:
+    """Write ``run``'s model to ``out`` (see the module docstring); ``repo_id`` is named in the
+    model card's loading example instead of the path; ``verify(folder)`` checks the finished
+    files before they are moved into place (it raises to refuse them)."""
+    if dtype not in llama.DTYPES:
+        raise ConfigError(f"--dtype: must be one of {', '.join(llama.DTYPES)} (got {dtype!r})")
+    config = llama.check_exportable(run.model, run.model_name)
+    tokenizer = run.require_tokenizer()
+    out = Path(out)
+    replaced = check_out(out)
+    files = _small_files(run, config, dtype, repo_id or str(out), tokenizer)
+    tmp = out.parent / f"{TMP_PREFIX}export-{out.name}-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier attempt
+        tmp.mkdir()
+        written = _write(tmp, run, config, dtype, files)
+        if verify is not None:
+            verified = verify(tmp)
+        install_dir(tmp, out)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise OutputError(f"OUT: could not write {out}: {exc.strerror or exc}") from exc
+        raise
+    done = Export(out, written, replaced, verified if verify is not None else None)
+    tokens = getattr(tokenizer, "vocab_size", None)
+    if tokens is not None and tokens > config.vocab_size:
+        done.notes.append(
+            f"the model's vocabulary ({config.vocab_size}) is smaller than its tokenizer's "
+            f"({tokens}): text with a token id >= {config.vocab_size} cannot be fed to it "
+            "(a run on synthetic data with a small vocabulary, say)"
+        )
+    return done
+
+
+def check_out(out: Path) -> bool:
+    """True when ``out`` holds an earlier export (to be replaced), False when it is new or
+    empty; a ConfigError (exit 2) for anything else."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"OUT: {out} is a file; export writes a directory")
+    if not out.is_dir():
+        return False
+    entries = set(os.listdir(out))
+    if not entries:
+        return False
+    mark = _read_mark(out)
+    listed = set(mark.get("files", {})) | {EXPORT_MARK} if mark else set()
+    if not mark or not entries <= listed:
+        raise ConfigError(
+            f"OUT: {out} is not empty and was not written by speedtronic export; nothing was "
+            "changed: export to a new or empty directory"
+        )
+    return True
+
+
+def _read_mark(out: Path) -> dict | None:
+    try:
+        mark = json.loads((out / EXPORT_MARK).read_text(encoding="utf-8"))
+    except (OSError, *JSON_ERRORS):
+        return None
+    ok = isinstance(mark, dict) and isinstance(mark.get("files"), dict)
+    return mark if ok and mark.get("written_by") == "speedtronic export" else None
+
+
+def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) -> dict:
+    """Every file but the weights, as bytes, before anything is written."""
+    facts = CardFacts(
+        name=Path(where).name or where,
+        where=where,
+        config=config,
+        params=run.model.num_parameters(),
+        dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
+        meta=run.meta,
+        stored_config=run.config,
+        tokenizer=tokenizer,
+        eval_loss=last_eval_loss(run.checkpoint, run.meta),
+    )
+    generation = llama.generation_config(config, DEFAULT_TEMPERATURE, DEFAULT_TOP_K)
+    return {
+        "config.json": json_bytes(llama.llama_config(config, dtype)),
+        "generation_config.json": json_bytes(generation),
+        **tokenizer_files(tokenizer, config.seq_len),
+        "README.md": model_card(facts).encode("utf-8"),
+    }
+
+
+def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]) -> dict:
+    """The files in ``tmp``, each fsynced, the mark last; returns name -> size."""
+    save_file(llama.llama_state(run.model, dtype), str(tmp / MODEL_FILE), metadata={"format": "pt"})
+    fsync_file(tmp / MODEL_FILE)
+    records = {MODEL_FILE: _record_of(tmp / MODEL_FILE)}
+    for name, data in files.items():
+        with open(tmp / name, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        records[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    source = run.meta.get("files", {}).get(MODEL_FILE, {}) if run.meta.get("files") else {}
+    mark = {
+        "written_by": "speedtronic export",
+        "format": EXPORT_FORMAT,
+        "dtype": dtype,
+        "source": {
+            "run_id": run.meta.get("run_id"),
+            "step": run.meta.get("step"),
+            "checkpoint": run.checkpoint.name,
+            "weights_sha256": source.get("sha256"),
+            "speedtronic": (run.meta.get("versions") or {}).get("speedtronic"),
+        },
+        "files": records,
+    }
+    with open(tmp / EXPORT_MARK, "wb") as f:
+        f.write(json_bytes(mark))
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    return {name: record["bytes"] for name, record in records.items()}
+
+
+def _record_of(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def export_files(out: Path) -> list[str]:
+    """The files of the export in ``out`` (what a push uploads), the mark included."""
+    mark = _read_mark(out)
+    if mark is None:
+        raise ConfigError(f"{out}: not a speedtronic export ({EXPORT_MARK} missing or unreadable)")
+    return sorted(mark["files"]) + [EXPORT_MARK]

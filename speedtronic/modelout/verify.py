@@ -1,0 +1,114 @@
+"""``export --verify``: load the export with transformers and hold it to the run's own model.
+
+The only module that imports transformers, and only when asked: it is an optional dependency
+(``pip install 'speedtronic[export]'``), the tests' oracle, never a dependency of training.
+Three checks, each against the run's model with its weights rounded to the export's dtype and
+both computed in float32 on the CPU: the logits on a fixed batch (the max difference must stay
+under ``TOLERANCE``), the greedy tokens after a fixed prompt (``speedtronic generate
+--temperature 0`` against transformers' ``generate``), and the tokenizer's ids for a fixed text.
+Any difference refuses the export (exit 1) before it is moved into place.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from speedtronic.errors import ConfigError, SpeedtronicError
+from speedtronic.modelout.generate import Decoder, Sampling, generate
+from speedtronic.modelout.llama import DTYPES
+from speedtronic.modelout.source import RunModel
+from speedtronic.precision import Precision
+
+TOLERANCE = 1e-4  # max |logit difference| in float32; measured: 0.0 (docs/benchmarks.md)
+TEXT = "Speedtronic, überall: 1 + 1 = 2 🙂\n\tthe end."
+GREEDY_TOKENS = 16
+
+
+class VerifyError(SpeedtronicError):
+    """transformers' reading of the export disagrees with the run's model (exit 1)."""
+
+
+@dataclass
+class Verified:
+    max_diff: float
+    positions: int  # logits compared: batch x sequence
+    greedy: list[int]  # the greedy tokens both produced
+    transformers_version: str
+
+
+def load_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(
+            "--verify: needs the transformers package",
+            hint="pip install 'speedtronic[export]' (or export without --verify)",
+        ) from None
+    transformers.utils.logging.set_verbosity_error()  # no progress bars or notices on stderr
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def verify_export(folder: Path, run: RunModel, dtype: str) -> Verified:
+    """Check the export in ``folder`` against ``run`` (see the module docstring)."""
+    transformers = load_transformers()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    theirs.eval()
+    ours = _rounded(run.model, dtype)
+    cfg = ours.config
+    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.seq_len)), generator=_seeded())
+    with torch.inference_mode():
+        diff = (ours(ids) - theirs(ids).logits).abs().max().item()
+    if not diff <= TOLERANCE:  # NaN fails too
+        raise VerifyError(
+            f"--verify: transformers' logits differ from the run's by {diff:.3g} "
+            f"(over {TOLERANCE:g}); the export was not written"
+        )
+    greedy = _greedy_agrees(ours, theirs, ids[0, :8].tolist())
+    _tokenizer_agrees(transformers, folder, run)
+    return Verified(diff, ids.numel(), greedy, transformers.__version__)
+
+
+def _rounded(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """A float32 copy of ``model`` whose weights went through the export's dtype."""
+    copied = copy.deepcopy(model).float().eval()
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.copy_(p.to(DTYPES[dtype]).float())
+    return copied
+
+
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _greedy_agrees(ours, theirs, prompt: list[int]) -> list[int]:
+    new = min(GREEDY_TOKENS, ours.config.seq_len - len(prompt))
+    cpu = Precision(torch.device("cpu"), "fp32", None)
+    decoder = Decoder(ours, ours.config.seq_len, cpu)
+    mine = generate(decoder, prompt, Sampling(max_new_tokens=new, temperature=0.0), _seeded()).ids
+    with torch.inference_mode():
+        out = theirs.generate(
+            torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False
+        )
+    other = out[0, len(prompt) :].tolist()
+    if mine != other:
+        raise VerifyError(
+            f"--verify: greedy tokens differ from transformers' (speedtronic {mine[:6]}..., "
+            f"transformers {other[:6]}...); the export was not written"
+        )
+    return mine
+
+
+def _tokenizer_agrees(transformers, folder: Path, run: RunModel) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    mine, other = run.tokenizer(TEXT), tokenizer(TEXT)["input_ids"]
+    if mine != other:
+        raise VerifyError(
+            "--verify: AutoTokenizer's ids for a test text differ from the run's tokenizer's; "
+            "the export was not written"
+        )
