@@ -119,11 +119,11 @@ def build_runtime(
         handle_signals=not world.active,  # a group stops on an agreed step (GroupHooks)
     )
     if config.distributed.enabled and world.active:  # one node = one DDP group
-        plugins += parallel.node_plugins(config, world, model, device, logger)
+        plugins += parallel.node_plugins(config, world, model, device, logger, run_tok)
     elif config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
         from speedtronic.distributed.setup import coordinator_plugins
 
-        plugins += coordinator_plugins(config, model, logger)
+        plugins += coordinator_plugins(config, model, logger, run_tok)
     find_unused = config.run.find_unused_parameters
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)

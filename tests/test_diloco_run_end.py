@@ -260,15 +260,18 @@ def test_I6_the_final_global_is_a_checkpoint_every_tool_reads(tmp_path):
     run's config: load_checkpoint and a strict load_state_dict take it, ckpt inspect shows it."""
     from speedtronic.checkpoint import load_checkpoint
     from speedtronic.checkpoint.inspection import inspect_path
+    from speedtronic.data.tokenizer import ByteTokenizer
     from speedtronic.distributed.final_global import FinalGlobalWriter
     from speedtronic.distributed.worker import parameters_of, snapshot
+    from speedtronic.modelout.source import open_run
     from speedtronic.registry import build_model
 
     params = {"vocab_size": 64, "seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 32}
     net = build_model("reference_transformer", params)
     weights = {k: v + 1.0 for k, v in snapshot(parameters_of(net)).items()}  # "the global"
     config = {"model": {"name": "reference_transformer", **params}}
-    writer = FinalGlobalWriter(net, tmp_path, config, {"node_id": "w", "role": "worker"})
+    about = {"node_id": "w", "role": "worker"}
+    writer = FinalGlobalWriter(net, tmp_path, config, about, ByteTokenizer())
     path = writer(weights, 7, {"holds_last_delta": True})
     writer(weights, 7, {"holds_last_delta": True})  # written again over the first: one dir
     assert path == tmp_path / "final_global" and sorted(p.name for p in tmp_path.iterdir()) == [
@@ -283,6 +286,10 @@ def test_I6_the_final_global_is_a_checkpoint_every_tool_reads(tmp_path):
     assert checkpoint.meta["diloco"]["holds_last_delta"] is True
     [entry] = inspect_path(path)["checkpoints"]
     assert entry["step"] == 7 and entry["status"] == "unverified"
+    opened = open_run(path)  # what generate and export read: the model, and its tokenizer
+    assert checkpoint.meta["tokenizer"]["kind"] == "byte" and opened.tokenizer is not None
+    for name, tensor in parameters_of(opened.model).items():
+        assert torch.equal(tensor, weights[name]), name
 
 
 def test_I6_a_training_master_resumed_after_its_fleet_ended_applies_it_and_ends(tmp_path):

@@ -169,7 +169,7 @@ class MasterLoop:
             self._check_repo()
         self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
         self.intake.poll(self.master)
-        if not self.polled:
+        if not self.polled:  # the repo's backlog is read: later nodes are stragglers
             self.roster.settle_backlog()
         self.polled = True
         if self.publisher.outstanding:  # a saved step the repo lacks: no round before it lands
@@ -215,9 +215,8 @@ class MasterLoop:
         failed send, a repo that lost it, or a summary change at the end of a run."""
         nodes = self.intake.summary_after(None)
         extra = {"nodes": nodes, "master": self.master_id}
-        state = self.master.snapshot()
-        fleet = self.master.fleet_rate
-        publication = self.publisher.save(state, list(self.intake.unusable), extra, fleet)
+        state, rate = self.master.snapshot(), self.master.fleet_rate
+        publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
         with self.lock:
             self.intake.nodes, self.intake.markers = nodes, {}
         self._send(publication)

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from speedtronic.data.loader import run_tokenizer
 from speedtronic.distributed.final_global import FinalGlobalWriter
 from speedtronic.distributed.master import MasterLoop
 from speedtronic.distributed.master_end import MasterPlugin, serve
@@ -58,17 +59,25 @@ def master_loop(config: Any, model: nn.Module, logger: Any, transport: Transport
     return MasterLoop(settings, weights, transport, logger, state_dir(config))
 
 
-def final_writer(config: Any, model: nn.Module, transport: Transport) -> FinalGlobalWriter:
-    """Where this node leaves the run's final global: ``<output_dir>/final_global``."""
+def final_writer(
+    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None
+) -> FinalGlobalWriter:
+    """Where this node leaves the run's final global: ``<output_dir>/final_global``, recording
+    ``tokenizer`` (the run's) as its checkpoints do."""
     settings = node_settings(config)
     about = {"node_id": settings.node_id, "role": settings.role, "repo": transport.describe()}
-    return FinalGlobalWriter(model, config.output_dir, config.to_dict(redact=True), about)
+    redacted = config.to_dict(redact=True)
+    return FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
 
 
-def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]:
+def coordinator_plugins(
+    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None
+) -> list[Any]:
+    """The node's plug-ins; ``tokenizer``: the run's (``Runtime.tokenizer``), for the final
+    global's record."""
     settings = node_settings(config)
     transport = node_transport(settings, logger)
-    writer = final_writer(config, model, transport)
+    writer = final_writer(config, model, transport, tokenizer)
     plugins: list[Any] = []
     if settings.train_locally:
         spill = config.output_dir / SPILL_DIR
@@ -101,9 +110,8 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
     try:
-        path = serve(
-            loop, config.distributed.outer_steps, stop, final_writer(config, model, transport)
-        )
+        writer = final_writer(config, model, transport, run_tokenizer(config, None))
+        path = serve(loop, config.distributed.outer_steps, stop, writer)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
