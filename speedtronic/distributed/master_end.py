@@ -49,6 +49,11 @@ def drain(
             ))  # fmt: skip
         elif not waiting and not (stragglers and loop.roster.join_grace_s() > 0):
             return
+        elif not waiting:
+            _say_once(loop, said, "grace", (
+                "diloco master: every node it knows of has ended; waiting "
+                f"{loop.roster.join_grace_s():.0f} s more for nodes that may still join"
+            ))  # fmt: skip
         else:
             _say_once(loop, said, "waiting", (
                 f"diloco master: waiting for the last deltas of {', '.join(sorted(waiting))} "

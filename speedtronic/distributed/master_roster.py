@@ -25,7 +25,9 @@ DEADLINE_FLOOR_S = 60.0  # a default drain deadline is never shorter (a loaded m
 DEADLINE_CAP_S = 3600.0  # nor longer: a node silent for an hour is not coming back for this run
 DEADLINE_UNKNOWN_S = 600.0  # nothing observed of the fleet's pace yet
 LOOPS_OF_SILENCE = 4  # a node is given up on after this many of its inner loops without a word
-JOIN_GRACE_S = 15.0  # nodes of one fleet start within seconds of each other: wait for stragglers
+# Nodes started together appear within seconds of each other on a quiet machine, and 17 s
+# apart were measured on a loaded one: a master waits this long after the newest for stragglers
+JOIN_GRACE_S = 30.0
 
 
 @dataclass
