@@ -120,9 +120,13 @@ def serve(
                     break
                 if not said:
                     said = True
+                    what = (
+                        f"the last deltas of {', '.join(sorted(waiting))}"
+                        if waiting
+                        else f"{loop.roster.join_grace_s():.0f} s for nodes that may still join"
+                    )
                     loop.logger.notice(
-                        f"diloco master: outer step {loop.master.outer_step}; waiting for the "
-                        f"last deltas of {', '.join(sorted(waiting))}"
+                        f"diloco master: outer step {loop.master.outer_step}; waiting for {what}"
                     )
             stop.wait(loop.config.poll_interval)
     finally:
