@@ -350,8 +350,11 @@ class NodeSync:
         self.outer_step = int(state["outer_step"])
 
 
-def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logger: Any) -> list:
-    """The DumbDiLoCo plug-ins of this rank: rank 0's own, then the node's sync on all."""
+def node_plugins(
+    config: Any, world: World, model: nn.Module, device: Any, logger: Any, tokenizer: Any = None
+) -> list:
+    """The DumbDiLoCo plug-ins of this rank: rank 0's own, then the node's sync on all;
+    ``tokenizer``: the run's, for the final global's record."""
     if not config.distributed.train_locally:
         raise ConfigError(
             "distributed.train_locally: false trains nothing; launch such a master without "
@@ -369,8 +372,16 @@ def node_plugins(config: Any, world: World, model: nn.Module, device: Any, logge
         return [sync]  # no transport here: only rank 0 talks to the repo
     from speedtronic.distributed.setup import coordinator_plugins
 
-    plugins = coordinator_plugins(config, model, logger)
+    plugins = coordinator_plugins(config, model, logger, tokenizer)
     sync.worker = next((p for p in plugins if p.name == "diloco"), None)
+    # The run's end on rank 0 (the master's drain, the worker's wait for its global) must end
+    # while the other ranks wait for its checkpoint save
+    end_cap = max(1.0, config.run.group_timeout_s - config.distributed.upload_timeout_s - 10)
+    for plugin in plugins:
+        if plugin.name == "diloco_master":
+            plugin.drain_cap_s = end_cap
+    if sync.worker is not None:
+        sync.worker.end.wait_cap_s = end_cap
     if sync.worker is not None:  # it installs eagerly only where the other ranks look
         sync.worker.install_every = sync.every
     return [*plugins, sync]

@@ -119,11 +119,11 @@ def build_runtime(
         handle_signals=not world.active,  # a group stops on an agreed step (GroupHooks)
     )
     if config.distributed.enabled and world.active:  # one node = one DDP group
-        plugins += parallel.node_plugins(config, world, model, device, logger)
+        plugins += parallel.node_plugins(config, world, model, device, logger, run_tok)
     elif config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
         from speedtronic.distributed.setup import coordinator_plugins
 
-        plugins += coordinator_plugins(config, model, logger)
+        plugins += coordinator_plugins(config, model, logger, run_tok)
     find_unused = config.run.find_unused_parameters
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
@@ -199,9 +199,9 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             resume_run(runtime, runtime.checkpoints)
         logger.log("run_start", runtime.facts())
         if trainer.step >= trainer.options.max_steps:
+            then = "ending the DumbDiLoCo run" if config.distributed.enabled else "nothing to do"
             logger.notice(
-                f"already at step {trainer.step} of max_steps "
-                f"{trainer.options.max_steps}; nothing to do"
+                f"already at step {trainer.step} of max_steps {trainer.options.max_steps}; {then}"
             )
         try:
             result = trainer.fit()

@@ -61,8 +61,9 @@ class Trainer:
     """Trains ``model`` on micro-batches from ``data`` until ``options.max_steps``.
 
     Plug-ins are objects with any of ``on_train_start(trainer)``,
-    ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``
-    and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
+    ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``,
+    ``on_at_target(trainer, result)`` (training was done already, e.g. ``--resume`` at
+    max_steps) and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
     """
 
     def __init__(
@@ -99,8 +100,11 @@ class Trainer:
     def fit(self) -> TrainResult:
         start, start_tokens = time.perf_counter(), self.tokens
         self.model.train()
-        if self.step >= self.options.max_steps:
-            return self._result(start, start_tokens, "at_target")
+        if self.step >= self.options.max_steps:  # e.g. --resume of a finished run
+            result = self._result(start, start_tokens, "at_target")
+            with self._signals():  # a plug-in may still finish (a DiLoCo node's end of run)
+                self._call_plugins("on_at_target", self, result)
+            return result
         self._call_plugins("on_train_start", self)
         status = "completed"
         with self._signals() as guard:  # also covers the final save: a first Ctrl-C waits
@@ -261,6 +265,11 @@ class Trainer:
 
     def _signals(self) -> Any:
         return _SignalGuard(self) if self.options.handle_signals else _NullGuard()
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that asked the run to stop, if one did (plug-ins that wait check it)."""
+        return self._stop_signal
 
     def request_stop(self, signum: int) -> None:
         """Finish the current optimizer step, then stop (what the first Ctrl-C does)."""

@@ -37,5 +37,10 @@ def settings(**overrides):
         outer_policy="fleet",
         reapply_own_delta=False,
         sync_wait_s=0.0,
+        drain_timeout_s=0.0,  # no test waits at the end unless it says so
+        in_flight_disk_bytes=8 << 30,
+        # no nodes/<id>/node.json: these tests count uploads and files; test_transport_contract
+        # and the processes end to end send it
+        announce=False,
     )
     return SimpleNamespace(**{**base, **overrides})

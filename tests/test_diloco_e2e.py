@@ -1,14 +1,15 @@
 """DumbDiLoCo end to end: a master and two workers as separate ``speedtronic train`` processes.
 
-They share only a directory. The master only coordinates (``train_locally: false``) and is
-stopped with SIGTERM once the workers are done and every delta is consumed: outer steps
-advance, each worker installs new globals, consumed deltas are gone, and the published
-global's loss is below the initial weights' loss.
+They share only a directory. The master only coordinates (``train_locally: false``) and ends
+by itself once every worker's last delta is in (I6): outer steps advance, each worker installs
+new globals, consumed deltas are gone, the published global's loss is below the initial
+weights' loss, and every node leaves the final global in its output directory.
 """
 
 from __future__ import annotations
 
-import signal
+import json
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import torch
 import yaml
 
 from speedtronic.distributed.codec import decode_weights
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
 
 CONFIG = {
     "run": {"seed": 0, "device": "cpu"},
@@ -100,15 +101,33 @@ def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
     workers = [start(tmp_path, repo, "worker", f"worker-{i}", steps=100) for i in (1, 2)]
     for i, process in enumerate(workers, 1):
         assert proc_support.wait(process) == 0, log_of(tmp_path, f"worker-{i}")
-    consumed = lambda: not list(repo.glob("nodes/*/delta_*.safetensors"))  # noqa: E731
-    assert wait_until(consumed, watch=master), log_of(tmp_path, "master")
-    master.send_signal(signal.SIGTERM)
-    assert proc_support.wait(master) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+    assert proc_support.wait(master) == 0, log_of(tmp_path, "master")  # the run ended: it ends
+    assert not list(repo.glob("nodes/*/delta_*.safetensors")), log_of(tmp_path, "master")
     step, final = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())
+    assert_run_ended_whole(tmp_path, repo, ["worker-1", "worker-2"], ["master"])
     assert step >= 2, log_of(tmp_path, "master")
     for name in ("worker-1", "worker-2"):
         assert installs(log_of(tmp_path, name)), log_of(tmp_path, name)
     assert global_loss(final) < global_loss(initial) - 0.2  # learnt, through the global
+
+
+def assert_run_ended_whole(tmp_path: Path, repo: Path | None, workers: list, others: list) -> dict:
+    """I6 as a user sees it: the final step_count.json holds every worker's last delta (the
+    step it trained to), each says so, and every node left the final global in its output dir
+    as a checkpoint ``ckpt inspect`` reads."""
+    from speedtronic.checkpoint.inspection import inspect_path
+
+    counted = json.loads((repo / STEP_COUNT).read_text()) if repo is not None else None
+    for node in workers:
+        if counted is not None:
+            entry = counted["nodes"][node]
+            assert entry["final"] and entry["end_step"] > 0, (node, counted)
+        assert "holds this node's last delta" in log_of(tmp_path, node), log_of(tmp_path, node)
+    for node in [*workers, *others]:
+        report = inspect_path(tmp_path / node / "final_global")
+        [checkpoint] = report["checkpoints"]
+        assert checkpoint["status"] == "unverified" and checkpoint["step"] >= 1, report
+    return counted
 
 
 def wait_until(condition, timeout: float = 60.0, watch: subprocess.Popen | None = None) -> bool:
@@ -142,3 +161,32 @@ def _reference() -> dict[str, torch.Tensor]:
 
     cfg = SpeedtronicConfig.from_dict({k: v for k, v in CONFIG.items() if k != "distributed"})
     return snapshot(parameters_of(build_model(cfg.model.name, cfg.model.params)))
+
+
+def master_first_run(tmp_path: Path, start_node, has_global, repo: Path | None = None) -> dict:
+    """Issue 26's first case: a training master and two workers, equal max_steps (40), the
+    master started first and finishing first, publish pacing at its default (60 s). Every
+    process must exit 0 and the final global must hold every node's last delta."""
+    master = start_node(tmp_path, "master", "master", 40)
+    assert wait_until(has_global, watch=master), log_of(tmp_path, "master")
+    workers = [start_node(tmp_path, "worker", f"worker-{i}", 40) for i in (1, 2)]
+    for i, process in enumerate(workers, 1):
+        assert proc_support.wait(process) == 0, log_of(tmp_path, f"worker-{i}")
+    assert proc_support.wait(master) == 0, log_of(tmp_path, "master")
+    [line] = [t for t in log_of(tmp_path, "master").splitlines() if "final global" in t]
+    every = r"holds every node's last delta: master seq \d+, worker-1 seq \d+, worker-2 seq \d+"
+    assert re.search(every + r"; written to .*master/final_global$", line), line
+    for node in ("master", "worker-1", "worker-2"):
+        assert "Traceback" not in (tmp_path / f"{node}.log").read_text()
+    return assert_run_ended_whole(tmp_path, repo, ["worker-1", "worker-2"], ["master"])
+
+
+@pytest.mark.slow
+def test_I6_a_master_finishing_first_ends_with_every_nodes_last_delta_on_a_directory(tmp_path):
+    repo = tmp_path / "repo"
+
+    def start_node(tmp_path, role, node, steps):
+        return start(tmp_path, repo, role, node, steps, min_publish_interval_s=60.0)
+
+    counted = master_first_run(tmp_path, start_node, (repo / GLOBAL_WEIGHTS).exists, repo)
+    assert counted["nodes"]["master"]["final"], counted

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from diloco_support import Log, settings
 from torch import nn
 
 from speedtronic.distributed.codec import decode_delta, decode_weights
-from speedtronic.distributed.master import MasterLoop, MasterPlugin
+from speedtronic.distributed.master import MasterLoop
+from speedtronic.distributed.master_end import MasterPlugin
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker import WorkerPlugin
@@ -31,9 +33,14 @@ def model(value=1.0):
 
 
 class FakeTrainer:
-    def __init__(self, net):
+    """``max_steps``: where the run ends (its last boundary is then marked final, I6); None:
+    a run that stops wherever on_train_end is called (an end marker follows its last delta)."""
+
+    def __init__(self, net, max_steps=None):
         self.net, self.step, self.tokens = net, 0, 0
         self.optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        self.options = SimpleNamespace(max_steps=max_steps)
+        self.stop_signal = None
 
     def train_step(self, plugin, move=-0.25, tokens=10):
         with torch.no_grad():
@@ -71,7 +78,7 @@ def weights_of(transport):
 def test_pseudo_gradient_upload_has_sign_and_value_of_base_minus_current(tmp_path):
     transport, log = LocalTransport(tmp_path), Log()
     net = model(1.0)
-    plugin, trainer = WorkerPlugin(settings(), net, transport, log), FakeTrainer(net)
+    plugin, trainer = WorkerPlugin(settings(), net, transport, log), FakeTrainer(net, 2)
     plugin.on_train_start(trainer)
     trainer.train_step(plugin)
     trainer.train_step(plugin)  # boundary: weights 1.0 -> 0.5
@@ -168,12 +175,12 @@ def test_I2_with_boundary_installs_a_global_arriving_mid_loop_waits_for_the_boun
     loop = master_loop(tmp_path, transport, log)
     loop.start()
     net = model(1.0)
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 2)
     worker.on_train_start(trainer)
     # Another node's delta makes a new global (weights 1.0 - 0.3 = 0.7) mid-loop.
     loop.master.global_weights["weight"].sub_(0.3)
     loop.master._step = 1
-    loop._publish(loop.master.global_weights)
+    loop.republish()
     assert wait_for(lambda: worker.fetcher.ready is not None)
     trainer.train_step(worker)
     assert torch.equal(net.weight, torch.full((1, 2), 0.75))  # not installed inside the loop
@@ -190,7 +197,7 @@ def test_I1_the_same_delta_seen_twice_is_applied_once(tmp_path):
     loop = master_loop(tmp_path, transport, log)
     loop.start()
     net = model(1.0)
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 2)
     worker.on_train_start(trainer)
     trainer.train_step(worker)
     trainer.train_step(worker)
@@ -227,7 +234,7 @@ def test_I3_a_master_resumed_from_an_older_copy_never_goes_back(tmp_path):
     for step in (1, 2):
         loop.master.global_weights["weight"].sub_(0.1)
         loop.master._step = step
-        loop._publish(loop.master.global_weights)
+        loop.republish()
     published = weights_of(transport)
     restarted = master_loop(tmp_path, transport, Log())
     again = MasterPlugin(restarted)
@@ -244,7 +251,7 @@ def test_I3_a_master_that_lost_its_state_dir_continues_from_the_repo(tmp_path):
     loop.start()
     loop.master.global_weights["weight"].sub_(0.1)
     loop.master._step = 3
-    loop._publish(loop.master.global_weights)
+    loop.republish()
     elsewhere = MasterLoop(
         settings(), {"weight": torch.ones(1, 2)}, transport, Log(), tmp_path / "new"
     )
@@ -274,7 +281,8 @@ def test_I1_a_restarted_worker_without_state_does_not_overwrite_its_unconsumed_d
     transport = LocalTransport(tmp_path)
     for _life in range(2):  # no master: the first life's delta is still in the repo
         net = model(1.0)
-        worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+        worker = WorkerPlugin(settings(), net, transport, Log())
+        trainer = FakeTrainer(net, max_steps=2)
         worker.on_train_start(trainer)
         trainer.train_step(worker)
         trainer.train_step(worker)

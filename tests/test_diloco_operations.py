@@ -30,6 +30,7 @@ def worker_on(transport, log=None, **overrides):
 def upload_one(transport, move=-0.1, tokens=10, **overrides):
     """One inner loop of 2 steps (inner_steps), then the end of training: one delta."""
     worker, trainer = worker_on(transport, **overrides)
+    trainer.options.max_steps = 2  # its last boundary says it is the last (I6)
     trainer.train_step(worker, move=move, tokens=tokens)
     trainer.train_step(worker, move=move, tokens=tokens)
     worker.on_train_end(trainer, None)
@@ -306,7 +307,7 @@ def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
 
 
 def test_a_master_whose_final_round_stays_unpublished_does_not_end_quietly(tmp_path):
-    from speedtronic.distributed.master import MasterPlugin
+    from speedtronic.distributed.master_end import MasterPlugin
 
     transport = FailingPublish(tmp_path / "repo")
     plugin = MasterPlugin(master_loop(tmp_path, transport, Log()))

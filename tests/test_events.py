@@ -208,6 +208,7 @@ def test_diloco_outer_step_events_in_json(tiny, tmp_path):
         "min_deltas": 1,
         "max_wait_s": 0.0,
         "sync_wait_s": 5.0,  # each boundary waits for its own round: a fixed order
+        "drain_timeout_s": 0.0,  # a master alone: no wait at the end for a fleet to show up
     }
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(tiny))

@@ -8,12 +8,14 @@ each origin, with 5xx, 429 (short reset headers), a dropped connection or an ans
 and half of the failed commits land before their answer is lost. The nodes are plain
 ``python -m speedtronic train`` processes in the default environment (hf_xet installed, no
 ``HF_HUB_DISABLE_XET``) pointed at it through ``HF_ENDPOINT`` with ``distributed.repo_id:
-alice/run``: the master creates the repo itself, coordinates only, and is stopped with SIGTERM
-once the workers are done and every delta is consumed. Then: every process exited as it should
-without a traceback, no request went to Xet, every delta and global took the LFS path, outer
-steps advanced, every delta uploaded was applied exactly once, the repo holds exactly one
-commit per upload and publish (nothing committed twice), and the token is nowhere in the logs
-or files. Quick checks follow: a worker whose token cannot write (read-only, or a user without
+alice/run``: the master creates the repo itself, coordinates only, and ends by itself once
+every worker's last delta is in (I6). Then: every process exited 0 without a traceback, no
+request went to Xet, every delta and global took the LFS path, outer steps advanced, every
+delta uploaded was applied exactly once, the repo holds exactly one commit per upload, publish
+and node announcement (nothing committed twice), every node left the final global in its
+output directory, and the token is nowhere in the logs or files. A training master finishing
+first with the default publish pacing ends with every node's last delta too. Quick checks
+follow: a worker whose token cannot write (read-only, or a user without
 access) and one pointed at a missing repo stop at once with one line on stderr, after two
 requests at most.
 """
@@ -32,7 +34,14 @@ from pathlib import Path
 import proc_support
 import pytest
 import yaml
-from test_diloco_e2e import CONFIG, installs, log_of, wait_until
+from test_diloco_e2e import (
+    CONFIG,
+    assert_run_ended_whole,
+    installs,
+    log_of,
+    master_first_run,
+    wait_until,
+)
 
 from speedtronic.distributed.hub.cadence import estimate_commits_per_hour
 from speedtronic.distributed.protocol import NODES_DIR, STEP_COUNT
@@ -189,11 +198,9 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
         for worker, process in zip(WORKERS, processes[1:], strict=True):
             assert proc_support.wait(process) == 0, log_of(tmp_path, worker)
         phases["workers done"] = time.monotonic() - began
-        consumed = wait_until(lambda: not pending_deltas(client), watch=master)
-        assert consumed, pending_deltas(client)
-        phases["deltas consumed"] = time.monotonic() - began
-        master.send_signal(signal.SIGTERM)
-        assert proc_support.wait(master) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+        assert proc_support.wait(master) == 0, log_of(tmp_path, "master")  # the run ended
+        assert not pending_deltas(client), pending_deltas(client)
+        phases["master ended"] = time.monotonic() - began
         published, history = step_count(client), client.commits()
     finally:
         for process in processes:
@@ -236,7 +243,9 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
     assert steps[0] == 0 and steps[-1] == published["outer_step"] == rounds[-1][0], commits
     publishes = len(steps)
     assert 2 <= publishes <= 1 + len(rounds)
-    assert len(commits) == 2 + uploads + publishes == len(history), commits
+    announcements = [c for c in commits if c.endswith("/node.json")]
+    assert len(announcements) == len(WORKERS), commits
+    assert len(commits) == 2 + uploads + publishes + len(WORKERS) == len(history), commits
     deltas = [c for c in commits if ": delta " in c]
     assert len(deltas) == len(set(deltas)) == uploads, commits
     # ... each delta and global through the LFS path: a PUT of its object to the storage
@@ -253,6 +262,11 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
         min_publish_interval_s=0,
     )
     assert uploads + publishes - 1 <= per_hour * end["elapsed_s"] / 3600
+
+    # The run ended whole: every worker's last delta in the final step count, and every node
+    # left the final global in its output directory
+    assert all(published["nodes"][w]["final"] for w in WORKERS), published["nodes"]
+    assert_run_ended_whole(tmp_path, None, list(WORKERS), ["master"])
 
     # The token never left the environment
     for path in tmp_path.rglob("*"):
@@ -271,6 +285,23 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
         f"{len(commits) - 1 - posts.count(200)} of them landed), "
         f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
     )
+
+
+def test_I6_a_master_finishing_first_ends_with_every_nodes_last_delta_on_the_hub(tmp_path):
+    emulator = Emulator(tmp_path)  # no faults: the end of the run, at the default pacing
+    client = emulator.client(tmp_path)
+    try:
+
+        def start_node(tmp_path, role, node, steps):
+            pacing = {"min_publish_interval_s": 60.0, "max_staleness": 4}  # the defaults
+            return start(tmp_path, emulator.url, role, node, steps, **pacing)
+
+        master_first_run(tmp_path, start_node, lambda: step_count(client) is not None)
+        counted = step_count(client)
+        assert not pending_deltas(client)  # every delta and announcement consumed
+    finally:
+        emulator.stop()
+    assert all(counted["nodes"][n]["final"] for n in ("master", "worker-1", "worker-2")), counted
 
 
 def count_kinds(faults: list) -> dict[str, int]:

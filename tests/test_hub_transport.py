@@ -18,11 +18,13 @@ import pytest
 from hub_fake import FakeHub, FakeHubClient, hub_error
 
 from speedtronic.config import SpeedtronicConfig
+from speedtronic.distributed.hub.publish import PUBLISH_BUDGET_S
 from speedtronic.distributed.hub.transport import MAX_PUBLISH_ATTEMPTS, HubTransport
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.errors import ConfigError, TransportError
+from speedtronic.hub.budget import Budget
 from speedtronic.hub.errors import CommitConflict, HubError
 from speedtronic.hub.files import git_blob_oid
 
@@ -282,14 +284,48 @@ def test_a_conflict_with_an_older_step_count_is_retried(hub):
     assert json.loads(files(hub)[STEP_COUNT])["outer_step"] == 7
 
 
-def test_conflicts_without_end_are_bounded(hub):
+def test_commits_under_nodes_never_starve_a_publish(hub):
+    """Issue 26: a fleet's deltas moved the head under 5 publish attempts in a row and the
+    master gave up ('the repo changed under 5 commits in a row'), though nothing it wrote
+    could conflict with them."""
     master, client = node(hub, "master")
     master.read_step_count()
-    for _ in range(MAX_PUBLISH_ATTEMPTS):
-        client.before("commit", lambda: hub.push(REPO, {"nodes/x/y": b"y"}, [], "busy"))
+    busy = 4 * MAX_PUBLISH_ATTEMPTS
+    for i in range(busy):
+        client.before("commit", lambda i=i: hub.push(REPO, {f"nodes/x/delta_{i}": b"y"}, [], "x"))
+    master.publish(b"w", step_json(1), [])
+    assert client.count("commit") == busy + 1 and json.loads(files(hub)[STEP_COUNT])["outer_step"]
+    assert master.stats()["hub_publish_conflicts"] == busy and files(hub)[GLOBAL_WEIGHTS] == b"w"
+
+
+def test_a_publish_refused_for_its_whole_time_budget_gives_up(hub):
+    now = [0.0]
+    client = FakeHubClient(REPO, node_id="master", hub=hub, budget=Budget(lambda: now[0]))
+    master = HubTransport(client)
+    master.read_step_count()
+
+    def busy():
+        now[0] += PUBLISH_BUDGET_S / 3 + 1
+        hub.push(REPO, {f"nodes/x/delta_{now[0]}": b"y"}, [], "x")
+
+    for _ in range(10):
+        client.before("commit", busy)
+    with pytest.raises(TransportError, match="kept moving under it for 300 s"):
+        master.publish(b"w", step_json(1), [])
+    assert client.count("commit") == 3 and GLOBAL_WEIGHTS not in files(hub)
+
+
+def test_a_step_count_rewritten_under_every_attempt_ends_the_publish(hub):
+    """Only global/ changing under it (here a stranger rewriting an older step count each
+    time) counts toward giving up."""
+    master, client = node(hub, "master")
+    master.read_step_count()
+    for i in range(2 * MAX_PUBLISH_ATTEMPTS):
+        body = json.dumps({"outer_step": 0, "format": 1, "note": i}).encode()
+        client.before("commit", lambda body=body: hub.push(REPO, {STEP_COUNT: body}, [], "x"))
     with pytest.raises(TransportError, match="could not publish outer step 1"):
         master.publish(b"w", step_json(1), [])
-    assert client.count("commit") == MAX_PUBLISH_ATTEMPTS
+    assert client.count("commit") == MAX_PUBLISH_ATTEMPTS + 1
     assert GLOBAL_WEIGHTS not in files(hub)
 
 

@@ -99,6 +99,7 @@ def test_tensorboard_dumb_diloco_outer_step_is_its_own_tag(tiny, tmp_path):
         "poll_interval": 0.02,
         "min_publish_interval_s": 0,
         "sync_wait_s": 30,
+        "drain_timeout_s": 0,  # a master alone: no wait at the end for a fleet to show up
     }
     train_from_config(tiny, console=False)
     found = scalars_of(Path(tiny["run"]["output_dir"]) / "tensorboard")

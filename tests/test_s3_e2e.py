@@ -5,11 +5,13 @@ The proxy fails about 20% of all requests at random: 500 InternalError, 503 Slow
 error bodies), connections dropped before the request reaches the server, and requests applied
 by the server whose answer is then lost (a PUT that landed, its client cannot know). The nodes
 find the store the standard way (``AWS_ENDPOINT_URL`` and the ``AWS_*`` keys in their
-environment); the master creates the bucket itself, coordinates only, and is stopped with
-SIGTERM once the workers are done and every delta is consumed. Then: every process exited as it
-should without a traceback, outer steps advanced one per round, every delta uploaded was applied
-exactly once (none stale, rejected or left over), the bucket holds the pointer and the weights it
-names (checked against its sha256) and nothing else, and the keys are nowhere in the logs.
+environment); the master creates the bucket itself, coordinates only, and ends by itself once
+every worker's last delta is in (I6). Then: every process exited 0 without a traceback, outer
+steps advanced one per round, every delta uploaded was applied exactly once (none stale,
+rejected or left over), the bucket holds the pointer and the weights it names (checked against
+its sha256) and nothing else, every node left the final global in its output directory, and
+the keys are nowhere in the logs. A training master finishing first with the default publish
+pacing ends with every node's last delta too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,14 @@ from pathlib import Path
 import pytest
 import yaml
 from s3_support import FAKE_ENV, SECRET_KEY, running_store
-from test_diloco_e2e import CONFIG, installs, log_of, wait_until
+from test_diloco_e2e import (
+    CONFIG,
+    assert_run_ended_whole,
+    installs,
+    log_of,
+    master_first_run,
+    wait_until,
+)
 
 from speedtronic.distributed.protocol import STEP_COUNT
 
@@ -114,11 +122,10 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
         for worker, process in zip(WORKERS, processes[1:], strict=True):
             assert process.wait(timeout=180) == 0, log_of(tmp_path, worker)
         phases["workers done"] = time.monotonic() - began
-        pending = lambda: [k for k in objects() if k.startswith(f"{PREFIX}/nodes/")]  # noqa: E731
-        assert wait_until(lambda: not pending(), 60), pending()
-        phases["deltas consumed"] = time.monotonic() - began
-        master.send_signal(signal.SIGTERM)
-        assert master.wait(timeout=60) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+        assert master.wait(timeout=180) == 0, log_of(tmp_path, "master")  # the run ended
+        pending = [k for k in objects() if k.startswith(f"{PREFIX}/nodes/")]
+        assert not pending, pending
+        phases["master ended"] = time.monotonic() - began
     finally:
         for process in processes:
             if process.poll() is None:
@@ -153,6 +160,11 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
     others = set(final) - {f"{PREFIX}/{STEP_COUNT}", f"{PREFIX}/{published['weights_key']}"}
     assert len(others) <= 1 and all("/global/weights/" in k for k in others), others
 
+    # The run ended whole: every worker's last delta in the final step count, and every node
+    # left the final global in its output directory
+    assert all(published["nodes"][w]["final"] for w in WORKERS), published["nodes"]
+    assert_run_ended_whole(tmp_path, None, list(WORKERS), ["master"])
+
     # The keys never left the environment
     for path in tmp_path.rglob("*"):
         if path.is_file():
@@ -171,6 +183,29 @@ def test_a_master_and_two_workers_train_through_failing_object_storage(tmp_path,
         f"{WORKERS[0]} requests {per_op} retries {stats['s3_retries']}, "
         f"phases {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_I6_a_master_finishing_first_ends_with_every_nodes_last_delta_on_a_bucket(
+    tmp_path, s3_store
+):
+    s3_store.proxy.reset()
+    s3_store.raw.create_bucket(Bucket="e2e-end")
+    repo = "s3://e2e-end/run"
+
+    def start_node(tmp_path, role, node, steps):
+        pacing = {"min_publish_interval_s": 60.0, "max_staleness": 4}  # the defaults
+        return start(tmp_path, s3_store.url, role, node, steps, repo_id=repo, **pacing)
+
+    def has_global():
+        return bool(s3_store.keys("e2e-end", "run/global/step_count"))
+
+    master_first_run(tmp_path, start_node, has_global)
+    counted = json.loads(s3_store.keys("e2e-end", "run/global/step_count.json")[
+        "run/global/step_count.json"])  # fmt: skip
+    assert all(counted["nodes"][n]["final"] for n in ("master", "worker-1", "worker-2")), counted
+    assert not s3_store.keys("e2e-end", "run/nodes/")  # every delta and announcement consumed
 
 
 def bucket_exists(store) -> bool:

@@ -87,8 +87,9 @@ DOCS: dict[str, str] = {
     "distributed.reapply_own_delta": "install the global minus this node's deltas it lacks",
     "distributed.install": "eager: install a newer global as soon as it is downloaded, "
     "keeping the progress since the last boundary; boundary: only between inner loops",
-    "distributed.train_locally": "false: a master that only coordinates, until outer_steps",
-    "distributed.outer_steps": "a coordinating-only master stops after this many outer steps",
+    "distributed.train_locally": "false: a master that only coordinates, until the run ends",
+    "distributed.outer_steps": "a coordinating-only master ends the run at this outer step (once "
+    "every node's last delta is in), or earlier when every node has ended",
     "distributed.state_dir": "the master's state; null: <output_dir>/diloco_master",
     "distributed.outer_lr": "the master's outer learning rate on the averaged delta",
     "distributed.outer_momentum": "Nesterov momentum of the outer step; 0: plain averaging",
@@ -100,6 +101,10 @@ DOCS: dict[str, str] = {
     "each in full",
     "distributed.delta_dtype": "encoding of uploaded deltas: fp32, bf16 (half) or int8 (a quarter)",
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
+    "distributed.drain_timeout_s": "the end of a run: how long a silent node is waited for (and "
+    "a worker waits for a global holding its last delta); null: from the fleet's pace",
+    "distributed.in_flight_disk_bytes": "disk for sent deltas no global includes yet (past 3 in "
+    "memory); past it, uploads wait in the outbox",
     "distributed.sync_wait_s": "> 0: wait up to this long for the global with this node's delta",
     "distributed.min_publish_interval_s": "the master's least pause between publishes (Hub and "
     "buckets; every publish is full weights each worker downloads)",

@@ -313,6 +313,13 @@ class DistributedConfig:
     outer_policy: Literal["fleet", "naive"] = "fleet"
     delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
+    # The end of a run (docs/diloco.md): how long a node may stay silent before the master's
+    # final round goes without its last delta, and how long a worker waits for a global that
+    # holds its own; None: sized from the fleet's inner-loop time (60 s to an hour)
+    drain_timeout_s: float | None = ranged(None, "[0, 604800]", "at most a week")
+    # Sent deltas no global includes yet: past 3 in memory they go to <output_dir> on disk, up
+    # to this many bytes (8 GiB); past that, later inner loops wait in the outbox
+    in_flight_disk_bytes: int = ranged(8 << 30, "[0, 2**50]")
     # > 0: at each boundary wait up to this long for the global holding this node's delta
     # (synchronous DiLoCo when min_deltas = the number of nodes); 0: never wait
     sync_wait_s: float = ranged(0.0, "[0, 604800]", "at most a week")

@@ -34,6 +34,7 @@ __all__ = [
     "check_plausible_global",
     "global_norm",
     "decode_delta",
+    "decode_own_delta",
     "decode_weights",
     "encode_delta",
     "encode_weights",
@@ -137,6 +138,14 @@ def decode_delta(
     _check_finite(decoded)
     _check_norm(decoded, reference, max_norm_ratio)
     return header, decoded
+
+
+def decode_own_delta(data: bytes, encoding: str) -> dict[str, Tensor]:
+    """A delta this node encoded itself (an in-flight record), as the float32 tensors a master
+    decodes from the same bytes: a node's installs subtract exactly what the master applies."""
+    tensors = safetensors.torch.load(bytes(data))
+    keys = [k for k in tensors if not k.endswith(SCALE_SUFFIX)]
+    return {key: _dequantized(tensors, key, encoding) for key in keys}
 
 
 def encode_weights(state: dict[str, Tensor], outer_step: int) -> bytes:

@@ -2,10 +2,13 @@
 
 ``MasterLoop`` drives the pure policy object with I/O: every ``poll_interval`` its
 ``DeltaIntake`` offers the deltas it has not seen (validated, I4), and when a round is ready
-its ``Publisher`` saves the master state to ``state_dir`` *before* publishing the new weights
-and ``step_count.json`` and deleting the consumed deltas (I3). At start it resumes the newest
-of its state, a checkpoint's copy and the repo. It runs in a background thread during training
-(``MasterPlugin``) or alone (``serve``, for a master with ``train_locally: false``).
+it proposes one, its ``Publisher`` saves the proposed state to ``state_dir``, and only then is
+the round committed and published with ``step_count.json``, deleting the consumed deltas (I3). A
+round whose save fails never happened; while a saved step has not landed no other round runs,
+and staleness is counted from the step that landed (issue 27). At start it resumes the newest of
+its state, a checkpoint's copy and the repo. It runs in a background thread during training
+(``master_end.MasterPlugin``) or alone (``master_end.serve``, ``train_locally: false``); the end
+of a run (``master_end``) waits for every node's last delta and runs the final round.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from typing import Any
 import torch
 
 from speedtronic.distributed.master_intake import DeltaIntake
-from speedtronic.distributed.master_publish import Publisher, PublishSender
+from speedtronic.distributed.master_publish import Publication, Publisher, PublishSender
 from speedtronic.distributed.master_repo import RepoGuard
+from speedtronic.distributed.master_roster import Roster
 from speedtronic.distributed.master_state import master_id, newest_saved_step
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.outer import Master, MasterConfig, MasterState, RoundResult
 from speedtronic.distributed.transport import Transport
-from speedtronic.errors import SpeedtronicError, TransportError
+from speedtronic.errors import CheckpointError, SpeedtronicError
 
 Tensors = dict[str, torch.Tensor]
 
@@ -59,15 +63,19 @@ class MasterLoop:
         logger: Any,
         state_dir: str | Path,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ):
-        """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one)."""
+        """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one);
+        ``wall`` how long a node has been silent at the end of a run."""
         self.config, self.transport, self.logger = config, transport, logger
         self.clock = clock
         self.state_dir = Path(state_dir)
         self.initial_weights = weights
         self.master: Master | None = None
         now = lambda: self.clock()  # noqa: E731 - a simulation may swap the clock later
-        self.intake = DeltaIntake(transport, logger, weights, now)
+        self.roster = Roster(wall, config.poll_interval)
+        self.roster.deadline_setting = getattr(config, "drain_timeout_s", None)
+        self.intake = DeltaIntake(transport, logger, weights, now, self.roster)
         self.publisher = Publisher(transport, logger, self.state_dir, now)
         self.master_id = master_id(self.state_dir)
         # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
@@ -78,6 +86,7 @@ class MasterLoop:
         self.sender: PublishSender | None = None  # publishes off the poll thread when running
         self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
         self.fatal: Exception | None = None  # a permanent transport failure, raised in training
+        self.polled = False  # a poll read the repo's deltas since the start (the run's end waits)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -110,7 +119,7 @@ class MasterLoop:
         except Exception as exc:  # the repo is unreachable now: judged at the next poll
             if getattr(exc, "permanent", False):
                 raise
-            self._say_unchecked(exc, state)
+            self.logger.warn(unchecked_line(exc, state))
             if state is not None:
                 self._resume(state)
             return
@@ -124,25 +133,21 @@ class MasterLoop:
         if not publish and view.step is not None:  # the repo holds this master's step
             self.publisher.last_step, self.publisher.last_sha = view.step, view.sha256
             self.publisher.last_count = view.count  # the whole file, for the periodic look
+            self.publisher.landed_nodes = dict(self.intake.nodes)
         if publish:
-            self._publish_safely(self.master.global_weights)
+            self._publish_safely()
 
     def _resume(self, state: MasterState | None) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # said once, in start()
             self.master = Master(master_config(self.config), self.initial_weights, state)
+        self.roster.restore(self.intake.nodes or (state.nodes if state else {}))
         self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
 
-    def _say_unchecked(self, exc: Exception, state: MasterState | None) -> None:
-        then = "publishing nothing before" if state is None else "its state stands until"
-        self.logger.warn(
-            f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"
-        )
-
-    def _publish_safely(self, weights: Tensors) -> None:
+    def _publish_safely(self) -> None:
         """Publish at start: a transient failure leaves it to the next poll (I5)."""
         try:
-            self._publish(weights)
+            self.republish()
         except Exception as exc:
             if getattr(exc, "permanent", False):
                 raise
@@ -151,7 +156,10 @@ class MasterLoop:
     # ------------------------------------------------------------------ one poll
 
     def poll_once(self, force: bool = False) -> RoundResult | None:
-        """Fetch new deltas, offer them, and run (and publish) a round if one is ready."""
+        """Fetch new deltas, offer them, and run (and publish) a round if one is ready.
+
+        ``force``: the end of a run, whatever is pending, publish pacing aside; with nothing
+        pending, the current step again if the nodes' summary changed (an end marker)."""
         if not self.guard.checked:  # the repo was unreachable at start: no round before it answers
             self._start_now()
             if not self.guard.checked:
@@ -162,20 +170,63 @@ class MasterLoop:
                 raise self.sender.fatal
         if self.guard.due():
             self._check_repo()
+        self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
         self.intake.poll(self.master)
+        if not self.polled:  # the repo's backlog is read: later nodes are stragglers
+            self.roster.settle_backlog()
+        self.polled = True
+        if self.publisher.outstanding:  # a saved step the repo lacks: no round before it lands
+            if self._sent():  # its send failed or the repo lost it: publish it again
+                self.republish()
+            return None
         if not force and not self.publisher.due():
             return None  # the offered deltas wait for the next poll's round
-        with self.lock:  # the round and its node summary together, for state_dict's copy
-            result = self.master.round(self.clock(), force=force)
-            if result is not None:
-                self.intake.consumed(result.consumed, result.included)
-        if result is None:
-            if self.publisher.unpublished and self._sent():  # it failed: the repo is behind
-                self._publish(self.master.global_weights)  # copied by the save
-            return None
-        self._count_round(result)
-        self._publish(result.weights)
+        result = self._round(force)
+        if result is None and force and self.summary_unpublished():
+            self.republish()  # e.g. an end marker: the step count says the node has ended
         return result
+
+    def _round(self, force: bool) -> RoundResult | None:
+        """Propose a round, save it, then commit and publish it; a failed save drops the
+        proposal (its deltas stay pending for the next poll) and names the file."""
+        with self.lock:
+            result = self.master.propose(self.clock(), force=force)
+        if result is None:
+            return None
+        nodes = self.intake.summary_after(result)
+        consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
+        extra = {"nodes": nodes, "master": self.master_id}
+        try:
+            publication = self.publisher.save(result.state(), consumed, extra, result.fleet_rate)
+        except CheckpointError as exc:
+            line = self.throttle.line(
+                f"diloco master: {exc}; outer step {result.outer_step} is not taken: its "
+                f"{len(result.included)} deltas wait for the next poll"
+            )
+            if line:
+                self.logger.warn(line)
+            return None
+        with self.lock:  # the round and its node summary together, for state_dict's copy
+            self.master.commit(result)
+            self.intake.consumed(result, nodes)
+        log_round(self.logger, self.intake.counters, result, self.transport.stats())
+        self._send(publication)
+        return result
+
+    def republish(self) -> None:
+        """Publish the committed step again (saved with the current node summary): after a
+        failed send, a repo that lost it, or a summary change at the end of a run."""
+        nodes = self.intake.summary_after(None)
+        extra = {"nodes": nodes, "master": self.master_id}
+        state, rate = self.master.snapshot(), self.master.fleet_rate
+        publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
+        with self.lock:
+            self.intake.nodes, self.intake.markers = nodes, {}
+        self._send(publication)
+
+    def summary_unpublished(self) -> bool:
+        """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""
+        return self.intake.summary_after(None) != (self.publisher.landed_nodes or {})
 
     def _check_repo(self) -> None:
         """Look at the repo's global (before every publish, and every few polls): whatever
@@ -184,17 +235,15 @@ class MasterLoop:
         if expected is not None and self.guard.check(expected, saved, self.intake.max_bytes):
             self.publisher.repo_lost_it = True  # restored by this poll's publish
 
-    def _publish(self, weights: Tensors) -> None:
-        """Save, then publish (in the sender's thread when running), deleting every settled
+    def _send(self, publication: Publication) -> None:
+        """Publish a saved step (in the sender's thread when running), deleting every settled
         file; if it fails, it is sent again (the sender) or the next poll publishes again."""
         self._check_repo()  # also refuses to publish over another master's step
-        consumed = list(self.intake.unusable)
-        extra = {"nodes": dict(self.intake.nodes), "master": self.master_id}
         if self.sender is not None:
-            self.sender.submit(self.publisher.save(self.master, weights, consumed, extra))
+            self.sender.submit(publication)
             return
-        self.publisher.publish(self.master, weights, consumed, extra)
-        self.intake.deleted(consumed)
+        self.publisher.send(publication)
+        self.intake.deleted(publication.consumed)
 
     def _sent(self) -> bool:
         return self.sender is None or self.sender.idle()
@@ -212,23 +261,6 @@ class MasterLoop:
         self.intake.deleted(sender.take_landed())
         if sender.fatal is not None:
             self.fatal = self.fatal or sender.fatal
-
-    def _count_round(self, result: RoundResult) -> None:
-        counters = self.intake.counters
-        counters["included"] += len(result.included)
-        counters["stale"] += len(result.stale)
-        self.logger.log(
-            "diloco_round",
-            {
-                "outer_step": result.outer_step,
-                **result.counts,  # this round's; the counters below are totals so far
-                "tokens": result.tokens,
-                "momentum": result.momentum_applied,
-                "momentum_state": result.momentum_state,
-                **{f"total_{k}": v for k, v in counters.items()},
-                **self.transport.stats(),
-            },
-        )
 
     # ------------------------------------------------------------------ running
 
@@ -261,99 +293,25 @@ class MasterLoop:
             for message in getattr(self.transport, "take_warnings", list)():
                 self.logger.warn(f"diloco master: {message}")
 
-    def serve(self, outer_steps: int, stop: threading.Event) -> None:
-        """Coordinate only (no local training) until ``outer_steps`` rounds or ``stop``."""
-        self.start_sending()
-        try:
-            while not stop.is_set() and (
-                self.master is None or self.master.outer_step < outer_steps
-            ):
-                self.poll_safely()
-                if self.fatal is not None:
-                    raise self.fatal
-                stop.wait(self.config.poll_interval)
-        finally:
-            self.stop_sending(timeout=self.config.upload_timeout_s)
-        if self.fatal is not None:
-            raise self.fatal
-        if self.unpublished:  # the sender gave up on it: one more try, in this thread
-            self._publish_safely(self.master.global_weights)
-        self.raise_if_unpublished()
 
-    def raise_if_unpublished(self) -> None:
-        """A step saved in state_dir but not in the repo: never exit 0 on that."""
-        if self.unpublished:
-            raise TransportError(
-                f"diloco master: outer step {self.master.outer_step} is saved in "
-                f"{self.state_dir} but could not be published",
-                hint="start the master again (--resume): it publishes it first",
-            )
+def log_round(logger: Any, counters: dict[str, int], result: RoundResult, stats: dict) -> None:
+    """Count a committed round and log its ``diloco_round`` event (with the transport's stats)."""
+    counters["included"] += len(result.included)
+    counters["stale"] += len(result.stale)
+    logger.log(
+        "diloco_round",
+        {
+            "outer_step": result.outer_step,
+            **result.counts,  # this round's; the counters below are totals so far
+            "tokens": result.tokens,
+            "momentum": result.momentum_applied,
+            "momentum_state": result.momentum_state,
+            **{f"total_{k}": v for k, v in counters.items()},
+            **stats,
+        },
+    )
 
 
-class MasterPlugin:
-    """Trainer plug-in running ``MasterLoop`` beside local training; a final round at the end."""
-
-    name = "diloco_master"
-
-    def __init__(self, loop: MasterLoop, local_worker: Any = None):
-        """``local_worker``: this node's own WorkerPlugin, finished before the final round."""
-        self.loop, self.local_worker = loop, local_worker
-        self.restored: MasterState | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def on_train_start(self, trainer: Any) -> None:
-        self.loop.start(self.restored)
-        self._thread = self.loop.run_in_background(self._stop)
-
-    def after_optimizer_step(self, trainer: Any) -> None:
-        if self.loop.fatal is not None:
-            raise self.loop.fatal
-
-    def on_train_end(self, trainer: Any, result: Any) -> None:
-        if self.local_worker is not None:  # its last delta belongs in the final round
-            self.local_worker.on_train_end(trainer, result)
-        self._stop.set()
-        self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))
-        if self._thread.is_alive():
-            self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
-            return
-        self.loop.stop_sending(timeout=self.loop.config.upload_timeout_s)
-        self.loop.poll_safely(force=True)  # what arrived while training ended
-        if self.loop.fatal is not None:
-            raise self.loop.fatal
-        if not self.loop.guard.checked:  # no round could run: the deltas were never applied
-            raise TransportError(
-                f"diloco master: {self.loop.transport.describe()} never answered, so no delta "
-                "was aggregated",
-                hint="start the master again once the repo is reachable: the deltas wait there",
-            )
-        self.loop.raise_if_unpublished()
-
-    def state_dict(self) -> dict[str, Any]:
-        """A copy of the master state, for a node whose state_dir is lost; never the newest."""
-        if self.loop.master is None:
-            return {}
-        with self.loop.lock:  # the step and the node summary of one round
-            state = self.loop.master.snapshot()
-            weights = {k: t.clone() for k, t in state.global_weights.items()}
-            nodes = dict(self.loop.intake.nodes)
-        return {
-            "outer_step": state.outer_step,
-            "weights": weights,
-            "optimizer": state.optimizer_state,
-            "processed": sorted(state.processed),
-            "nodes": nodes,
-            "fleet": state.fleet,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            self.restored = MasterState(
-                state["outer_step"],
-                state["weights"],
-                state["optimizer"],
-                set(state["processed"]),
-                state.get("nodes", {}),
-                state.get("fleet", {}),
-            )
+def unchecked_line(exc: Exception, state: MasterState | None) -> str:
+    then = "publishing nothing before" if state is None else "its state stands until"
+    return f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"

@@ -5,7 +5,8 @@ settled, reads it, validates it (``codec``, I4) and offers it to the ``outer.Mas
 version already settled costs nothing, so an idle poll does not grow with history. What is
 wrong is logged by name and counted: a bad delta is rejected (its file deleted with the next
 publish), an entry that is no delta is logged once and never read, one unreadable delta stops
-no round. It also keeps each node's newest accepted delta, for ``step_count.json``.
+no round. It also keeps each node's newest applied delta, for ``step_count.json``, and tells
+the ``Roster`` every delta it sees (the end of a run: whose last delta is in, I6).
 """
 
 from __future__ import annotations
@@ -14,16 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 from speedtronic.distributed.codec import BadDelta, decode_delta, expected_delta_bytes
-from speedtronic.distributed.outer import ReceivedDelta, delta_identity
-from speedtronic.distributed.protocol import parse_delta_path
+from speedtronic.distributed.master_roster import Roster
+from speedtronic.distributed.outer import ReceivedDelta, RoundResult, delta_identity
+from speedtronic.distributed.protocol import (
+    ANNOUNCEMENT,
+    DeltaHeader,
+    announced_node,
+    parse_delta_path,
+)
 from speedtronic.distributed.transport import DeltaRef, Transport
 
 
 class DeltaIntake:
     """What the master has seen in the repo: settled versions, paths to delete, counters."""
 
-    def __init__(self, transport: Transport, logger: Any, weights: dict, clock: Callable):
-        self.transport, self.logger, self.clock = transport, logger, clock
+    def __init__(
+        self, transport: Transport, logger: Any, weights: dict, clock: Callable, roster: Roster
+    ):
+        self.transport, self.logger, self.clock, self.roster = transport, logger, clock, roster
         self.max_bytes = 2 * expected_delta_bytes(weights, "fp32") + (1 << 20)
         self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
         self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
@@ -32,11 +41,15 @@ class DeltaIntake:
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
         self.nodes: dict[str, dict[str, Any]] = {}  # node -> newest applied delta (step_count)
         self.headers: dict[str, Any] = {}  # identity -> header of a delta waiting for a round
+        self.markers: dict[str, DeltaHeader] = {}  # node -> its end marker, for the next summary
+        self.announced: dict[str, str] = {}  # node -> its node.json, deleted once it has ended
 
     def poll(self, master: Any) -> None:
         """Offer ``master`` every new delta listed in the repo."""
         for ref in self.transport.list_deltas():
-            if ref.problem is not None:
+            if ref.problem == ANNOUNCEMENT:
+                self._announce(ref)
+            elif ref.problem is not None:
                 self._ignore(ref)
             elif self.settled_versions.get(ref.path) != ref.version:
                 try:
@@ -46,19 +59,45 @@ class DeltaIntake:
                         raise
                     self.logger.warn(f"diloco master: cannot read {ref.path} ({exc}); next poll")
 
-    def consumed(self, identities: list[str], included: list[str]) -> None:
-        """A round settled these: their files go with the next publish, and each node's newest
-        ``included`` delta is what step_count names (a node reapplies the ones it lacks)."""
-        self.unusable += [self.paths.pop(i) for i in identities if i in self.paths]
-        for header in sorted(filter(None, map(self.headers.get, included)), key=lambda h: h.seq):
-            self.nodes[header.node_id] = {
+    def summary_after(self, result: RoundResult | None) -> dict[str, dict[str, Any]]:
+        """Each node's newest applied delta once ``result`` is committed (step_count's
+        ``nodes``: a node reapplies the ones it lacks), with the end markers seen since."""
+        nodes = dict(self.nodes)
+        included = [] if result is None else result.included
+        headers = [h for h in map(self.headers.get, included) if h is not None]
+        for header in sorted([*headers, *self.markers.values()], key=lambda h: h.seq):
+            before = nodes.get(header.node_id) or {}
+            if header.steps == 0 and before.get("seq", -1) > header.seq:
+                continue  # an old marker: the node ran on since
+            entry = {
                 "seq": header.seq,
                 "base_outer_step": header.base_outer_step,
                 "last_delta_at": header.created_at,
                 "tokens": header.tokens,
+                "final": header.final,
             }
+            if header.steps == 0:  # an end marker: the work is the previous delta's
+                entry.update({k: before[k] for k in ("base_outer_step", "tokens") if k in before})
+            entry.update({"end_step": header.end_step} if header.end_step else {})
+            entry.update({"chain": header.chain} if header.chain else {})
+            nodes[header.node_id] = entry
+        return nodes
+
+    def consumed(self, result: RoundResult, nodes: dict[str, dict[str, Any]]) -> None:
+        """A round settled these (its state saved): their files go with the next publish, and
+        ``nodes`` (``summary_after``) is what step_count names from now on."""
+        identities = result.consumed
+        self.unusable += [self.paths.pop(i) for i in identities if i in self.paths]
+        self.nodes, self.markers = nodes, {}
+        for identity in result.stale:
+            if (h := self.headers.get(identity)) is not None:
+                self.roster.heard(h.node_id, h.seq, h.final, "too stale", h.created_at)
         for identity in identities:
             self.headers.pop(identity, None)
+
+    def paths_of(self, identities: list[str]) -> list[str]:
+        """The repo paths of these deltas (to delete with the publish that settles them)."""
+        return [self.paths[i] for i in identities if i in self.paths]
 
     def deleted(self, paths: list[str]) -> None:
         """A publish deleted these: a file uploaded there again is a new one."""
@@ -89,12 +128,41 @@ class DeltaIntake:
             header, tensors = decode_delta(data, ref.path, master.global_weights)
             self.counters["found"] += 1
             outcome = master.offer(ReceivedDelta(identity, header, tensors), self.clock())
-            if outcome == "stale":
-                self.logger.warn(f"diloco master: {ref.path} is too stale; skipped")
-            else:
-                self.headers[identity] = header
         except BadDelta as exc:
+            self.roster.heard(node_id, seq, dropped=f"rejected: {exc}")
             self._reject(ref.path, str(exc))
+            return
+        self._offered(ref.path, identity, header, outcome)
+
+    def _announce(self, ref: DeltaRef) -> None:
+        """A node's run has begun (``nodes/<id>/node.json``, never read): wait for its end."""
+        if self.settled_versions.get(ref.path) == ref.version:
+            return
+        self.settled_versions[ref.path] = ref.version
+        node = announced_node(ref.path)
+        self.announced[node] = ref.path
+        if self.roster.joined(node):
+            self._ended(node)
+
+    def _ended(self, node: str) -> None:
+        """The node's run is over: its announcement goes with the next publish."""
+        if node in self.announced:
+            self.unusable.append(self.announced.pop(node))
+
+    def _offered(self, path: str, identity: str, header: DeltaHeader, outcome: str) -> None:
+        if header.final:
+            self._ended(header.node_id)
+        node, seq, final, created = header.node_id, header.seq, header.final, header.created_at
+        if outcome == "stale":
+            self.logger.warn(f"diloco master: {path} is too stale; skipped")
+            self.roster.heard(node, seq, final, "too stale", created)
+            return
+        self.roster.heard(node, seq, final, created_at=created)
+        if outcome == "end":  # settled at once: deleted with the next publish
+            self.unusable.append(self.paths.pop(identity, path))
+            self.markers[header.node_id] = header
+        else:
+            self.headers[identity] = header
 
     def _ignore(self, ref: DeltaRef) -> None:
         """An entry under nodes/ that is no delta: logged once by name, never read (I4)."""

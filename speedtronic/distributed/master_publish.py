@@ -1,12 +1,15 @@
 """The master's publish: save its state, then publish the weights and ``step_count.json``.
 
-I3: ``Publisher.publish`` saves the master's state to ``state_dir`` *before* the repo sees the
-new outer step, so a published step always has a saved state behind it and a restarted master
-republishes the same weights. The publish itself is one transport call (the weights, the step
-count and the deletes of consumed deltas: one Hub commit, or write-then-rename on a directory);
-if it fails, ``unpublished`` stays true and the next poll publishes again. It also spaces
-publishes by the transport's ``min_publish_interval_s`` (the Hub limits commits per repo).
-``PublishSender`` sends saved steps from a thread of its own, so polling goes on meanwhile.
+A round is committed in one place (issue 27): ``Publisher.save`` writes the round's proposed
+state to ``state_dir`` *before* the repo sees the new outer step (I3), and only a saved round is
+committed by the master; then the publish, one transport call (the weights, the step count and
+the deletes of consumed deltas: one Hub commit, or write-then-rename on a directory). Until it
+has landed (``outstanding``) no further round runs, and staleness is measured against the step
+that landed (``last_step``), so a step on its way to the repo exists for no one. A failed
+publish is sent again (``PublishSender``, or the next poll). It also spaces publishes by the
+transport's ``min_publish_interval_s`` (the Hub limits commits per repo); the final round is
+never held back. ``PublishSender`` sends saved steps from a thread of its own, so polling goes
+on meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 
 from speedtronic.distributed.codec import encode_weights
+from speedtronic.distributed.master_state import MasterState
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.transport import Transport
 
@@ -31,7 +35,8 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Publication:
-    """A saved outer step to publish: its weights (a copy), the files it deletes, extras."""
+    """A saved outer step to publish: its weights (never changed in place: a round makes new
+    tensors), the files it deletes, extras."""
 
     outer_step: int
     weights: Tensors
@@ -59,6 +64,7 @@ class Publisher:
         self.last_count: dict[str, Any] | None = None  # the whole step count: the repo's look
         self.saved_step: int | None = None  # the newest step saved to state_dir
         self.repo_lost_it = False  # the repo no longer holds last_step: publish it again
+        self.landed_nodes: dict[str, Any] | None = None  # step_count's ``nodes`` that landed
         # one publish at a time: a send left running by a timed-out close and the final
         # synchronous publish would otherwise race, and an older step could land last
         self.sending = threading.Lock()
@@ -76,25 +82,28 @@ class Publisher:
         """Whether a round may publish now (``min_publish_interval_s`` since the last one)."""
         return self.clock() - self.last_publish >= self.min_interval_s
 
+    @property
+    def outstanding(self) -> bool:
+        """A saved step is on its way to the repo: rounds wait until it lands (issue 27)."""
+        return self.unpublished
+
     def publish(
-        self, master: Any, weights: Tensors, consumed: list[str], extra: dict[str, Any]
+        self, state: MasterState, consumed: list[str], extra: dict[str, Any], fleet: float
     ) -> None:
-        """Save ``master``'s state, then publish ``weights`` at its outer step, deleting
-        ``consumed``; ``extra`` joins the step count. Raises when it did not land."""
-        self.send(self.save(master, weights, consumed, extra))
+        """Save ``state``, then publish its weights at its outer step, deleting ``consumed``;
+        ``extra`` joins the step count. Raises when it did not land."""
+        self.send(self.save(state, consumed, extra, fleet))
 
     def save(
-        self, master: Any, weights: Tensors, consumed: list[str], extra: dict[str, Any]
+        self, state: MasterState, consumed: list[str], extra: dict[str, Any], fleet: float
     ) -> Publication:
-        """Save ``master``'s state (I3: before the repo sees its step); what to send, with a
-        copy of ``weights``: the next round changes the master's in place meanwhile."""
-        state = master.snapshot()
+        """Save ``state`` (I3: before the repo sees its step; raises CheckpointError naming
+        the file when it cannot) and return what to send; ``fleet`` is the fleet's pace."""
         state.nodes = extra.get("nodes", {})
         state.save(self.state_dir)
-        self.saved_step = master.outer_step
-        fleet = round(master.fleet_rate)
-        copied = {name: tensor.detach().clone() for name, tensor in weights.items()}
-        return Publication(master.outer_step, copied, list(consumed), extra, fleet)
+        self.saved_step = state.outer_step
+        weights = state.global_weights
+        return Publication(state.outer_step, weights, list(consumed), extra, round(fleet))
 
     def send(self, publication: Publication) -> bool:
         """Publish a saved step: weights and step_count together, consumed deltas deleted.
@@ -122,6 +131,7 @@ class Publisher:
         self.last_publish, self.repo_lost_it = self.clock(), False
         self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
         self.last_count = step_count
+        self.landed_nodes = dict(publication.extra.get("nodes") or {})
         self.logger.log(
             "diloco_publish",
             {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},

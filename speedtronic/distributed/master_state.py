@@ -10,6 +10,7 @@ the newest state whose files verify. Never pickle: safetensors and JSON only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -68,8 +69,20 @@ class MasterState:
 
         I3: raises CheckpointError rather than write a lower outer step than one on disk, or
         other weights under the same step (a published step always means the same weights).
+        A failed write (a full disk) raises CheckpointError naming the file; what was on disk
+        stays whole (names are content-addressed, the manifest is written last).
         """
         root = Path(state_dir)
+        try:
+            return self._save(root)
+        except OSError as exc:
+            where = exc.filename or root
+            raise CheckpointError(
+                f"cannot save master state (outer step {self.outer_step}) to {where}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+
+    def _save(self, root: Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         buffers = self.optimizer_state.get("momentum_buffer", {})
         flat = {_WEIGHTS + k: t for k, t in self.global_weights.items()}
@@ -90,9 +103,12 @@ class MasterState:
         }
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
-        replace_atomically(path, json.dumps(manifest, indent=2).encode())
-        fsync_dir(root)
-        _prune(root)
+        _replace(path, json.dumps(manifest, indent=2).encode())
+        # The manifest is in place: the state is saved. Nothing after may fail the save, or the
+        # master would drop a round whose step is on disk and then refuse to save that step again
+        with contextlib.suppress(OSError):
+            fsync_dir(root)
+            _prune(root)
         return path
 
     @classmethod
@@ -141,8 +157,18 @@ def _write_content(root: Path, kind: str, data: bytes) -> dict[str, str]:
     digest = hashlib.sha256(data).hexdigest()
     stem, ext = kind.split(".")
     name = f"{stem}-{digest[:16]}.{ext}"
-    replace_atomically(root / name, data)
+    _replace(root / name, data)
     return {"file": name, "sha256": digest}
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """``replace_atomically``, its errors naming ``path`` (a write's OSError names no file)."""
+    try:
+        replace_atomically(path, data)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
 
 
 def _prune(root: Path) -> None:
@@ -236,7 +262,10 @@ def master_id(state_dir: str | os.PathLike) -> str:
         pass  # absent or damaged: a new id (the repo then looks like another master's until
         # this one publishes, which the start-up check handles)
     new = secrets.token_hex(8)
-    root.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, new.encode() + b"\n")
-    fsync_dir(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        replace_atomically(path, new.encode() + b"\n")
+        fsync_dir(root)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return new

@@ -32,15 +32,16 @@ nothing here. I3: see ``master_state``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from speedtronic.distributed.master_state import MasterState, Tensors
+from speedtronic.distributed.outer_optim import OuterOptimizer, fp32_copies
 from speedtronic.distributed.protocol import BadDelta, DeltaHeader
 from speedtronic.errors import ConfigError
 
@@ -98,75 +99,6 @@ class MasterConfig:
         return []
 
 
-class OuterOptimizer:
-    """Nesterov SGD on pseudo-gradients, as in DiLoCo, updating fp32 weights in place.
-
-    buf = momentum * buf + g; update = g + momentum * buf (nesterov) or buf; w -= lr * update.
-    The same rule as ``torch.optim.SGD(nesterov=True)`` with a zero-initialised buffer.
-    """
-
-    def __init__(self, lr: float, momentum: float, nesterov: bool = True):
-        if not lr > 0 or not 0 <= momentum < 1:
-            raise ValueError(f"outer lr must be > 0 and momentum in [0, 1) (got {lr}, {momentum})")
-        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
-        self.buffers: Tensors = {}
-        self.pending: Tensors = {}  # delayed_step's gradient sum since momentum last applied
-        self.pending_share = 0.0  # ... and the part of one fleet inner loop it holds
-
-    @torch.no_grad()
-    def step(
-        self, global_weights: Tensors, pseudo_grad: Tensors, *, apply_momentum: bool = True
-    ) -> None:
-        """One outer step; ``apply_momentum=False`` is plain SGD and leaves the buffer alone."""
-        if set(pseudo_grad) != set(global_weights):
-            raise ValueError("pseudo-gradient keys differ from the global weights' keys")
-        for name, weight in global_weights.items():
-            grad = pseudo_grad[name].to(device=weight.device, dtype=weight.dtype)
-            use_buffer = apply_momentum and self.momentum > 0
-            weight.sub_(self._nesterov(name, grad) if use_buffer else grad, alpha=self.lr)
-
-    @torch.no_grad()
-    def delayed_step(self, global_weights: Tensors, pseudo_grad: Tensors, share: float) -> bool:
-        """Delayed Nesterov: the gradient part now, the momentum part once per fleet inner loop.
-
-        Every call applies ``lr * g`` at once and adds ``g`` to a pending sum; once the pending
-        rounds' ``share`` of the fleet adds up to one inner loop of every node, the buffer takes
-        the sum (``buf = momentum * buf + sum``) and the look-ahead ``lr * momentum * buf`` is
-        applied. With every node in every round this is exactly ``step``; with rounds of a few
-        nodes, momentum still counts once per inner loop of the fleet, not once per round.
-        Returns whether momentum was applied.
-        """
-        for name, weight in global_weights.items():
-            weight.sub_(pseudo_grad[name].to(weight.dtype), alpha=self.lr)
-        if self.momentum == 0:
-            return False
-        for name, grad in pseudo_grad.items():
-            self.pending.setdefault(name, torch.zeros_like(grad)).add_(grad)
-        self.pending_share += share
-        if self.pending_share < 1.0 - 1e-9:  # float sums of 1/3 land just under 1
-            return False
-        for name, weight in global_weights.items():
-            buf = self.buffers.setdefault(name, torch.zeros_like(weight))
-            buf.mul_(self.momentum).add_(self.pending[name])
-            weight.sub_(buf, alpha=self.lr * self.momentum)
-        self.pending, self.pending_share = {}, 0.0
-        return True
-
-    def _nesterov(self, name: str, grad: Tensor) -> Tensor:
-        buf = self.buffers.get(name)
-        if buf is None:
-            buf = self.buffers[name] = torch.zeros_like(grad)
-        buf.mul_(self.momentum).add_(grad)
-        return grad.add(buf, alpha=self.momentum) if self.nesterov else buf
-
-    def state_dict(self) -> dict[str, Any]:
-        """Momentum buffers only: lr and momentum come from the config, which may change."""
-        return {"momentum_buffer": dict(self.buffers)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffers = _fp32_copies(state.get("momentum_buffer", {}))
-
-
 @dataclass(frozen=True)
 class AggregateResult:
     """A round's mean over nodes (empty if nothing was included) and each delta's fate.
@@ -196,7 +128,11 @@ def delta_problem(header: DeltaHeader, outer_step: int) -> str | None:
 
 
 def aggregate(
-    deltas: list[ReceivedDelta], outer_step: int, max_staleness: int, staleness_discount: float
+    deltas: list[ReceivedDelta],
+    outer_step: int,
+    max_staleness: int,
+    staleness_discount: float,
+    seen_step: int | None = None,
 ) -> AggregateResult:
     """Sum each node's increments, then take the weighted mean over nodes (module doc).
 
@@ -204,14 +140,17 @@ def aggregate(
     weights at every boundary), so they add up; the chains of a node that restarted without
     its checkpoint each began at a global, so they are averaged (token-weighted). Nodes are
     then averaged with weight = tokens per optimizer step x ``staleness_discount`` ** the
-    staleness of the node's freshest delta.
+    staleness of the node's freshest delta. Staleness is counted from ``seen_step`` (the newest
+    step nodes could have installed; ``outer_step`` when None), bases from the future against
+    ``outer_step``.
     """
+    seen_step = outer_step if seen_step is None else seen_step
     included: list[ReceivedDelta] = []
     stale: list[str] = []
     bad: dict[str, str] = {}
     seen: set[str] = set()
     for delta in deltas:
-        identity, staleness = delta.identity, outer_step - delta.header.base_outer_step
+        identity, staleness = delta.identity, seen_step - delta.header.base_outer_step
         if identity in seen:
             continue  # I1 even for a careless caller: an identity listed twice counts once
         seen.add(identity)
@@ -222,7 +161,7 @@ def aggregate(
             stale.append(identity)
         else:
             included.append(delta)
-    nodes = _node_sums(included, outer_step, staleness_discount)
+    nodes = _node_sums(included, seen_step, staleness_discount)
     weights = {node: n.weight for node, n in nodes.items()}
     mean = _weighted_mean({node: n.tensors for node, n in nodes.items()}, weights)
     tokens = sum(d.header.tokens for d in included)
@@ -279,16 +218,18 @@ def _weighted_mean(parts: dict[str, Tensors], weights: dict[str, float]) -> Tens
 
 @dataclass(frozen=True)
 class RoundResult:
-    """One applied outer step: what to publish and what the publish may delete."""
+    """One outer step, proposed by ``Master.propose``: what to save and publish, what the
+    publish may delete, and (``candidate``) the state ``Master.commit`` then takes on."""
 
     outer_step: int
-    weights: Tensors  # a copy of the new global weights, safe to encode later
+    weights: Tensors  # the new global weights; never changed in place afterwards
     included: list[str]
     stale: list[str]  # rejected since the previous round (at offer or in aggregation)
     bad: dict[str, str]
     momentum_applied: bool  # False for a partial round (plain SGD)
     tokens: int
     momentum_state: str = "off"  # "off" (no outer momentum), "applied", or "pending"
+    candidate: Any = None  # _Candidate: the master's state once this round is committed
 
     @property
     def consumed(self) -> list[str]:
@@ -299,6 +240,33 @@ class RoundResult:
     def counts(self) -> dict[str, int]:
         return {"included": len(self.included), "stale": len(self.stale), "bad": len(self.bad)}
 
+    @property
+    def fleet_rate(self) -> float:
+        """The fleet's tokens per step once this round is taken (published with it)."""
+        c = self.candidate
+        return _fleet_rate(c.fleet, c.step, c.max_staleness)
+
+    def state(self) -> MasterState:
+        """The state to save before this round's publish (I3); ``nodes`` is the caller's."""
+        c = self.candidate
+        fleet = {node: [rate, step] for node, (rate, step) in c.fleet.items()}
+        return MasterState(
+            c.step, c.weights, c.optimizer.state_dict(), set(c.processed), fleet=fleet
+        )
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """The master's state after a proposed round: nothing of the live state is changed until
+    ``Master.commit`` (a round whose save fails never happened, issue 27)."""
+
+    step: int
+    weights: Tensors
+    optimizer: OuterOptimizer
+    fleet: dict[str, tuple[float, int]]
+    processed: set[str]
+    max_staleness: int
+
 
 class Master:
     """The pure policy object: offer deltas, ask ``ready``, run a ``round``; no I/O, no clock.
@@ -306,6 +274,10 @@ class Master:
     ``now`` is any monotonic clock in seconds, passed in so tests control time. It takes over
     ``state``'s tensors. Pending deltas are not saved: their files stay in the repo until a
     round consumes them, so after a restart they are offered again. One thread drives it.
+    A round is ``propose`` then ``commit``: the caller saves the proposal first, and a round
+    whose save fails is simply not committed (its deltas stay pending). ``seen_step``, when
+    set, is the newest step the repo holds: staleness is measured against what nodes could have
+    seen, not against a step still on its way to the repo.
     """
 
     def __init__(
@@ -313,7 +285,7 @@ class Master:
     ):
         self.config = config
         if state is None:  # a fresh run, from copies: never the live model's tensors
-            state = MasterState(0, _fp32_copies(global_weights))
+            state = MasterState(0, fp32_copies(global_weights))
         buffers = state.optimizer_state.get("momentum_buffer", {})
         for what, tensors in (("weights", state.global_weights), ("momentum", buffers)):
             if problem := _layout_problem(tensors, global_weights, partial=what == "momentum"):
@@ -331,6 +303,7 @@ class Master:
         self._fleet = {node: (float(rate), int(step)) for node, (rate, step) in state.fleet.items()}
         self._stale: list[str] = []  # settled since the last round, reported by the next
         self._bad: dict[str, str] = {}
+        self.seen_step: int | None = None  # the repo's newest step of this master (the loop's)
         for message in config.warnings():
             warnings.warn(message, stacklevel=2)
 
@@ -340,30 +313,42 @@ class Master:
 
     @property
     def global_weights(self) -> Tensors:
-        """The live weights: updated in place by each round; copy before handing them off."""
+        """The live weights; a round replaces them with new tensors, never in place."""
         return self._weights
 
     @property
     def fleet_rate(self) -> float:
         """Tokens per step of every node heard from within max_staleness outer steps."""
-        horizon = self._step - self.config.max_staleness
-        return sum(rate for rate, seen in self._fleet.values() if seen >= horizon)
+        return _fleet_rate(self._fleet, self._step, self.config.max_staleness)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def visible_step(self) -> int:
+        """The step staleness is measured against: the newest one nodes could have installed."""
+        return self._step if self.seen_step is None else min(self._step, self.seen_step)
 
     def seen(self, identity: str) -> bool:
         """True if offering this identity now would be a duplicate."""
         return identity in self._processed or identity in self._pending
 
     def offer(self, delta: ReceivedDelta, now: float) -> str:
-        """Returns "accepted", "duplicate" or "stale"; raises BadDelta (settled) if unusable."""
+        """Returns "accepted", "duplicate", "stale" or "end" (an end marker: the node's run
+        ended with nothing left to send, settled at once); raises BadDelta (settled) if
+        unusable."""
         identity, header = delta.identity, delta.header
         if self.seen(identity):
             return "duplicate"
+        if header.final and header.steps == 0:  # an end marker carries no work
+            self._processed.add(identity)
+            if any(bool(t.any()) for t in delta.tensors.values()):
+                self._bad[identity] = "an end marker (0 steps) with non-zero tensors"
+                raise BadDelta(self._bad[identity])
+            return "end"
         problem = delta_problem(header, self._step) or _layout_problem(delta.tensors, self._weights)
-        if problem or self._step - header.base_outer_step > self.config.max_staleness:
+        if problem or self.visible_step - header.base_outer_step > self.config.max_staleness:
             self._processed.add(identity)  # settled: a repeat is a duplicate, never counted
             if problem:
                 self._bad[identity] = problem
@@ -382,47 +367,68 @@ class Master:
         return now - self._first_pending_at >= self.config.max_wait_s
 
     def round(self, now: float, force: bool = False) -> RoundResult | None:
-        """Aggregate every pending delta and take one outer step; None if not ready.
+        """``propose`` and ``commit`` at once (for callers with nothing to save between)."""
+        result = self.propose(now, force)
+        if result is not None:
+            self.commit(result)
+        return result
 
-        ``force`` runs a round on whatever is pending (the end of training); still None if
-        nothing is. Momentum is applied only if the round holds a quorum (module docstring).
-        """
+    def propose(self, now: float, force: bool = False) -> RoundResult | None:
+        """Aggregate every pending delta into one outer step, without taking it; None if not
+        ready. ``force`` runs on whatever is pending (the end of a run); still None if nothing
+        is. Momentum is applied only if the round holds a quorum (module docstring)."""
         if not (force and self._pending) and not self.ready(now):
             return None
         cfg, pending = self.config, list(self._pending.values())
-        got = aggregate(pending, self._step, cfg.max_staleness, cfg.staleness_discount)
+        got = aggregate(
+            pending, self._step, cfg.max_staleness, cfg.staleness_discount, self.visible_step
+        )
+        weights, optimizer, fleet, step = self._weights, self._optimizer, self._fleet, self._step
         full = False
         if got.included:
-            full = self._apply(got)
-            self._step += 1
-        self._processed.update(self._pending)
+            weights = {k: t.clone() for k, t in self._weights.items()}  # the live ones stay
+            optimizer = copy.deepcopy(self._optimizer) if cfg.outer_momentum > 0 else optimizer
+            fleet = dict(self._fleet)
+            full = _apply(cfg, got, weights, optimizer, fleet, step)
+            step += 1
         stale, bad = self._stale + got.stale, {**self._bad, **got.bad}
-        self._pending, self._first_pending_at, self._stale, self._bad = {}, None, [], {}
-        weights = {k: t.clone() for k, t in self._weights.items()}
-        state = "off" if cfg.outer_momentum == 0 else "applied" if full else "pending"
-        return RoundResult(self._step, weights, got.included, stale, bad, full, got.tokens, state)
+        mode = "off" if cfg.outer_momentum == 0 else "applied" if full else "pending"
+        settled = self._processed | set(self._pending)
+        candidate = _Candidate(step, weights, optimizer, fleet, settled, cfg.max_staleness)
+        return RoundResult(
+            step, weights, got.included, stale, bad, bool(full), got.tokens, mode, candidate
+        )
 
-    def _apply(self, got: AggregateResult) -> bool:
-        """One outer step from a round's mean; returns whether momentum was applied."""
-        if self.config.policy == "naive":
-            self._optimizer.step(self._weights, got.mean)
-            return self.config.outer_momentum > 0
-        for node, rate in got.rates.items():
-            self._fleet[node] = (rate, self._step)
-        round_rate = sum(got.rates.values())
-        share = round_rate / max(self.fleet_rate, round_rate)  # this round's part of the fleet
-        scaled = {k: v.mul(share) for k, v in got.mean.items()}
-        return self._optimizer.delayed_step(self._weights, scaled, share)
+    def commit(self, result: RoundResult) -> None:
+        """Take on a proposed round's state (once it is saved): its deltas are settled."""
+        c = result.candidate
+        self._step, self._weights, self._optimizer = c.step, c.weights, c.optimizer
+        self._fleet, self._processed = c.fleet, set(c.processed)
+        self._pending, self._first_pending_at, self._stale, self._bad = {}, None, [], {}
 
     def snapshot(self) -> MasterState:
-        """The state to save; it shares tensors with the master: save it before the next round."""
+        """The state to save; it shares tensors with the master (a round never changes them)."""
         buffers = self._optimizer.state_dict()
         fleet = {node: [rate, step] for node, (rate, step) in self._fleet.items()}
         return MasterState(self._step, self._weights, buffers, set(self._processed), fleet=fleet)
 
 
-def _fp32_copies(tensors: Tensors) -> Tensors:
-    return {k: t.detach().to("cpu", torch.float32, copy=True) for k, t in tensors.items()}
+def _fleet_rate(fleet: dict[str, tuple[float, int]], step: int, max_staleness: int) -> float:
+    horizon = step - max_staleness
+    return sum(rate for rate, seen in fleet.values() if seen >= horizon)
+
+
+def _apply(cfg: MasterConfig, got: AggregateResult, weights, optimizer, fleet, step) -> bool:
+    """One outer step from a round's mean on these (candidate) parts; whether momentum applied."""
+    if cfg.policy == "naive":
+        optimizer.step(weights, got.mean)
+        return cfg.outer_momentum > 0
+    for node, rate in got.rates.items():
+        fleet[node] = (rate, step)
+    round_rate = sum(got.rates.values())
+    share = round_rate / max(_fleet_rate(fleet, step, cfg.max_staleness), round_rate)
+    scaled = {k: v.mul(share) for k, v in got.mean.items()}
+    return optimizer.delayed_step(weights, scaled, share)
 
 
 def _layout_problem(tensors: dict, reference: dict, partial: bool = False) -> str | None:

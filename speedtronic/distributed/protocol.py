@@ -20,11 +20,20 @@ from typing import Any
 from speedtronic.errors import DamagedRepoFile
 
 DELTA_FORMAT = "speedtronic-delta-1"
+# Compatible additions to a delta-1 header, which older masters ignore: revision 2 adds
+# ``final`` (the node's last delta of its run: the end of a run is a protocol event, I6) and
+# ``end_step`` (the node's optimizer step at the boundary, so a resumed node never sends an inner
+# loop twice, I1). ``format`` guards incompatible changes; ``revision`` names the additions.
+DELTA_REVISION = 2
 WEIGHTS_FORMAT = "speedtronic-global-1"
 
 GLOBAL_WEIGHTS = "global/latest.safetensors"
 STEP_COUNT = "global/step_count.json"
 NODES_DIR = "nodes"
+# nodes/<node_id>/node.json: the node's run has begun (I6), so a master whose own run ends
+# first waits for that node's last delta. Its presence is the message: a master never reads it.
+NODE_FILE = "node.json"
+ANNOUNCEMENT = "a node's announcement"  # its ``delta_path_problem``: not a delta, but ours
 
 ENCODINGS = ("fp32", "bf16", "int8")
 
@@ -49,6 +58,7 @@ _MAX_CREATED_AT_CHARS = 64
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NODES = 100_000  # entries of step_count.json's "nodes"; a fleet is far smaller
 _INT_FIELDS = ("seq", "base_outer_step", "steps", "tokens")
+_FLAGS = {"1": True, "0": False}  # how a boolean travels in safetensors metadata (strings)
 # Where a bucket keeps each published global (``weights_key`` in step_count.json, which is the
 # commit point): named by outer step and content, so a publish never overwrites an object a
 # reader may be fetching. A directory or Hub repo has no such field (one file, replaced).
@@ -101,6 +111,18 @@ def delta_path(node_id: str, seq: int) -> str:
     return f"{NODES_DIR}/{node_id}/delta_{seq:08d}.safetensors"
 
 
+def node_file_path(node_id: str) -> str:
+    """``nodes/<node_id>/node.json``: where a node says its run has begun."""
+    return f"{NODES_DIR}/{check_node_id(node_id)}/{NODE_FILE}"
+
+
+def announced_node(path: str) -> str | None:
+    """The node id of ``nodes/<node_id>/node.json``; None for any other path."""
+    if delta_path_problem(path) != ANNOUNCEMENT:
+        return None
+    return path.split("/")[1]
+
+
 def parse_delta_path(path: str) -> tuple[str, int] | None:
     """``(node_id, seq)`` for ``nodes/<node_id>/delta_<digits>.safetensors``; None otherwise."""
     if not isinstance(path, str) or delta_path_problem(path) is not None:
@@ -121,6 +143,8 @@ def delta_path_problem(path: str) -> str | None:
         return f"the folder {short_repr(node_id)} is not a valid node id"
     if len(parts) > 3:
         return "nested below a node's folder"
+    if parts[2] == NODE_FILE:
+        return ANNOUNCEMENT
     if not _DELTA_NAME_RE.fullmatch(parts[2]):
         return f"not named {DELTA_NAME_RULE}"
     return None
@@ -128,9 +152,10 @@ def delta_path_problem(path: str) -> str | None:
 
 def check_deletable(path: str) -> str:
     """``path`` if a master may delete it: a delta's path (``delta_path_problem``), the only
-    file a round consumes. Anything else is a bug to see, never a file to remove (ValueError)."""
+    file a round consumes, or a node's announcement (deleted with its last delta, I6).
+    Anything else is a bug to see, never a file to remove (ValueError)."""
     problem = delta_path_problem(path) if isinstance(path, str) else "not a path"
-    if problem is not None:
+    if problem not in (None, ANNOUNCEMENT):
         raise ValueError(f"refusing to delete {short_repr(path)}: {problem}")
     return path
 
@@ -155,11 +180,17 @@ class DeltaHeader:
     encoding: str
     created_at: str
     chain: str = ""  # "": a node that predates chains; its deltas form one chain
+    # The node's last delta of its run (revision 2). With ``steps`` 0 and zero tensors it is an
+    # end marker: sent when the run ended with nothing left to send, it carries no work.
+    final: bool = False
+    end_step: int = 0  # the node's optimizer step at the boundary; 0: not said (revision 1)
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
-        for name in _INT_FIELDS:
+        for name in (*_INT_FIELDS, "end_step"):
             _check_count(name, getattr(self, name))
+        if not isinstance(self.final, bool):
+            raise ValueError(f"final {short_repr(self.final)}: must be true or false")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding {short_repr(self.encoding)}: must be one of {ENCODINGS}")
         created = self.created_at
@@ -172,8 +203,14 @@ class DeltaHeader:
 
     def to_metadata(self) -> dict[str, str]:
         """The header as safetensors metadata (all strings), with ``format`` added."""
-        meta = {key: str(value) for key, value in asdict(self).items() if value != ""}
-        meta["format"] = DELTA_FORMAT
+        fields = asdict(self)
+        final, end_step = fields.pop("final"), fields.pop("end_step")
+        meta = {key: str(value) for key, value in fields.items() if value != ""}
+        if final:
+            meta["final"] = "1"
+        if end_step:
+            meta["end_step"] = str(end_step)
+        meta["format"], meta["revision"] = DELTA_FORMAT, str(DELTA_REVISION)
         return meta
 
     @classmethod
@@ -197,6 +234,12 @@ class DeltaHeader:
             fields["chain"] = meta["chain"]
         for key in _INT_FIELDS:
             fields[key] = parse_count(key, meta[key])
+        if "end_step" in meta:
+            fields["end_step"] = parse_count("end_step", meta["end_step"])
+        if "final" in meta:
+            if meta["final"] not in _FLAGS:
+                raise BadDelta(f"header final {short_repr(meta['final'])}: must be '1' or '0'")
+            fields["final"] = _FLAGS[meta["final"]]
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -319,7 +362,8 @@ def _checked_weights_key(key: object, checked: dict[str, Any]) -> str:
 
 
 def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
-    """``{node_id: {seq, base_outer_step, tokens, last_delta_at}}``, each field checked; a
+    """``{node_id: {seq, base_outer_step, tokens, last_delta_at, end_step, chain, final}}``,
+    each field checked (``final``: the node's last delta of its run is in this global, I6); a
     field of another name is refused, as in the rest of the file."""
     if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
         raise ValueError(f"nodes: must be an object of at most {_MAX_NODES} node ids")
@@ -328,7 +372,7 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
         if not NODE_ID_RE.fullmatch(node_id) or not isinstance(info, dict):
             raise ValueError(f"nodes: {short_repr(node_id)} must be a node id with an object")
         where = f"nodes.{node_id}"
-        unknown = sorted(str(key) for key in info if key not in (*_NODE_COUNTS, "last_delta_at"))
+        unknown = sorted(str(key) for key in info if key not in _NODE_FIELDS)
         if unknown:
             raise ValueError(f"{where}: unknown field {short_repr(unknown[0])}")
         entry = {k: _check_count(f"{where}.{k}", info[k]) for k in _NODE_COUNTS if k in info}
@@ -336,11 +380,20 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
             entry["last_delta_at"] = _check_short_text(
                 f"{where}.last_delta_at", info["last_delta_at"]
             )
+        if "final" in info:
+            if not isinstance(info["final"], bool):
+                raise ValueError(f"{where}.final {short_repr(info['final'])}: must be a boolean")
+            entry["final"] = info["final"]
+        if "chain" in info:
+            if not isinstance(info["chain"], str) or not _CHAIN_RE.fullmatch(info["chain"]):
+                raise ValueError(f"{where}.chain {short_repr(info['chain'])}: must be hex digits")
+            entry["chain"] = info["chain"]
         checked[node_id] = entry
     return checked
 
 
-_NODE_COUNTS = ("seq", "base_outer_step", "tokens")
+_NODE_COUNTS = ("seq", "base_outer_step", "tokens", "end_step")
+_NODE_FIELDS = (*_NODE_COUNTS, "last_delta_at", "final", "chain")
 
 
 def _check_short_text(name: str, value: object) -> str:

@@ -2,9 +2,11 @@
 
 ``coordinator_plugins`` returns the Trainer plug-ins for a node (the master's loop first, so
 its initial global exists before the local worker looks for one; then the worker), and
-``coordinate_only`` runs a master that does not train (``train_locally: false``) until
-``outer_steps`` rounds or a signal. Nothing here is read from the shared repo: the run's
-configuration comes only from the local config (the repo is data, never config).
+``coordinate_only`` runs a master that does not train (``train_locally: false``) until the
+run ends (``master_end.serve``) or a signal. Every node gets a ``FinalGlobalWriter`` for its
+output directory and a spill directory there for its in-flight deltas. Nothing here is read
+from the shared repo: the run's configuration comes only from the local config (the repo is
+data, never config).
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from typing import Any
 
 from torch import nn
 
-from speedtronic.distributed.master import MasterLoop, MasterPlugin
+from speedtronic.data.loader import run_tokenizer
+from speedtronic.distributed.final_global import FinalGlobalWriter
+from speedtronic.distributed.master import MasterLoop
+from speedtronic.distributed.master_end import MasterPlugin, serve
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker import WorkerPlugin, parameters_of, snapshot
+from speedtronic.distributed.worker_inflight import SPILL_DIR
 
 
 def state_dir(config: Any) -> Path:
@@ -53,16 +59,36 @@ def master_loop(config: Any, model: nn.Module, logger: Any, transport: Transport
     return MasterLoop(settings, weights, transport, logger, state_dir(config))
 
 
-def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]:
+def final_writer(
+    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None
+) -> FinalGlobalWriter:
+    """Where this node leaves the run's final global: ``<output_dir>/final_global``, recording
+    ``tokenizer`` (the run's) as its checkpoints do."""
+    settings = node_settings(config)
+    about = {"node_id": settings.node_id, "role": settings.role, "repo": transport.describe()}
+    redacted = config.to_dict(redact=True)
+    return FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
+
+
+def coordinator_plugins(
+    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None
+) -> list[Any]:
+    """The node's plug-ins; ``tokenizer``: the run's (``Runtime.tokenizer``), for the final
+    global's record."""
     settings = node_settings(config)
     transport = node_transport(settings, logger)
+    writer = final_writer(config, model, transport, tokenizer)
     plugins: list[Any] = []
     if settings.train_locally:
-        plugins.append(WorkerPlugin(settings, model, transport, logger))
+        spill = config.output_dir / SPILL_DIR
+        worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill)
+        worker.end.final_writer = writer
+        plugins.append(worker)
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None
         loop = master_loop(config, model, logger, transport)
         plugins.insert(0, MasterPlugin(loop, local_worker))
+        plugins[0].final_writer = writer
     logger.notice(
         f"diloco: {settings.role} {settings.node_id} on {settings.repo}, "
         f"syncing every {settings.inner_steps} steps"
@@ -72,7 +98,8 @@ def coordinator_plugins(config: Any, model: nn.Module, logger: Any) -> list[Any]
 
 def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any]:
     """Run the master without local training; returns the final outer step and status."""
-    loop = master_loop(config, model, logger, node_transport(node_settings(config), logger))
+    transport = node_transport(node_settings(config), logger)
+    loop = master_loop(config, model, logger, transport)
     loop.start()
     stop, caught = threading.Event(), []
 
@@ -83,12 +110,14 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
     try:
-        loop.serve(config.distributed.outer_steps, stop)
+        writer = final_writer(config, model, transport, run_tokenizer(config, None))
+        path = serve(loop, config.distributed.outer_steps, stop, writer)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return {
         "outer_step": loop.master.outer_step,
+        "final_global": path,
         "elapsed_s": time.perf_counter() - start,
         "signal": caught[0] if caught else None,
     }

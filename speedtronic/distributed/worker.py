@@ -9,7 +9,9 @@ optimizer steps, carrying the inner loop's progress so far (I2: no local progres
 discarded). The training thread never touches the network (I5): a failed or hung upload keeps
 its delta in the outbox, where the next boundary's delta is added to it (cumulative, never
 lost); the poller just keeps the last good global. The plug-in's state (base weights, the
-outbox, counters) goes into the run's checkpoints, so ``--resume`` continues exactly.
+outbox, counters) goes into the run's checkpoints, so ``--resume`` continues exactly. The end
+of its run (``worker_end``): its last delta says so, it waits (bounded) for a global holding
+it, and writes that global into its output directory.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic.distributed.codec import expected_delta_bytes
 from speedtronic.distributed.latency import poll_advice
 from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.transport import Transport
+from speedtronic.distributed.worker_end import RunEnd
 from speedtronic.distributed.worker_fetch import GlobalFetcher
 from speedtronic.distributed.worker_upload import Pending, Uploader
 
@@ -57,16 +61,18 @@ class WorkerPlugin:
         transport: Transport,
         logger: Any,
         background: bool = True,
+        spill_dir: Any = None,
     ):
         """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
         and ``fetcher.refresh`` itself (simulations with a virtual clock, e.g. the convergence
-        benchmark)."""
+        benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker_inflight``;
+        None: a temporary directory)."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
         self.params = parameters_of(model)
         self.node_id: str = config.node_id
         self.status = NodeStatus()
-        self.uploader = Uploader(config, transport, logger, self.status)
+        self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
@@ -77,6 +83,7 @@ class WorkerPlugin:
         self.install_every = 1  # eager: steps between looks (a DDP node's ranks agree on it)
         self._started: float | None = None  # when training started, to time the first loop
         self._threads: list[threading.Thread] = []
+        self.end = RunEnd(self)  # the end of the run: last delta, final global, one line
 
     @property
     def base_outer_step(self) -> int:
@@ -99,7 +106,10 @@ class WorkerPlugin:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
-        self.uploader.number_past_used()
+        self.uploader.number_past_used(2 * expected_delta_bytes(self.params, "fp32") + (1 << 20))
+        # a run that ends at once needs no announcement (``announce``: a seam for unit tests)
+        if getattr(self.config, "announce", True) and not self.end.at_max_steps(trainer):
+            self.uploader.hello.ready(trainer.step)
         if not self.background:
             return
         for target in (self.uploader.run, self.fetcher.run):
@@ -114,36 +124,41 @@ class WorkerPlugin:
         self.status.raise_if_fatal()
         since = trainer.step - self.boundary_step
         if since >= self.config.inner_steps:
-            self.boundary(trainer)
+            self.boundary(trainer, final=self.end.at_max_steps(trainer))
         elif self.eager and since % self.install_every == 0 and self.fetcher.ready is not None:
             self.install_eagerly(trainer)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
-        """A last boundary for the steps since the previous one, then its upload (bounded)."""
-        self.status.raise_if_fatal()
-        if self.status.stop.is_set():
-            return  # already finished, e.g. by the master plug-in of the same node
-        if trainer.step > self.boundary_step:
-            self.boundary(trainer)
-        if self.background:
-            self.uploader.drain(timeout=self.config.upload_timeout_s)
-        else:
-            self.uploader.send_pending()
-        self.status.stop.set()
-        self.uploader.wake.set()
-        self.status.raise_if_fatal()
+        """The end of this node's run (``worker_end``): its last delta, marked so, sent
+        (bounded); a bounded wait for a global holding it; that global in the output dir."""
+        self.end.run_end(trainer, result)
+
+    def on_at_target(self, trainer: Any, result: Any) -> None:
+        """``--resume`` of a node whose training is done: send what is unsent, all the same."""
+        self.end.at_target(trainer, result)
+
+    def finish_sending(self, trainer: Any) -> bool:
+        """The last boundary (or an end marker) and its upload; whether everything went."""
+        return self.end.finish_sending(trainer)
+
+    def ended_by_master(self, path: str | None) -> None:
+        """This node's master wrote the final global: nothing left for the worker to do."""
+        self.end.ended_by_master(path)
 
     # ------------------------------------------------------------------ the boundary
 
-    def boundary(self, trainer: Any) -> None:
-        """Capture this inner loop's delta, queue it, and install a newer global if there is one."""
+    def boundary(self, trainer: Any, final: bool = False) -> None:
+        """Capture this inner loop's delta, queue it, and install a newer global if there is one.
+        ``final``: the last of this node's run (I6)."""
         start = time.perf_counter()
         current = snapshot(self.params)
         delta = {k: self.base[k] - current[k] for k in current}  # base - current, fp32
         self.fetcher.moved(delta)  # how far this node's training went: the globals' bound (I4)
         steps = trainer.step - self.boundary_step
         tokens = trainer.tokens - self.boundary_tokens
-        self.uploader.queue(Pending(delta, self.base_outer_step, steps, tokens))
+        pending = Pending(delta, self.base_outer_step, steps, tokens, 0, "", final, trainer.step)
+        if not self.uploader.replayed(pending):  # a resumed node's, sent before: I1
+            self.uploader.queue(pending)
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base, self.rate = current, tokens / max(steps, 1)
         if self.config.sync_wait_s > 0 and self.background:
@@ -153,22 +168,11 @@ class WorkerPlugin:
             self.step_time_s, self._started = (start - self._started) / max(steps, 1), None
             for message in self.transport.cadence_warnings(self.config, self.step_time_s):
                 self.logger.warn(f"diloco: {message}")
-        self._advise_poll_interval()
+        _advise_poll_interval(self)
         stall = time.perf_counter() - start
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
         self.logger.log("diloco_boundary", {**payload, **self.counters, **self.transport.stats()})
-
-    def _advise_poll_interval(self) -> None:
-        """Once three uploads are timed, say if the poll interval adds more waiting for each new
-        global than the network does (docs/diloco.md, latency)."""
-        timed = self.uploader.upload_seconds
-        if self._poll_advised or len(timed) < 3 or self.step_time_s is None:
-            return
-        self._poll_advised = True
-        loop_s = self.config.inner_steps * self.step_time_s
-        if advice := poll_advice(self.config.poll_interval, sorted(timed)[len(timed) // 2], loop_s):
-            self.logger.warn(f"diloco: {advice}")
 
     def _wait_for_own_round(self) -> bool:
         """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
@@ -286,3 +290,15 @@ class WorkerPlugin:
         self.fetcher.anchor_norm, self.fetcher.travel = state.get("norm_anchor", [None, 0.0])
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))
+
+
+def _advise_poll_interval(plugin: WorkerPlugin) -> None:
+    """Once three uploads are timed, say if the poll interval adds more waiting for each new
+    global than the network does (docs/diloco.md, latency)."""
+    timed = plugin.uploader.upload_seconds
+    if plugin._poll_advised or len(timed) < 3 or plugin.step_time_s is None:
+        return
+    plugin._poll_advised = True
+    loop_s = plugin.config.inner_steps * plugin.step_time_s
+    if advice := poll_advice(plugin.config.poll_interval, sorted(timed)[len(timed) // 2], loop_s):
+        plugin.logger.warn(f"diloco: {advice}")

@@ -4,8 +4,12 @@ A boundary queues a ``Pending`` delta; the uploader thread encodes and uploads i
 upload that did not land goes back into the outbox, where later deltas are added to it
 (``fold``: cumulative, never lost, I2); one that may have landed (its answer lost) is kept as
 ``exact`` and only ever resent byte for byte, under the same name, so the master counts it once
-(I1). Sequence numbers start past every one the node used. The outbox is part of the node's
-checkpoint (``state_dict``), so ``--resume`` resends exactly what was unsent.
+(I1). Sequence numbers start past every one the node used. Every sent delta is kept, exactly,
+until a global includes it (``worker_inflight``); past its disk budget later inner loops wait
+in the outbox. The last delta of a run says so (``final``; an end marker of 0 steps when the run
+ended with everything sent). The outbox is part of the node's checkpoint (``state_dict``), so
+``--resume`` resends exactly what was unsent, and never an inner loop that the process it
+resumes sent after its checkpoint (``skip_replayed``, I1).
 """
 
 from __future__ import annotations
@@ -15,24 +19,18 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from speedtronic.distributed.codec import encode_delta
 from speedtronic.distributed.node_status import NodeStatus
-from speedtronic.distributed.protocol import (
-    STEP_COUNT,
-    DeltaHeader,
-    delta_path,
-    leaves_room,
-    parse_delta_path,
-)
+from speedtronic.distributed.protocol import DeltaHeader, delta_path
+from speedtronic.distributed.worker_inflight import InFlight
+from speedtronic.distributed.worker_resume import Announcement, number_past_used, replayed
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
-# Sent deltas kept (on the CPU) until a global names them included; past this many, the oldest
-# two are merged (a paused master: memory stays at this many copies of the weights)
-MAX_IN_FLIGHT = 3
 
 
 @dataclass
@@ -50,31 +48,21 @@ class Pending:
     tokens: int
     seq: int = 0
     created_at: str = ""
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """Sent deltas ``first``..``last`` (summed) that no published global includes yet."""
-
-    first: int
-    last: int
-    delta: dict[str, torch.Tensor]
-
-    def after(self, included_seq: int) -> InFlight | None:
-        """What a global including seq ``included_seq`` still lacks of these: all, none, or,
-        of a merged run cut in the middle, its share by count (merged deltas are alike)."""
-        if self.last <= included_seq:
-            return None
-        if self.first > included_seq:
-            return self
-        share = (self.last - included_seq) / (self.last - self.first + 1)
-        return InFlight(included_seq + 1, self.last, {k: v * share for k, v in self.delta.items()})
+    final: bool = False  # the node's last delta of its run
+    end_step: int = 0  # the node's optimizer step at its (last) boundary
 
 
 class Uploader:
     """The outbox, the delta in flight, the one that may have landed, and the thread sending."""
 
-    def __init__(self, config: Any, transport: Any, logger: Any, status: NodeStatus):
+    def __init__(
+        self,
+        config: Any,
+        transport: Any,
+        logger: Any,
+        status: NodeStatus,
+        spill_dir: str | Path | None = None,
+    ):
         self.config, self.transport, self.logger, self.status = config, transport, logger, status
         self.node_id: str = config.node_id
         # This process's chain of increments: the master adds up one chain's deltas (a
@@ -84,35 +72,27 @@ class Uploader:
         self.outbox: Pending | None = None
         self.sending: Pending | None = None  # the delta the uploader holds right now
         self.exact: Pending | None = None  # may have landed: only these bytes may go again
-        self.in_flight: list[InFlight] = []  # sent, not yet in a published global; oldest first
+        budget = getattr(config, "in_flight_disk_bytes", 8 << 30)
+        # sent, not yet in a published global: exact records, memory then disk (I2)
+        self.in_flight = InFlight(spill_dir, budget, logger.warn)
         self.upload_seconds: list[float] = []  # how long each upload took, for the poll advice
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        self.held = False  # the in-flight budget is full: the outbox waits for a global
+        self.final_seq: int | None = None  # the seq of the run's last delta, once it is sent
+        self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
+        self.replayed_to = 0  # a resumed node's steps its previous process already sent
+        self.hello = Announcement(self)  # that this node's run has begun (worker_resume)
 
-    def number_past_used(self) -> None:
-        """New names start past every one this node used, also after a checkpoint: its deltas
-        in the repo and its newest the master applied. A reused name could be deleted unread
-        by a master consuming the old file there (I1)."""
-        try:
-            refs = self.transport.list_deltas()
-            counted = self.transport.read_step_count() or {}
-        except Exception as exc:  # any transport failure: number on from the checkpoint
-            if getattr(exc, "permanent", False):
-                raise
-            self.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {self.seq}")
-            return
-        applied = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq")
-        if applied is not None and not leaves_room(applied):  # a writer's, not the master's
-            self.logger.warn(
-                f"diloco: {STEP_COUNT} says this node's newest applied delta is {applied}, "
-                "which leaves no room to number on (18 digits); ignored"
-            )
-            applied = None
-        mine = [parse_delta_path(r.path) for r in refs if r.problem is None]
-        used = [
-            seq for node, seq in filter(None, mine) if node == self.node_id and leaves_room(seq)
-        ]
-        self.seq = max([self.seq, *used, *([applied] if applied is not None else [])])
+    def number_past_used(self, max_bytes: int = 1 << 40) -> None:
+        """New names start past every one this node used (``worker_resume``); after a resume,
+        what the process it resumes sent after the checkpoint is not sent again (I1)."""
+        number_past_used(self, max_bytes)
+        self.in_flight.tidy()
+
+    def replayed(self, pending: Pending) -> bool:
+        """A boundary its previous process sent already (``worker_resume.replayed``)."""
+        return replayed(pending, self.replayed_to, self.logger)
 
     def queue(self, pending: Pending) -> None:
         with self.lock:
@@ -121,11 +101,31 @@ class Uploader:
 
     def all_sent(self) -> bool:
         with self.lock:
-            return self.outbox is None and self.sending is None and self.exact is None
+            idle = self.outbox is None and self.sending is None and self.exact is None
+            return idle and self.hello.data is None
 
     def unsent(self) -> bool:
         with self.lock:
-            return self.outbox is not None or self.exact is not None
+            waiting = self.outbox is not None or self.exact is not None
+            return waiting or self.hello.data is not None
+
+    def _room(self, pending: Pending, size: int) -> bool:
+        """Whether the in-flight records can keep one more; if not, ``pending`` goes back to
+        the outbox, unnamed (later inner loops are added to it) until a global frees some."""
+        with self.lock:
+            if self.in_flight.room(size):
+                self.held = False
+                return True
+            if not self.held:
+                self.logger.warn(
+                    f"diloco: {len(self.in_flight)} deltas of this node are out and no global "
+                    f"includes them ({self.in_flight.spilled_bytes >> 20} MB on disk, the "
+                    "in_flight_disk_bytes budget): later inner loops wait in the outbox, added "
+                    "up, until the master catches up"
+                )
+            self.held, self.sending = True, None  # its name stays its own: nothing was sent
+            self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
+            return False
 
     def run(self) -> None:
         """The uploader thread: send on each wake-up; after a failure back off and retry."""
@@ -136,8 +136,11 @@ class Uploader:
             if self.send_pending():
                 wait = RETRY_S[0]
             if self.unsent() and not stop.is_set():
-                stop.wait(wait)  # a failure: back off, then try again with what piled up
-                wait = min(wait * 2, RETRY_S[1])
+                if self.held:  # no room: a global freeing some wakes it (``included``)
+                    self.wake.wait(RETRY_S[1])
+                else:
+                    stop.wait(wait)  # a failure: back off, then try again with what piled up
+                    wait = min(wait * 2, RETRY_S[1])
                 self.wake.set()
 
     def send_pending(self) -> bool:
@@ -146,27 +149,46 @@ class Uploader:
             pass
         return not self.unsent()
 
-    def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for queued deltas to go out; what stays is kept in the state."""
-        deadline = time.monotonic() + timeout
+    def drain(self, timeout: float, waiting: Any = None) -> bool:
+        """Wait up to ``timeout`` for queued deltas to go out; whether all did (what stays is
+        kept in the checkpoint). ``waiting()`` is called meanwhile (about once a second)."""
+        deadline, looked = time.monotonic() + timeout, 0.0
         self.wake.set()
         while time.monotonic() < deadline and self.status.fatal is None:
             if self.all_sent():
-                return
+                return True
+            if waiting is not None and time.monotonic() - looked >= 1.0:
+                looked = time.monotonic()
+                waiting()
             time.sleep(0.05)
-        self.logger.warn("diloco: deltas still unsent at the end; they are in the checkpoint")
+        return self.all_sent()
+
+    def end_run(self, zeros: Any, base: int, end_step: int) -> None:
+        """Mark the run's last delta: the one waiting in the outbox, or, when everything went
+        out already and the last was not marked, an end marker (0 steps, the tensors ``zeros()``
+        makes)."""
+        with self.lock:
+            if self.outbox is not None:
+                self.outbox = replace(self.outbox, final=True)
+            elif not any(p is not None and p.final for p in (self.exact, self.sending)):
+                if self.final_seq is None or self.final_seq < self.seq:
+                    self.outbox = Pending(zeros(), base, 0, 0, final=True, end_step=end_step)
+        self.wake.set()
 
     def _take_and_send(self) -> bool:
         """Send the outbox; True on success. A failed delta goes back, folded with later ones.
 
         Transports raise only when the file did not land, so folding cannot count it twice.
         """
+        self.hello.send()
         pending, was_exact = self._take()
         if pending is None:
             return False
         seq, header = pending.seq, self._header(pending)
         try:
             data = encode_delta(pending.delta, header)
+            if not was_exact and not self._room(pending, len(data)):
+                return False
             start = time.monotonic()
             self.transport.upload(delta_path(self.node_id, seq), data)
             self.upload_seconds.append(time.monotonic() - start)
@@ -175,7 +197,8 @@ class Uploader:
             return False
         with self.lock:
             self.sending = None
-            self._keep_in_flight(seq, pending.delta)
+            self.in_flight.add(seq, data, header.encoding)
+            self.final_seq = seq if pending.final else self.final_seq
         counters = self.status.counters
         counters["uploads"] += 1
         counters["bytes_up"] += len(data)
@@ -211,23 +234,21 @@ class Uploader:
             else:  # nothing landed: the name is still free for the sum with later ones
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
 
-    def _keep_in_flight(self, seq: int, delta: dict[str, torch.Tensor]) -> None:
-        # Kept as the master will apply it: in the upload's precision (half the memory in bf16)
-        dtype = torch.float32 if self.config.delta_dtype == "fp32" else torch.bfloat16
-        kept = {k: v.detach().to("cpu", dtype, copy=True) for k, v in delta.items()}
-        self.in_flight.append(InFlight(seq, seq, kept))
-        if len(self.in_flight) > MAX_IN_FLIGHT:  # the master is not keeping up: merge the oldest
-            older, newer = self.in_flight[:2]
-            merged = {k: older.delta[k] + newer.delta[k] for k in older.delta}
-            self.in_flight[:2] = [InFlight(older.first, newer.last, merged)]
+    def included(self, included_seq: int) -> None:
+        """A global includes this node's deltas up to ``included_seq``: their records go (and
+        an outbox held back for room goes out)."""
+        with self.lock:
+            freed = self.in_flight.drop_through(included_seq)
+        if freed and self.held:
+            self.wake.set()
 
     def not_included(self, included_seq: int) -> dict[str, torch.Tensor] | None:
         """The sum of every delta of this node that a global including its deltas up to
-        ``included_seq`` lacks: sent later, being sent, or not sent yet (CPU, fp32)."""
+        ``included_seq`` lacks: sent later, being sent, or not sent yet (CPU, fp32), exactly
+        as the master applies them."""
+        self.included(included_seq)
         with self.lock:
-            self.in_flight = [b.after(included_seq) for b in self.in_flight]
-            self.in_flight = [b for b in self.in_flight if b is not None]
-            parts = [b.delta for b in self.in_flight]
+            parts = self.in_flight.after(included_seq)
             unsent = (self.exact, self.sending, self.outbox)  # may have landed: by their seq
             parts += [p.delta for p in unsent if p is not None and not 0 < p.seq <= included_seq]
             if not parts:
@@ -247,6 +268,8 @@ class Uploader:
             encoding=self.config.delta_dtype,
             created_at=pending.created_at,
             chain=self.chain,
+            final=pending.final,
+            end_step=pending.end_step,
         )
 
     # ------------------------------------------------------------------ checkpoint state
@@ -258,16 +281,18 @@ class Uploader:
             unsent, exact = self.outbox, self.exact or self.sending
             return {
                 "chain": self.chain,
-                "in_flight": [[b.first, b.last, dict(b.delta)] for b in self.in_flight],
+                "in_flight": self.in_flight.state(),
                 "seq": self.seq,
+                "final_seq": self.final_seq,
                 "unsent": None if unsent is None else pending_state(unsent),
                 "exact": None if exact is None else pending_state(exact),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.chain = state.get("chain", self.chain)  # older checkpoints: a new chain
-        self.in_flight = [InFlight(int(a), int(b), d) for a, b, d in state.get("in_flight", [])]
-        self.seq = int(state["seq"])
+        self.in_flight.load(state.get("in_flight", []))
+        self.seq = self.resumed_seq = int(state["seq"])
+        self.final_seq = state.get("final_seq")
         unsent, exact = state.get("unsent"), state.get("exact")
         self.outbox = None if unsent is None else Pending(**unsent)
         self.exact = None if exact is None else Pending(**exact)
@@ -282,6 +307,8 @@ def fold(first: Pending, later: Pending) -> Pending:
         base_outer_step=min(first.base_outer_step, later.base_outer_step),
         steps=first.steps + later.steps,
         tokens=first.tokens + later.tokens,
+        final=later.final,
+        end_step=max(first.end_step, later.end_step),
     )
 
 
@@ -293,4 +320,6 @@ def pending_state(pending: Pending) -> dict[str, Any]:
         "tokens": pending.tokens,
         "seq": pending.seq,
         "created_at": pending.created_at,
+        "final": pending.final,
+        "end_step": pending.end_step,
     }

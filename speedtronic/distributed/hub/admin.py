@@ -18,6 +18,7 @@ from speedtronic.config.sections import is_hub_user_name
 from speedtronic.distributed.protocol import (
     NODES_DIR,
     STEP_COUNT,
+    announced_node,
     parse_delta_path,
     parse_step_count,
 )
@@ -338,7 +339,10 @@ class RepoWatcher:
         outer_step = counted.get("outer_step")
         updated = unix_time(counted.get("updated_at"))
         nodes = node_rows(facts["files"], counted, now)
-        others = sum(parse_delta_path(f.path) is None for f in facts["files"])
+        others = sum(  # a node's announcement (node.json) is ours, not a stranger
+            parse_delta_path(f.path) is None and announced_node(f.path) is None
+            for f in facts["files"]
+        )
         problems = list(facts["problems"])
         if others:
             problems.append(f"{others} file(s) under {NODES_DIR}/ are not deltas: ignored")

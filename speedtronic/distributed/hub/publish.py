@@ -5,13 +5,18 @@ deltas in one commit whose parent is the last head seen, after checking with one
 call that the step count there is one this node read or wrote (any other is downloaded: another
 master at or past our outer step is an error; an older one is taken as ours from then on).
 When workers' uploads moved the head under it the commit is refused (412) and rebuilt on the
-new head, at most ``MAX_PUBLISH_ATTEMPTS`` times in a row. Every ``squash_every`` publishes it
-squashes the history; a failed squash is only a warning. No torch here.
+new head at once: a head moved only by commits under ``nodes/`` (the step count there is still
+one this node read or wrote) cannot conflict with a publish of ``global/``, so it never counts
+toward giving up (issue 26: a busy fleet starved publishes). Only ``global/`` changing under it
+(``MAX_PUBLISH_ATTEMPTS`` step counts not its own) or ``PUBLISH_BUDGET_S`` of refusals end the
+attempts. Every ``squash_every`` publishes it squashes the history; a failed squash is only a
+warning. No torch here.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +27,8 @@ from speedtronic.errors import TransportError
 from speedtronic.hub.errors import CommitConflict
 from speedtronic.hub.files import git_blob_oid
 
-MAX_PUBLISH_ATTEMPTS = 5  # commits refused because the head moved (workers' uploads), in a row
+MAX_PUBLISH_ATTEMPTS = 5  # heads whose step count was not ours (global/ changed), in one publish
+PUBLISH_BUDGET_S = 300.0  # how long one publish rebuilds on heads that nodes' commits moved
 
 
 class Publisher:
@@ -55,27 +61,41 @@ class Publisher:
         self.view.own(git_blob_oid(body))
         if parent is None:
             parent = self.view.current_head(self.client)
-        for _ in range(MAX_PUBLISH_ATTEMPTS):
-            deletes = self._deletable(parent, outer_step, consumed)
+        clock = getattr(getattr(self.client, "budget", None), "clock", time.time)
+        deadline, changed = clock() + PUBLISH_BUDGET_S, 0
+        while True:
+            deletes, moved = self._deletable(parent, outer_step, consumed)
+            changed += moved
+            if changed > MAX_PUBLISH_ATTEMPTS:
+                raise TransportError(
+                    f"could not publish outer step {outer_step} to {self.repo_id}: "
+                    f"{STEP_COUNT} changed under {MAX_PUBLISH_ATTEMPTS} publishes in a row; "
+                    "the next round tries again"
+                )
             try:
                 head = self.client.commit(adds, deletes, message, parent=parent)
             except CommitConflict:
                 self.counts.add("publish_conflicts")
-                parent = self.view.current_head(self.client)
+                if clock() >= deadline:
+                    raise TransportError(
+                        f"could not publish outer step {outer_step} to {self.repo_id}: the repo "
+                        f"kept moving under it for {PUBLISH_BUDGET_S:.0f} s; the next round "
+                        "tries again"
+                    ) from None
+                parent = self.view.current_head(self.client)  # again at once: nodes/ moved it
                 continue
-            self.view.published(parent, head, body, deletes)
-            publishes = self.counts.add("publishes")
-            self.rates.committed()
-            if self.squash_every > 0 and publishes % self.squash_every == 0:
-                self._squash(outer_step)
-            return
-        raise TransportError(
-            f"could not publish outer step {outer_step} to {self.repo_id}: the repo changed "
-            f"under {MAX_PUBLISH_ATTEMPTS} commits in a row; the next round tries again"
-        )
+            break
+        self.view.published(parent, head, body, deletes)
+        publishes = self.counts.add("publishes")
+        self.rates.committed()
+        if self.squash_every > 0 and publishes % self.squash_every == 0:
+            self._squash(outer_step)
 
-    def _deletable(self, parent: str, outer_step: int, consumed: list[str]) -> list[str]:
-        """Consumed paths present at ``parent``, after checking no other master published there.
+    def _deletable(
+        self, parent: str, outer_step: int, consumed: list[str]
+    ) -> tuple[list[str], bool]:
+        """Consumed paths present at ``parent``, after checking no other master published there,
+        and whether ``global/`` changed there (a step count not ours).
 
         One ``paths_info`` call answers both: the step count's version (one we read or wrote
         means no other master; any other is downloaded and compared) and which deltas exist.
@@ -83,9 +103,10 @@ class Publisher:
         wanted = [check_deletable(p) for p in dict.fromkeys(consumed)]  # deltas only
         found = self.client.paths_info([STEP_COUNT, *wanted], parent)
         counted = found.get(STEP_COUNT)
-        if counted is not None and not self.view.is_own(counted.oid):
+        moved = counted is not None and not self.view.is_own(counted.oid)
+        if moved:
             self._check_no_other_master(parent, outer_step)
-        return [p for p in wanted if p in found]
+        return [p for p in wanted if p in found], moved
 
     def _check_no_other_master(self, revision: str, outer_step: int) -> None:
         theirs = read_step_count_at(self.client, revision)
