@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from speedtronic.errors import TrainingError
+from speedtronic.failure import StepGuard
 from speedtronic.metrics import MetricLogger
 from speedtronic.precision import Precision
 from speedtronic.rng import rng_state, set_rng_state
@@ -61,7 +62,8 @@ class Trainer:
     """Trains ``model`` on micro-batches from ``data`` until ``options.max_steps``.
 
     Plug-ins are objects with any of ``on_train_start(trainer)``,
-    ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``
+    ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``,
+    ``on_train_error(trainer, exc)`` (a step failed after others completed: ``failure.py``)
     and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
     """
 
@@ -104,18 +106,27 @@ class Trainer:
         self._call_plugins("on_train_start", self)
         status = "completed"
         with self._signals() as guard:  # also covers the final save: a first Ctrl-C waits
-            while status == "completed" and self.step < self.options.max_steps:
-                loss, grad_norm = self.train_step(self.step_log.window)
-                if self.step_log.due(self.step):
-                    self.last_loss = self.step_log.emit(self, loss, grad_norm)
-                if "stop" in self._call_plugins("after_optimizer_step", self):
-                    status = "stopped"
-                if self._stop_signal is not None:
-                    guard.announce()
-                    status = "interrupted"
+            with StepGuard(self) as steps:  # an error keeps the completed steps (failure.py)
+                while status == "completed" and self.step < self.options.max_steps:
+                    steps.begin()
+                    loss, grad_norm = self.train_step(self.step_log.window)
+                    steps.end()
+                    status = self._after_step(loss, grad_norm, guard)
             result = self._result(start, start_tokens, status)
             self._call_plugins("on_train_end", self, result)
         return result
+
+    def _after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, guard: Any) -> str:
+        """Log at the cadence and run the plug-ins: the loop's status after this step."""
+        if self.step_log.due(self.step):
+            self.last_loss = self.step_log.emit(self, loss, grad_norm)
+        status = "completed"
+        if "stop" in self._call_plugins("after_optimizer_step", self):
+            status = "stopped"
+        if self._stop_signal is not None:
+            guard.announce()
+            status = "interrupted"
+        return status
 
     def train_step(self, window: Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""

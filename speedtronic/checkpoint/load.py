@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from speedtronic.checkpoint.layout import (
     CHECKPOINT_FILES,
+    META_FILE,
     MODEL_FILE,
     SAFETENSORS_FORMAT,
     STATE_FILE,
@@ -35,7 +36,7 @@ from speedtronic.checkpoint.layout import (
     start_hashes,
     verify_checkpoint,
 )
-from speedtronic.errors import CheckpointError
+from speedtronic.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -130,6 +131,37 @@ def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:
             raise _Unusable("damaged", f"{MODEL_FILE}: alias {alias!r} points to missing {owner!r}")
         tensors[alias] = tensors[owner]
     return tensors
+
+
+def load_weights(path: str | os.PathLike, log: Callable[[str], None] | None = None) -> Checkpoint:
+    """The model weights of a checkpoint, for a new run that starts from them (``--init-from``).
+
+    ``path`` is a run's output directory, its ``checkpoints/`` directory (the newest usable
+    checkpoint, as resume picks it) or one ``step_*`` directory. Every file is verified; only
+    the weights are loaded (``trainer_state`` is left empty: the new run starts its own).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(
+            f"checkpoint.init_from: {path} is not a directory (a run's output "
+            "directory, its checkpoints/ directory or a step_* directory)"
+        )
+    if (path / META_FILE).is_file():
+        status, problem = verify_checkpoint(path)
+        if status != "ok":
+            raise CheckpointError(f"checkpoint.init_from: checkpoint {path} is {status}: {problem}")
+        found: Path | None = path
+    else:
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = find_latest(root, log)
+    if found is None:
+        raise ConfigError(f"checkpoint.init_from: no usable checkpoint in {path}")
+    scan = scan_checkpoint(found)
+    try:
+        state = _load_model(found / MODEL_FILE, scan.header.get("__metadata__"))
+    except _Unusable as exc:
+        raise CheckpointError(f"checkpoint.init_from: checkpoint {found}: {exc.problem}") from None
+    return Checkpoint(found, state, {}, scan.meta)
 
 
 def _load_trainer_state(path: Path) -> dict[str, Any]:

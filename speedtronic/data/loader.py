@@ -8,6 +8,7 @@ iterator of micro-batches the trainer consumes, so a run can report and restore 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from speedtronic.config import SpeedtronicConfig
+from speedtronic.data.describe import model_vocab
 from speedtronic.data.sources import ByteTextBlocks, TokenFileBlocks, TokenizedTextStream
 from speedtronic.data.synthetic import SyntheticTokens
 from speedtronic.data.tokenizer import check_vocab, is_byte_level, load_tokenizer
@@ -97,14 +99,6 @@ def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
     if held >= len(train):
         raise DataError(f"data.eval_fraction: {fraction} leaves no training blocks")
     return train.split(held)
-
-
-def model_vocab(config: SpeedtronicConfig) -> int | None:
-    """The configured model vocabulary; the reference model's default when not set."""
-    vocab = config.model.params.get("vocab_size")
-    if vocab is None and config.model.name == "reference_transformer":
-        vocab = 256
-    return vocab if isinstance(vocab, int) else None
 
 
 def build_dataloader(
@@ -253,7 +247,9 @@ class DataStream:
             set_epoch(self.epoch)
         if self._seed is not None:  # worker seeds depend on the epoch only, also after resume
             self.loader.generator.manual_seed(self._seed + self.epoch)
-        iterator = iter(self.loader)
+        with warnings.catch_warnings():  # said once at start in our words (preflight.py)
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            iterator = iter(self.loader)
         for _ in range(self._skip):
             next(iterator)
         self._skip = 0
