@@ -33,6 +33,7 @@ from torch.utils.data import IterableDataset
 from speedtronic.checkpoint.changes import reconcile, with_value
 from speedtronic.checkpoint.load import Checkpoint, load_weights
 from speedtronic.checkpoint.plugin import find_resume_checkpoint, state_mismatch
+from speedtronic.checkpoint.start import held_run
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import build_datasets
 from speedtronic.data.describe import vocab_warning
@@ -70,7 +71,9 @@ def plan_start(
         _plan_resume(plan)
     config = plan.config
     init = config.checkpoint.init_from if plan.resume is None else None
-    shapes = model if model is not None else check_model(config, build=init is not None)
+    shapes = model
+    if model is None:  # another model is built only where a run could be lost: see check_model
+        shapes = check_model(config, build=init is not None, others=_run_at_stake(config))
     plan.datasets = build_datasets(config, tokenizer) if dataset is None else None
     if init is not None:
         plan.init = _load_init(config, init, shapes, plan.warnings)
@@ -94,12 +97,22 @@ def _plan_resume(plan: StartPlan) -> None:
         )
 
 
-def check_model(config: SpeedtronicConfig, build: bool = False) -> nn.Module | None:
-    """The model's config errors; with ``build`` (or a model other than the reference one) the
-    model too, on the meta device where it can be built there: its shapes without memory."""
+def check_model(
+    config: SpeedtronicConfig, build: bool = False, others: bool = True
+) -> nn.Module | None:
+    """The model's config errors, and with ``build`` the model, on the meta device where it
+    can be built there: its shapes without the memory.
+
+    The reference model's keys are checked without building it. Another model is built only
+    with ``build`` or ``others``: ``plan_start`` asks for it where a run is at stake (a
+    directory holding one); elsewhere the real build reports the same errors with nothing to
+    lose, and a large model is not built twice.
+    """
     spec = config.model
     if spec.name == "reference_transformer" and not spec.imports and not build:
         reference_config(spec.params)
+        return None
+    if not build and not others:
         return None
     try:
         with torch.device("meta"):
@@ -109,6 +122,11 @@ def check_model(config: SpeedtronicConfig, build: bool = False) -> nn.Module | N
     except Exception:  # a factory the meta device cannot run: build it, leaving the RNG as it was
         with torch.random.fork_rng(devices=[]):
             return build_model(spec.name, spec.params, spec.imports)
+
+
+def _run_at_stake(config: SpeedtronicConfig) -> bool:
+    """Whether starting could delete a run (--overwrite) or refuse one (the directory holds it)."""
+    return not config.checkpoint.resume and held_run(config.checkpoint_dir) is not None
 
 
 def clamp_workers(config: SpeedtronicConfig, dataset: Any, notices: list[str]) -> SpeedtronicConfig:

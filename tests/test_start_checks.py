@@ -263,3 +263,21 @@ def test_an_error_at_the_first_step_saves_nothing(tiny, tmp_path, monkeypatch):
     result = train(tiny, tmp_path)
     assert result.exit_code == 1
     assert not list_step_dirs(tmp_path / "run" / "checkpoints") and "failed" not in result.stderr
+
+
+def test_overwrite_keeps_the_run_for_a_typo_in_a_model_of_ones_own(tiny, tmp_path, monkeypatch):
+    """Item 1: a model other than the reference one is built (on the meta device) before
+    --overwrite deletes anything, since only building it finds its parameters' mistakes."""
+    (tmp_path / "failing_models.py").write_text(FAILING_MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tiny["model"] = {"name": "fails_once", "imports": ["failing_models"], "vocab_size": 256}
+    tiny["data"]["seq_len"] = 16
+    assert train(tiny, tmp_path, "--max-steps", "2").exit_code == 0
+    before = snapshot(tmp_path / "run")
+    result = train(tiny, tmp_path, "--overwrite", "--set", "model.widht=8")
+    assert result.exit_code == 2
+    assert "model.widht: unknown parameter for model 'fails_once'; did you mean 'width'?" in (
+        result.stderr
+    )
+    assert snapshot(tmp_path / "run") == before
