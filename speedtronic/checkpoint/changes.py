@@ -159,10 +159,8 @@ def _freeze_horizon(
     notes = []
     old_max, new_max = run.get("max_steps"), config.run.max_steps
     if old_max != new_max:
-        notes.append(
-            f"--resume: run.max_steps: {_shown(old_max)} -> {new_max}, applied; "
-            + _horizon_words(config, horizon)
-        )
+        words = _horizon_words(config, horizon)
+        notes.append(f"--resume: run.max_steps: {_shown(old_max)} -> {new_max}, applied; {words}")
     if asked is None and horizon != config.run.max_steps:
         config = with_value(config, "scheduler.total_steps", horizon)
     return config, notes, None

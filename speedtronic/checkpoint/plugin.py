@@ -66,7 +66,10 @@ class CheckpointPlugin:
             self.save(trainer)
 
     def on_train_error(self, trainer: Any, exc: BaseException) -> None:
-        """A step failed after others completed: keep them, as Ctrl-C does (issue 31)."""
+        """A step failed after others completed: keep them, as Ctrl-C does (issue 31). Not
+        when saving is what failed (a full disk): another try would only repeat it."""
+        if isinstance(exc, CheckpointError):
+            return
         path = self.last_path if self.saved_step == trainer.step else self.save(trainer)
         self.runtime.logger.notice(
             f"step {trainer.step + 1} failed ({type(exc).__name__}); the checkpoint of step "
