@@ -85,8 +85,8 @@ def train(
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
 ) -> None:
-    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, ~15 s on 2
-    idle cores)."""
+    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
+    quiet cores)."""
     if nproc_per_node is not None:
         exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
