@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,6 +60,18 @@ def cosine(tiny):
     tiny["logging"]["every_steps"] = 1
     tiny["scheduler"] = {"name": "cosine", "warmup_steps": 2, "min_lr_ratio": 0.1}
     return tiny
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One finished 6-step run, copied by each test that only resumes it (trained once)."""
+    from conftest import TINY
+
+    config = json.loads(json.dumps(TINY))
+    config["run"]["output_dir"] = str(tmp_path_factory.mktemp("trained") / "run")
+    config["checkpoint"] = {"directory": config["run"]["output_dir"] + "/checkpoints"}
+    run(config)
+    return Path(config["run"]["output_dir"])
 
 
 def test_a_new_lr_is_applied_on_resume_and_recorded_only_because_it_was(cosine):
@@ -110,13 +124,14 @@ def test_a_run_extended_before_its_end_follows_the_original_curve_bit_for_bit(co
     ],
 )
 def test_what_the_saved_state_depends_on_is_refused_with_the_way_to_do_it(
-    cosine, tmp_path, key, value, why
+    tiny, trained, tmp_path, key, value, why
 ):
-    run(cosine)
+    shutil.copytree(trained, tmp_path / "run")
     root = tmp_path / "run" / "checkpoints"
+    tiny["checkpoint"] = {"directory": str(root)}
     before = {p: hashlib.sha256(p.read_bytes()).digest() for p in root.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError) as caught:
-        run(cosine, checkpoint__resume=True, **{key: value})
+        run(tiny, checkpoint__resume=True, **{key: value})
     dotted = key.replace("__", ".")
     assert f"--resume: {dotted}: " in str(caught.value) and "cannot change within a run" in str(
         caught.value
