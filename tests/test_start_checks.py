@@ -113,6 +113,8 @@ def test_a_data_path_the_source_does_not_read_is_refused_naming_both_keys():
     assert "set data.source: text (or auto" in message
     with pytest.raises(ConfigError, match=r"data\.token_path: 'a\.bin' is not read.*'text'"):
         SpeedtronicConfig.from_dict({"data": {"source": "text", "token_path": "a.bin"}})
+    with pytest.raises(ConfigError, match=r"data\.tokenizer: 'tok\.json' is not read.*'synth"):
+        SpeedtronicConfig.from_dict({"data": {"tokenizer": "tok.json"}})
 
 
 def test_the_gpt2_config_follows_a_text_path(tmp_path):

@@ -116,6 +116,7 @@ CHECKED: dict[str, str] = {
     "synthetic or tokens",
     "data.token_path": "not with text_path; required when source is tokens; not with source "
     "synthetic or text",
+    "data.tokenizer": "a path only with a text or token source, not with source synthetic",
     "data.target_batch_size": "a multiple of micro_batch_size",
     "data.seq_len": "<= model.seq_len for reference_transformer",
     "data.eval_path": "not with eval_fraction; needs a text or token source",

@@ -209,13 +209,20 @@ class DataConfig:
         if self.text_path and self.token_path:  # already "set text_path or token_path"
             return []
         paths = {"text_path": "text", "token_path": "tokens"}
-        return [
+        problems = [
             f"data.{key}: {brief(getattr(self, key))} is not read, because data.source is "
             f"{source!r}; set data.source: {reader} (or auto, which follows the path), or "
             f"remove data.{key}"
             for key, reader in paths.items()
             if getattr(self, key) and source != reader
         ]
+        if source == "synthetic" and self.tokenizer != "byte":  # text and tokens both read it
+            problems.append(
+                f"data.tokenizer: {brief(self.tokenizer)} is not read, because data.source is "
+                "'synthetic' (no file to tokenize); set data.text_path or data.token_path, or "
+                "remove data.tokenizer"
+            )
+        return problems
 
 
 @dataclass
