@@ -8,8 +8,10 @@ on every machine with no download. A ~1.2M-parameter reference transformer learn
 byte (``data.tokenizer: byte``, vocab 256). The last 5% of the file is held out
 (``data.eval_fraction``) and evaluated every ``data.eval_every`` steps, plus once before the
 first step; a hook collects the ``eval`` events and the script prints how the held-out loss
-fell: from ln(256) = 5.55 (uniform guessing) to well under 3. About 1-2 minutes on a 2-core
-CPU; everything is written to a temporary directory and removed at the end.
+fell: from ln(256) = 5.55 (uniform guessing) to well under 3. About 6 minutes on a quiet 2-core
+CPU (an AVX2 machine, issue 31), half an hour while other work shares the cores (measured at
+load average 9-17: docs/benchmarks.md, "First contact"); everything is written to a temporary
+directory and removed at the end.
 """
 
 import sysconfig

@@ -269,8 +269,12 @@ def render_config() -> str:
         "  (`optimizer.lr: must be > 0 (got -0.1)`); see [troubleshooting.md](troubleshooting.md).",
         "- `distributed.token` is printed and stored as `<redacted>`.",
     ]
+    from speedtronic.config.key_docs import SECTION_NOTES
+
     for section, section_rows in sections.items():
         lines += ["", f"## {section}", "", *table(section_rows)]
+        if section in SECTION_NOTES:
+            lines += ["", *SECTION_NOTES[section]]
         if section == "model":
             lines += [
                 "",

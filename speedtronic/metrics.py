@@ -287,6 +287,7 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
             f"on {payload['device']} {payload['precision']}, {payload['max_steps']} steps, "
             f"batch {payload['batch_size']} x {payload['seq_len']} tokens "
             f"(accumulation {payload['accumulation_steps']})"
+            + (f"; data: {payload['data']}" if payload.get("data") else "")
         )
     if event == "run_end":
         loss = payload.get("final_loss")

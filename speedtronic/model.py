@@ -76,6 +76,14 @@ class ReferenceConfig:
         # 8/3 keeps SwiGLU's three matrices at the cost of a 4x GELU MLP; 64 suits matmul tiles.
         return -(-int(8 * self.d_model / 3) // 64) * 64
 
+    def parameter_count(self) -> int:
+        """``ReferenceTransformer(self).num_parameters()`` from the sizes alone (tied weights
+        once), without building the model: ``validate`` answers at once for any size."""
+        d, kv = self.d_model, self.kv_heads * self.head_dim
+        block = 2 * d * d + 2 * d * kv + 3 * d * self.mlp_dim + 2 * d  # attention, MLP, norms
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + self.n_layer * block + d + head
+
 
 def _check_positive_int(name: str, value: object) -> None:
     # bool is an int subclass; "n_layer: true" in a YAML file is a typo, not a size.

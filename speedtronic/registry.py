@@ -168,15 +168,26 @@ def reject_unknown(name: str, params: dict[str, Any], known: list[str]) -> None:
 @register_model("reference_transformer")
 def reference_transformer(**params: Any) -> Any:
     """The shipped GPT-style decoder; params are ``ReferenceConfig`` fields."""
+    from speedtronic.model import ReferenceTransformer
+
+    return ReferenceTransformer(reference_config(params))
+
+
+def reference_config(params: dict[str, Any]) -> Any:
+    """The ``ReferenceConfig`` of ``model:`` params, every problem a ConfigError naming its key.
+
+    Checks what building the reference model checks, without building it (issue 31: the
+    checks that must pass before ``--overwrite`` deletes anything, and ``validate``'s
+    parameter count).
+    """
     from speedtronic.config import check_types
-    from speedtronic.model import ReferenceConfig, ReferenceTransformer
+    from speedtronic.model import ReferenceConfig
 
     reject_unknown(
         "reference_transformer", params, [f.name for f in dataclasses.fields(ReferenceConfig)]
     )
     checked = check_types("model", ReferenceConfig, params)
     try:
-        config = ReferenceConfig(**checked)
+        return ReferenceConfig(**checked)
     except ValueError as exc:  # its messages start with the field: "n_kv_head: must divide ..."
         raise ConfigError(f"model.{exc}") from None
-    return ReferenceTransformer(config)

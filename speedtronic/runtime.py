@@ -18,9 +18,9 @@ from speedtronic import parallel
 from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
 from speedtronic.checkpoint.start import check_fresh_start, clear_checkpoints, held_run
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.data import DataStream, build_dataloader, build_datasets, build_eval_loader
+from speedtronic.data import DataStream, build_dataloader, build_eval_loader
+from speedtronic.data.describe import blocks_of, source_line
 from speedtronic.data.loader import run_tokenizer
-from speedtronic.data.tokenizer import load_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
@@ -31,6 +31,7 @@ from speedtronic.precision import (
     resolve_device,
     resolve_precision,
 )
+from speedtronic.preflight import StartPlan, plan_start, worker_warning
 from speedtronic.registry import build_model, import_object
 from speedtronic.trainer import Trainer, TrainerOptions, TrainResult
 
@@ -68,6 +69,7 @@ class Runtime:
             "seq_len": cfg.seq_len,
             "tokens_per_step": cfg.tokens_per_step,
             "output_dir": str(cfg.output_dir),
+            "data": source_line(cfg, blocks_of(getattr(self.data.loader, "dataset", None))),
             "compile": cfg.compile,
             **({"world_size": cfg.world_size} if cfg.world_size > 1 else {}),
         }
@@ -81,14 +83,23 @@ def build_runtime(
     hooks: list[Any] | None = None,
     console: bool = True,
     plugins: list[Any] | None = None,
+    start: StartPlan | None = None,
 ) -> Runtime:
     """Assemble everything a run needs. ``model``/``dataset`` replace the configured ones;
-    ``hooks`` receive metric events; ``plugins`` are Trainer plug-ins (see ``Trainer``)."""
+    ``hooks`` receive metric events; ``plugins`` are Trainer plug-ins (see ``Trainer``).
+    ``start`` is what ``plan_start`` checked and built (``train_from_config`` plans before it
+    touches the output directory); without it the runtime plans itself, resume aside."""
     config = SpeedtronicConfig.load(config)
     check_seq_len(config)
+    start = start or plan_start(config, model, dataset, tokenizer, resume=False)
+    config = start.config
     seed_everything(config.run.seed)  # the same on every DDP rank: the same initial weights
     world = parallel.world_from_env()
     logger = run_logger(config, console, hooks)
+    for message in start.warnings:
+        logger.warn(message)
+    for message in start.notices:
+        logger.notice(message)
     device = resolve_device(config.run.device)
     if world.active:
         device = parallel.start_group(world, device, config.run.group_timeout_s)
@@ -100,14 +111,21 @@ def build_runtime(
         model = build_model(config.model.name, config.model.params, config.model.imports)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name: {config.model.name!r} did not build an nn.Module")
+    if start.init is not None:  # checked against this model's shapes by plan_start
+        model.load_state_dict(start.init.model_state, strict=True)
+        logger.notice(
+            f"checkpoint.init_from: the weights of {start.init.path} (step "
+            f"{start.init.meta.get('step', '?')}); the optimizer, schedule, step count and random "
+            "streams start fresh"
+        )
     model.to(device)
     if config.gradient_checkpointing:
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
-    if dataset is None and tokenizer is None and config.data.resolved_source == "text":
-        tokenizer = load_tokenizer(config.data.tokenizer)  # once: the data and the record
-    data, evaluation, run_tok = _build_data(config, dataset, tokenizer, device, logger, world)
+    datasets = start.datasets or (dataset, None)
+    run_tok = run_tokenizer(config, datasets[0], tokenizer, from_config=dataset is None)
+    data, evaluation = _build_data(config, datasets, device, logger, world)
     plugins = [*evaluation, *(plugins or [])]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
@@ -140,25 +158,26 @@ def build_runtime(
 
 def _build_data(
     config: SpeedtronicConfig,
-    dataset: Any,
-    tokenizer: Any,
+    datasets: tuple[Any, Any],
     device: torch.device,
     logger: MetricLogger,
     world: parallel.World,
-) -> tuple[DataStream, list[EvalPlugin], Any]:
-    """The training stream (this rank's share), the evaluation plug-in when a held-out set is
-    configured, and the tokenizer the data was tokenized with (``run_tokenizer``)."""
-    train_set, eval_set = build_datasets(config, tokenizer) if dataset is None else (dataset, None)
-    run_tok = run_tokenizer(config, train_set, tokenizer, from_config=dataset is None)
+) -> tuple[DataStream, list[EvalPlugin]]:
+    """The training stream (this rank's share), and the evaluation plug-in when a held-out
+    set is configured."""
+    train_set, eval_set = datasets
+    crowded = worker_warning(config, train_set)
+    if crowded:
+        logger.warn(crowded)
     shard = (world.rank, world.size)
     loader = build_dataloader(config, dataset=train_set, device=device, shard=shard)
     data = DataStream(loader, log=logger.notice)
     if eval_set is None or not config.data.eval_every:
-        return data, [], run_tok
+        return data, []
     eval_loader = build_eval_loader(config, eval_set, device)
     every, batches = config.data.eval_every, config.data.eval_batches
     reduce = parallel.sum_across if world.active else None
-    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)], run_tok
+    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)]
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:
@@ -188,15 +207,20 @@ def _clear_locals(exc: BaseException | None) -> None:
 
 
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
+    # Everything that can fail before the first step fails here, before the output directory
+    # is touched: --overwrite must never delete the old run for a typo in the new (issue 31).
+    check_seq_len(config)
+    given = {k: kwargs.get(k) for k in ("model", "dataset", "tokenizer")}
+    start = plan_start(config, **given)
     # Rank 0 alone: it is the one that writes checkpoints, and the others must not race it.
-    cleared = prepare_output(config) if parallel.is_main_process() else None
-    runtime = build_runtime(config, **kwargs)
+    cleared = prepare_output(start.config) if parallel.is_main_process() else None
+    runtime = build_runtime(start.config, start=start, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     try:
         if cleared:
             logger.notice(cleared)
-        if runtime.config.checkpoint.resume:
-            resume_run(runtime, runtime.checkpoints)
+        if start.resume is not None:
+            resume_run(runtime, runtime.checkpoints, start.resume)
         logger.log("run_start", runtime.facts())
         if trainer.step >= trainer.options.max_steps:
             then = "ending the DumbDiLoCo run" if config.distributed.enabled else "nothing to do"

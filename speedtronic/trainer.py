@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from speedtronic.errors import TrainingError
+from speedtronic.failure import StepGuard
 from speedtronic.metrics import MetricLogger
 from speedtronic.precision import Precision
 from speedtronic.rng import rng_state, set_rng_state
@@ -63,7 +64,8 @@ class Trainer:
     Plug-ins are objects with any of ``on_train_start(trainer)``,
     ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``,
     ``on_at_target(trainer, result)`` (training was done already, e.g. ``--resume`` at
-    max_steps) and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
+    max_steps), ``on_train_error(trainer, exc)`` (a step failed after others completed:
+    ``failure.py``) and ``state_dict()`` / ``load_state_dict(state)`` (stored under their ``name``).
     """
 
     def __init__(
@@ -89,7 +91,7 @@ class Trainer:
         self.skipped_steps = 0
         self._nonfinite_run = 0
         self._stop_signal: int | None = None
-        self._forward = self._maybe_compile(model) if options.compile else model
+        self._forward = _compiled(model, self.logger) if options.compile else model
         self._compiled_ok = False
         self.step_log = StepLog(self.logger, options, precision)
         # A DDP group's hooks (speedtronic.parallel); None in one process, which pays nothing.
@@ -101,25 +103,34 @@ class Trainer:
         start, start_tokens = time.perf_counter(), self.tokens
         self.model.train()
         if self.step >= self.options.max_steps:  # e.g. --resume of a finished run
-            result = self._result(start, start_tokens, "at_target")
+            result = _train_result(self, start, start_tokens, "at_target")
             with self._signals():  # a plug-in may still finish (a DiLoCo node's end of run)
                 self._call_plugins("on_at_target", self, result)
             return result
         self._call_plugins("on_train_start", self)
         status = "completed"
         with self._signals() as guard:  # also covers the final save: a first Ctrl-C waits
-            while status == "completed" and self.step < self.options.max_steps:
-                loss, grad_norm = self.train_step(self.step_log.window)
-                if self.step_log.due(self.step):
-                    self.last_loss = self.step_log.emit(self, loss, grad_norm)
-                if "stop" in self._call_plugins("after_optimizer_step", self):
-                    status = "stopped"
-                if self._stop_signal is not None:
-                    guard.announce()
-                    status = "interrupted"
-            result = self._result(start, start_tokens, status)
+            with StepGuard(self) as steps:  # an error keeps the completed steps (failure.py)
+                while status == "completed" and self.step < self.options.max_steps:
+                    steps.begin()
+                    loss, grad_norm = self.train_step(self.step_log.window)
+                    steps.end()
+                    status = self._after_step(loss, grad_norm, guard)
+            result = _train_result(self, start, start_tokens, status)
             self._call_plugins("on_train_end", self, result)
         return result
+
+    def _after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, guard: Any) -> str:
+        """Log at the cadence and run the plug-ins: the loop's status after this step."""
+        if self.step_log.due(self.step):
+            self.last_loss = self.step_log.emit(self, loss, grad_norm)
+        status = "completed"
+        if "stop" in self._call_plugins("after_optimizer_step", self):
+            status = "stopped"
+        if self._stop_signal is not None:
+            guard.announce()
+            status = "interrupted"
+        return status
 
     def train_step(self, window: Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""
@@ -236,30 +247,7 @@ class Trainer:
             self.last_loss = float(self._loss)
         return self.last_loss
 
-    def _result(self, start: float, start_tokens: int, status: str) -> TrainResult:
-        elapsed = time.perf_counter() - start
-        return TrainResult(
-            steps=self.step,
-            final_loss=self.current_loss(),
-            tokens=self.tokens,
-            samples=self.samples,
-            elapsed_s=elapsed,
-            tokens_per_s=(self.tokens - start_tokens) / elapsed if elapsed > 0 else 0.0,
-            status=status,
-            signal=self._stop_signal,
-            skipped_steps=self.skipped_steps,
-        )
-
     # ---- compile, plug-ins, signals, state -------------------------------------------
-    def _maybe_compile(self, model: nn.Module) -> Any:
-        try:
-            return torch.compile(model)
-        except Exception as exc:  # compile is opt-in speed, never a reason to fail
-            self.logger.warn(
-                f"torch.compile unavailable ({type(exc).__name__}: {exc}); continuing eagerly"
-            )
-            return model
-
     def _call_plugins(self, method: str, *args: Any) -> list[Any]:
         return [getattr(p, method)(*args) for p in self.plugins if hasattr(p, method)]
 
@@ -277,7 +265,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run exactly (plain data and tensors)."""
-        state = {
+        return {
             "step": self.step,
             "tokens": self.tokens,
             "samples": self.samples,
@@ -290,7 +278,6 @@ class Trainer:
             "rng": rng_state(),
             "plugins": {p.name: p.state_dict() for p in self.plugins if hasattr(p, "state_dict")},
         }
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens, self.samples = state["step"], state["tokens"], state["samples"]
@@ -306,6 +293,29 @@ class Trainer:
         for plugin in self.plugins:
             if hasattr(plugin, "load_state_dict") and plugin.name in state["plugins"]:
                 plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+def _train_result(trainer: Trainer, start: float, start_tokens: int, status: str) -> TrainResult:
+    elapsed = time.perf_counter() - start
+    return TrainResult(
+        steps=trainer.step,
+        final_loss=trainer.current_loss(),
+        tokens=trainer.tokens,
+        samples=trainer.samples,
+        elapsed_s=elapsed,
+        tokens_per_s=(trainer.tokens - start_tokens) / elapsed if elapsed > 0 else 0.0,
+        status=status,
+        signal=trainer.stop_signal,
+        skipped_steps=trainer.skipped_steps,
+    )
+
+
+def _compiled(model: nn.Module, logger: MetricLogger) -> Any:
+    try:
+        return torch.compile(model)
+    except Exception as exc:  # compile is opt-in speed, never a reason to fail
+        logger.warn(f"torch.compile unavailable ({type(exc).__name__}: {exc}); continuing eagerly")
+        return model
 
 
 class _SignalGuard:

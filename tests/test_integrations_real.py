@@ -218,6 +218,7 @@ def test_wandb_a_crashed_run_is_closed_by_the_next_one(tiny, offline):
     with pytest.raises(RuntimeError, match="boom"):
         train_from_config(tiny, console=False, plugins=[Crash()])
     tiny["run"]["max_steps"] = 2
+    tiny["checkpoint"] = {"overwrite": True}  # the crash saved its 2 steps (issue 31)
     train_from_config(tiny, console=False)
 
     runs = {}  # by max_steps: the directory names order runs by the second only

@@ -207,13 +207,28 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny, tmp_path):
     ],
 )
 def test_resume_with_another_model_is_a_clear_error(tiny, resume_model, why):
+    """A model handed over from Python is checked tensor by tensor (its config says nothing)."""
     from speedtronic.errors import CheckpointError
+    from speedtronic.model import ReferenceConfig, ReferenceTransformer
 
     run(tiny)
-    tiny["model"].update(resume_model)
+    params = {k: v for k, v in tiny["model"].items() if k != "name"}
+    model = ReferenceTransformer(ReferenceConfig(**{**params, **resume_model}))
     with pytest.raises(CheckpointError, match="does not fit this model: ") as caught:
-        run(tiny, resume=True)
+        run(tiny, resume=True, model=model)
     assert re.search(why, str(caught.value)), caught.value
+
+
+@pytest.mark.parametrize(("key", "value"), [("d_model", 64), ("n_layer", 3)])
+def test_resume_with_another_model_config_names_the_key(tiny, key, value):
+    """Issue 31, item 4: a model key that differs from the checkpoint's is refused by name."""
+    from speedtronic.errors import ConfigError
+
+    run(tiny)
+    before = tiny["model"][key]
+    tiny["model"][key] = value
+    with pytest.raises(ConfigError, match=rf"model\.{key}: {before} -> {value} cannot change"):
+        run(tiny, resume=True)
 
 
 class DropoutLM(torch.nn.Module):

@@ -61,13 +61,26 @@ def test_byte_blocks_are_exact_windows(text_file):
 
 
 def test_invalid_utf8_names_the_byte_offset(tmp_path):
+    """Checked when the source is built (issue 31: the whole file, before the first step)."""
     path = tmp_path / "latin1.txt"
     path.write_bytes(b"a" * 40 + "café".encode("latin-1") + b"b" * 40)
-    blocks = ByteTextBlocks(path, seq_len=16)
+    with pytest.raises(DataError, match=r"not valid UTF-8 at byte 43"):
+        ByteTextBlocks(path, seq_len=16)
+    with pytest.raises(DataError, match=r"not valid UTF-8 at byte 43"):
+        TokenizedTextStream(path, 16, ByteTokenizer())
+
+
+def test_a_file_changed_to_bad_utf8_under_the_run_is_still_caught_as_it_is_read(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"a" * 100)
+    blocks, stream = (
+        ByteTextBlocks(path, seq_len=16),
+        TokenizedTextStream(path, 16, ByteTokenizer()),
+    )
+    path.write_bytes(b"a" * 40 + "café".encode("latin-1") + b"b" * 56)  # same size
     with pytest.raises(DataError, match=r"not valid UTF-8 at byte 43"):
         for k in range(len(blocks)):
             blocks[k]
-    stream = TokenizedTextStream(path, 16, ByteTokenizer())
     with pytest.raises(DataError, match=r"not valid UTF-8 at byte 43"):
         list(stream)
 

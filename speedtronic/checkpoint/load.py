@@ -6,7 +6,8 @@ the data (``verify_checkpoint``, the hash check alone, is stdlib and lives in ``
 ``find_latest`` / ``load_latest`` start at ``latest.json`` and fall back to older checkpoints
 while verification fails, reporting each one skipped; ``load_latest`` refuses to mistake a
 directory of unusable checkpoints for an empty one. ``load_weights`` / ``load_latest_weights``
-read the model alone, for taking a model out of a run (``speedtronic.modelout``).
+read the model alone, for taking a model out of a run (``speedtronic.modelout``);
+``load_init_weights`` finds them for ``--init-from``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from speedtronic.checkpoint.layout import (
     start_hashes,
     verify_checkpoint,
 )
-from speedtronic.errors import CheckpointError
+from speedtronic.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -201,6 +202,34 @@ def _load_model(path: Path, metadata: dict | None) -> dict[str, torch.Tensor]:
             raise _Unusable("damaged", f"{MODEL_FILE}: alias {alias!r} points to missing {owner!r}")
         tensors[alias] = tensors[owner]
     return tensors
+
+
+def load_init_weights(
+    path: str | os.PathLike, log: Callable[[str], None] | None = None
+) -> Checkpoint:
+    """The model weights of a checkpoint, for a new run that starts from them (``--init-from``).
+
+    ``path`` is a run's output directory, its ``checkpoints/`` directory (the newest usable
+    checkpoint, as resume picks it) or one checkpoint directory (a ``step_*`` one, or a
+    DumbDiLoCo run's ``final_global/``). The weights are verified as they load; the trainer
+    state is not read (the new run starts its own).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(
+            f"checkpoint.init_from: {path} is not a directory (a run's output "
+            "directory, its checkpoints/ directory or a step_* directory)"
+        )
+    try:
+        if (path / META_FILE).is_file():
+            return load_weights(path)
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = load_latest_weights(root, log)
+    except CheckpointError as exc:
+        raise CheckpointError(f"checkpoint.init_from: {exc}") from None
+    if found is None:
+        raise ConfigError(f"checkpoint.init_from: no usable checkpoint in {path}")
+    return found
 
 
 def _load_trainer_state(path: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,17 @@ class CheckpointPlugin:
     def on_train_end(self, trainer: Any, result: Any) -> None:
         if self.saved_step != trainer.step:
             self.save(trainer)
+
+    def on_train_error(self, trainer: Any, exc: BaseException) -> None:
+        """A step failed after others completed: keep them, as Ctrl-C does (issue 31). Not
+        when saving is what failed (a full disk): another try would only repeat it."""
+        if isinstance(exc, CheckpointError):
+            return
+        path = self.last_path if self.saved_step == trainer.step else self.save(trainer)
+        self.runtime.logger.notice(
+            f"step {trainer.step + 1} failed ({type(exc).__name__}); the checkpoint of step "
+            f"{trainer.step} is {path}: fix the cause, then continue with --resume"
+        )
 
     def save(self, trainer: Any) -> Path:
         runtime, group = self.runtime, self.group
@@ -140,18 +152,28 @@ def state_mismatch(model: dict[str, Any], saved: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
-    """Load the newest good checkpoint into ``runtime``; return its step, or None if none.
+def find_resume_checkpoint(root: Path, log: Callable[[str], None]) -> Checkpoint | None:
+    """The newest good checkpoint in ``root``, loaded; None when ``root`` holds none.
 
-    Only a directory without checkpoints starts a fresh run. If checkpoints exist but none is
-    usable, this raises (listing each and why) and nothing is deleted: starting over is the
-    user's decision, not a fallback.
+    If checkpoints exist but none is usable, this raises (listing each and why) and nothing is
+    deleted: starting over is the user's decision, not a fallback.
     """
-    logger = runtime.logger
     try:
-        checkpoint = load_latest(plugin.root, log=logger.warn, validate=trainer_state_problem)
+        return load_latest(root, log=log, validate=trainer_state_problem)
     except NoUsableCheckpointError as exc:
         raise NoUsableCheckpointError(exc.root, exc.skipped, _fresh_start_hint(exc.root)) from None
+
+
+def resume_run(runtime: Any, plugin: CheckpointPlugin, checkpoint: Any = None) -> int | None:
+    """Load the newest good checkpoint (or ``checkpoint``, already loaded) into ``runtime``;
+    return its step, or None if there is none (a fresh run).
+
+    The config's optimizer settings are applied over the checkpoint's (``reapply_config``):
+    the runtime was built from the config the run goes on with (``checkpoint.changes``).
+    """
+    logger = runtime.logger
+    if checkpoint is None:
+        checkpoint = find_resume_checkpoint(plugin.root, logger.warn)
     if checkpoint is None:
         logger.notice(f"no checkpoint in {plugin.root}; starting a fresh run")
         return None
@@ -164,12 +186,41 @@ def resume_run(runtime: Any, plugin: CheckpointPlugin) -> int | None:
             f"checkpoint {path} does not fit this model: {why or str(exc).splitlines()[0]}",
             hint="resume with the config the checkpoint was written with",
         ) from None
+    configured = optimizer_settings(runtime.trainer.optimizer)
     _restore_trainer(runtime.trainer, checkpoint)
+    reapply_config(runtime.trainer, configured)
     plugin.run_id = checkpoint.meta["run_id"]
     plugin.saved_step, plugin.last_path = runtime.trainer.step, path
     logger.drop_records_after(runtime.trainer.step)
     logger.notice(f"resumed from {path} at step {runtime.trainer.step}")
     return runtime.trainer.step
+
+
+def optimizer_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Each param group's settings as the config built them (everything but its params)."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+def reapply_config(trainer: Any, configured: list[dict[str, Any]]) -> None:
+    """The config's optimizer settings over those a checkpoint restored (issue 31).
+
+    ``Optimizer.load_state_dict`` restores each group's lr, betas, eps, weight decay and kernel
+    flags from the checkpoint, and ``LambdaLR`` its base LRs, so a new ``optimizer.lr`` was
+    recorded in meta.json but not applied. The schedule's position (its step) stays the
+    checkpoint's; the LR is recomputed from the configured base LR at that position, exactly as
+    the scheduler computes it, so an unchanged config resumes bit for bit.
+    """
+    groups, scheduler = trainer.optimizer.param_groups, trainer.scheduler
+    for group, settings in zip(groups, configured, strict=True):
+        group.update({k: v for k, v in settings.items() if k not in ("lr", "initial_lr")})
+    if scheduler is None or not hasattr(scheduler, "lr_lambdas"):  # no LambdaLR: the config's lr
+        for group, settings in zip(groups, configured, strict=True):
+            group["lr"] = settings["lr"]
+        return
+    scheduler.base_lrs = [settings.get("initial_lr", settings["lr"]) for settings in configured]
+    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def trainer_state_problem(checkpoint: Checkpoint) -> str | None:

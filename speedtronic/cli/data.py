@@ -193,5 +193,8 @@ class _Progress:
 
 
 def register(app: typer.Typer) -> None:
-    data_app.command()(handle_errors(tokenize))
+    # short_help: the line in `speedtronic data --help`, where the docstring's is cut at 80
+    data_app.command(short_help="Tokenize a text file into a token file (data.token_path).")(
+        handle_errors(tokenize)
+    )
     app.add_typer(data_app, name="data")

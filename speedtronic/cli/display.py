@@ -160,6 +160,8 @@ class LiveTable:
             style = "yellow" if event == "warning" else "cyan"
             self.console.print(f"[{style}]{event}:[/] {payload['message']}", highlight=False)
         elif event == "run_end":
+            if self.live:  # the table stays on screen: without the sparklines the summary prints
+                self.live.update(self._render(caption=False), refresh=True)
             self.close()
             print_summary(payload, self.losses, sys.stdout)
 
@@ -168,15 +170,20 @@ class LiveTable:
             self.live.stop()
             self.live = None
 
-    def _render(self) -> Table:
+    def _render(self, caption: bool = True) -> Table:
+        """The table; its caption holds the live loss sparklines (the summary's, at the end)."""
         f = self.facts
         title = (
             f"{f.get('name')} - {f.get('model')} {f.get('params', 0) / 1e6:.2f}M params on "
             f"{f.get('device')} ({f.get('precision')}, {f.get('optimizer')})"
-        )
-        caption = "\n".join(self.losses.lines()) or None
+        ) + (f"\ndata: {f['data']}" if f.get("data") else "")
+        caption = "\n".join(self.losses.lines()) if caption else None
         table = Table(
-            title=title, title_justify="left", caption=caption, caption_justify="left", expand=False
+            title=title,
+            title_justify="left",
+            caption=caption or None,
+            caption_justify="left",
+            expand=False,
         )
         columns = ["step", "loss", "eval loss", "lr", "tok/s", "MFU", "data wait", "memory", "ETA"]
         diloco = bool(self.diloco)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from speedtronic.data.describe import size_text  # noqa: F401  (the commands' size column)
 from speedtronic.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,14 +80,3 @@ def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:
 def count_text(value: int | None) -> str:
     """A count for a table: thousands separated, ``-`` when unknown."""
     return "-" if value is None else f"{value:,}"
-
-
-def size_text(size: float | None) -> str:
-    """Bytes for a table: B, KB, MB or GB; ``-`` when unknown."""
-    if size is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"

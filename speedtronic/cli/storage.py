@@ -89,5 +89,7 @@ def init(
 
 
 def register(app: typer.Typer) -> None:
-    storage_app.command()(handle_errors(init))
+    # short_help: the line in `speedtronic storage --help`, where the docstring's is cut at 80
+    short = "Create the bucket if missing; check these credentials can write."
+    storage_app.command(short_help=short)(handle_errors(init))
     app.add_typer(storage_app, name="storage")

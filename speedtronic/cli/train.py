@@ -16,6 +16,7 @@ import typer
 
 from speedtronic.cli.diloco_facts import Fleet, diloco_facts, measured_warnings
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.machine_facts import data_facts, machine_warnings, precision_facts
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
     ConfigOpt,
@@ -52,6 +53,13 @@ def train(
         help="Start fresh where another run is: delete its checkpoints and logs first "
         "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
     ),
+    init_from: Path | None = typer.Option(
+        None,
+        "--init-from",
+        help="Start a new run from the weights of another: its output directory, its "
+        "checkpoints/ directory or one step_* directory (checkpoint.init_from). The optimizer, "
+        "LR schedule, step count and random streams start fresh; the model settings must match.",
+    ),
     role: str | None = typer.Option(
         None,
         "--role",
@@ -77,8 +85,8 @@ def train(
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
 ) -> None:
-    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, ~15 s on 2
-    idle cores)."""
+    """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
+    quiet cores)."""
     if nproc_per_node is not None:
         exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
@@ -91,6 +99,8 @@ def train(
         sets.append("checkpoint.resume=true")
     if overwrite:
         sets.append("checkpoint.overwrite=true")
+    if init_from is not None:
+        sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
     cfg = load_config(config, sets + list(overrides or []))
 
     from speedtronic.cli.display import make_display
@@ -230,8 +240,9 @@ def validate(
     """
     cfg = load_config(config, list(overrides or []))
     fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
-    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet)
-    warnings = measured_warnings(cfg) if cfg.distributed.enabled else []
+    warnings: list[str] = []
+    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet, warnings=warnings)
+    warnings += measured_warnings(cfg) if cfg.distributed.enabled else []
     for message in warnings:
         print(f"speedtronic: warning: {message}", file=sys.stderr)
     if output_format is OutputFormat.json:
@@ -250,12 +261,17 @@ def derived_facts(
     build: bool = False,
     world_size: int | None = None,
     fleet: Fleet | None = None,
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Facts that need torch: device and model problems are collected, not raised one by one."""
+    """Facts that need torch: device and model problems are collected, not raised one by one.
+
+    ``warnings`` receives what this machine would make of the config (machine_facts).
+    """
     from speedtronic.precision import resolve_device
     from speedtronic.runtime import check_seq_len, load_hooks
 
     problems: list[str] = []
+    warnings = [] if warnings is None else warnings
     facts: dict[str, Any] = {}
     try:
         facts.update(batch_facts(cfg, world_size or cfg.world_size))
@@ -263,10 +279,18 @@ def derived_facts(
     except ConfigError as exc:
         problems.extend(exc.problems)
     facts["output_dir"] = str(cfg.output_dir)
+    data, missing = data_facts(cfg)
+    facts.update(data)
+    problems += missing
     try:
-        facts["device"] = str(resolve_device(cfg.run.device))
+        device = resolve_device(cfg.run.device)
+        facts["device"] = str(device)
+        precision, slow = precision_facts(cfg, device)
+        facts.update(precision)
+        warnings += slow
     except ConfigError as exc:
         problems.append(str(exc))
+    warnings += machine_warnings(cfg)
     try:  # the built-in hooks only: they check their optional package (import paths run code)
         load_hooks([h for h in cfg.logging.hooks if h in ("tensorboard", "wandb")])
     except ConfigError as exc:
@@ -303,9 +327,11 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
     """The model's parameter count (or why it was not counted), and the meta-device model.
 
     Building runs the config's code (model.imports, an import-path factory), so without
-    ``--build`` only models registered by Speedtronic itself are built.
+    ``--build`` only models registered by Speedtronic itself are built. The reference model is
+    counted from its sizes (issue 31: building a GPT-2 even on the meta device took ~1.3 s,
+    most of validate's time); a DumbDiLoCo config builds it for the delta sizes.
     """
-    from speedtronic.registry import is_import_path
+    from speedtronic.registry import is_import_path, reference_config
     from speedtronic.runtime import check_model, count_parameters
 
     model = cfg.model
@@ -313,6 +339,8 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
         return "not counted (import-path model; pass --build to build it)", None
     if not build and model.imports:
         return "not counted (model.imports not imported; pass --build to import them)", None
+    if model.name == "reference_transformer" and not model.imports and not cfg.distributed.enabled:
+        return reference_config(model.params).parameter_count(), None
     built = check_model(cfg)  # on the meta device: counted without allocating
     return count_parameters(built), built
 

@@ -34,7 +34,8 @@ DOCS: dict[str, str] = {
     "data.target_batch_size": "samples per optimizer step (gradient accumulation); "
     "null: micro_batch_size",
     "data.seq_len": "tokens per sample; null: model.seq_len, else 128",
-    "data.num_workers": "DataLoader worker processes, each reading its own blocks",
+    "data.num_workers": "DataLoader worker processes, each reading its own blocks; more than "
+    "the CPU cores: cut to the cores (a streamed tokenized text keeps its count)",
     "data.prefetch_factor": "batches each worker loads ahead (with num_workers > 0)",
     "data.pin_memory": "page-locked batches for faster copies; auto: on CUDA only",
     "data.shuffle": "read blocks in a seeded random order (false: in file order)",
@@ -55,16 +56,21 @@ DOCS: dict[str, str] = {
     "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, or constant",
     "scheduler.warmup_steps": "optimizer steps of linear warmup",
     "scheduler.min_lr_ratio": "the cosine's final learning rate, as a share of lr",
-    "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps",
+    "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps when the run "
+    "starts (--resume keeps it: see the note below)",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
     "checkpoint.directory": "where checkpoints go; null: <output_dir>/checkpoints",
     "checkpoint.interval": "optimizer steps between saves; 0: only at the end",
     "checkpoint.keep_last": "newest complete checkpoints kept; null: keep all",
-    "checkpoint.resume": "continue from the newest good checkpoint (as --resume)",
+    "checkpoint.resume": "continue from the newest good checkpoint (as --resume); config changes: "
+    "see the note below",
     "checkpoint.overwrite": "delete the checkpoints of the run already in the directory and start "
     "fresh (as --overwrite); false: such a directory is refused",
+    "checkpoint.init_from": "start this fresh run from the weights of a run (its output_dir), its "
+    "checkpoints/ dir or a step_* dir (as --init-from); optimizer, schedule, step count and RNG "
+    "start fresh",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
@@ -117,8 +123,11 @@ DOCS: dict[str, str] = {
 CHECKED: dict[str, str] = {
     "run.name": "a directory name: 1-255 bytes, no / or \\ or control characters, not . or ..",
     "run.device": "auto, cpu, cuda, cuda:N or mps",
-    "data.text_path": "not with token_path; required when source is text",
-    "data.token_path": "not with text_path; required when source is tokens",
+    "data.text_path": "not with token_path; required when source is text; not with source "
+    "synthetic or tokens",
+    "data.token_path": "not with text_path; required when source is tokens; not with source "
+    "synthetic or text",
+    "data.tokenizer": "a path only with a text or token source, not with source synthetic",
     "data.target_batch_size": "a multiple of micro_batch_size",
     "data.seq_len": "<= model.seq_len for reference_transformer",
     "data.eval_path": "not with eval_fraction; needs a text or token source",
@@ -127,6 +136,8 @@ CHECKED: dict[str, str] = {
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
+    "checkpoint.init_from": "a directory; unused when --resume finds a checkpoint; not inside "
+    "the directory --overwrite deletes; the weights must fit the model",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
     "distributed.repo_id": "required when enabled; not with a different path; s3://: a bucket "
     "name of 3-63 letters, digits, . - _ and a prefix of safe folder names",
@@ -149,4 +160,30 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     "norm_eps": ("> 0", "RMSNorm epsilon"),
     "init_std": ("> 0", "standard deviation of the initial weights"),
     "tie_embeddings": ("-", "share the embedding matrix with the output head"),
+}
+
+# A paragraph after a section's table: the rules that concern several keys at once
+SECTION_NOTES: dict[str, list[str]] = {
+    "scheduler": [
+        "**The schedule across `--resume`.** The schedule's horizon (`total_steps`, or",
+        "`run.max_steps` when the run started) is frozen for the run: resuming with a larger",
+        "`run.max_steps` follows the same curve to the original horizon, then stays at the",
+        "schedule's final LR (`min_lr_ratio * lr` for cosine, `lr` for constant); the LR never",
+        "jumps back up. The resumed run's meta.json records that horizon as",
+        "`scheduler.total_steps`. A changed `name`, `warmup_steps`, `min_lr_ratio` or",
+        "`total_steps` is refused: a new schedule is a new run (`--init-from RUN`).",
+    ],
+    "checkpoint": [
+        "**A config that differs on `--resume`.** Every key that differs from the config the",
+        "checkpoint recorded is named in one line. The optimizer's settings (`lr`, `betas`,",
+        "`eps`, `weight_decay`, `grad_clip`, `fused`), `run.max_steps`, logging, the evaluation",
+        "cadence and files, device, precision, compile and the checkpoint cadence are applied",
+        "from the next step. What the saved state depends on is refused with the way to do it",
+        "(exit 2, nothing written): every `model.*` key, `run.seed`, `optimizer.name`, the data",
+        "source, files, tokenizer, order and batch layout (`data.source`, `text_path`,",
+        "`token_path`, `token_dtype`, `tokenizer`, `eval_fraction`, `shuffle`, `seed`,",
+        "`shuffle_buffer`, `micro_batch_size`, `target_batch_size`, `seq_len`; `num_workers` of a",
+        "streamed tokenized text), the schedule (above) and a DumbDiLoCo node's identity. See",
+        "[checkpoints.md](checkpoints.md#resume-with-a-changed-config).",
+    ],
 }

@@ -189,6 +189,7 @@ class DataConfig:
             problems.append("data.text_path: required when data.source is 'text'")
         if source == "tokens" and not self.token_path:
             problems.append("data.token_path: required when data.source is 'tokens'")
+        problems += self._unread_paths(source)
         has_eval = self.eval_path or self.eval_fraction > 0
         if self.eval_every and not has_eval:
             problems.append("data.eval_every: needs data.eval_path or data.eval_fraction > 0")
@@ -199,6 +200,28 @@ class DataConfig:
             )
         if self.eval_path and self.eval_fraction:
             problems.append("data: set eval_path or eval_fraction, not both")
+        return problems
+
+    def _unread_paths(self, source: str) -> list[str]:
+        """A file named for a source that does not read it (issue 31: ``source: synthetic``
+        plus ``--set data.text_path=...`` trained on synthetic tokens and exited 0). An
+        explicit source and a path that contradict it are an error, never a guess."""
+        if self.text_path and self.token_path:  # already "set text_path or token_path"
+            return []
+        paths = {"text_path": "text", "token_path": "tokens"}
+        problems = [
+            f"data.{key}: {brief(getattr(self, key))} is not read, because data.source is "
+            f"{source!r}; set data.source: {reader} (or auto, which follows the path), or "
+            f"remove data.{key}"
+            for key, reader in paths.items()
+            if getattr(self, key) and source != reader
+        ]
+        if source == "synthetic" and self.tokenizer != "byte":  # text and tokens both read it
+            problems.append(
+                f"data.tokenizer: {brief(self.tokenizer)} is not read, because data.source is "
+                "'synthetic' (no file to tokenize); set data.text_path or data.token_path, or "
+                "remove data.tokenizer"
+            )
         return problems
 
 
@@ -240,14 +263,20 @@ class CheckpointConfig:
     # A fresh run in a directory that holds another run's checkpoints is refused unless this
     # says to delete them first (issue 21: two runs in one directory mix without a word).
     overwrite: bool = False
+    # A fresh run starts from this run's (or checkpoint's) weights: a new optimizer, schedule,
+    # step count and RNG (issue 31: fine-tuning had no way but --resume)
+    init_from: str | None = None
 
     def check(self) -> list[str]:
+        problems = []
         if self.resume and self.overwrite:
-            return [
+            problems.append(
                 "checkpoint.overwrite: not with checkpoint.resume (--resume continues the run "
                 "in the directory, --overwrite deletes it)"
-            ]
-        return []
+            )
+        if self.init_from is not None and not self.init_from.strip():
+            problems.append("checkpoint.init_from: must be a run or checkpoint directory (got '')")
+        return problems
 
 
 @dataclass

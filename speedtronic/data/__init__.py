@@ -19,7 +19,7 @@ _EXPORTS = {
     "build_dataloader": "loader",
     "build_datasets": "loader",
     "build_eval_loader": "loader",
-    "model_vocab": "loader",
+    "model_vocab": "describe",
     "SyntheticTokens": "synthetic",
     "ByteTextBlocks": "sources",
     "TokenFileBlocks": "sources",

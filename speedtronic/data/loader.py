@@ -8,6 +8,7 @@ iterator of micro-batches the trainer consumes, so a run can report and restore 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from speedtronic.config import SpeedtronicConfig
+from speedtronic.data.describe import model_vocab
 from speedtronic.data.manifest import data_tokenizer
 from speedtronic.data.shards import open_token_path
 from speedtronic.data.sources import ByteTextBlocks, TokenizedTextStream
@@ -156,14 +158,6 @@ def run_tokenizer(
     if source == "text" and given is not None:
         return given
     return ByteTokenizer() if source == "synthetic" else data_tokenizer(config)
-
-
-def model_vocab(config: SpeedtronicConfig) -> int | None:
-    """The configured model vocabulary; the reference model's default when not set."""
-    vocab = config.model.params.get("vocab_size")
-    if vocab is None and config.model.name == "reference_transformer":
-        vocab = 256
-    return vocab if isinstance(vocab, int) else None
 
 
 def build_dataloader(
@@ -312,7 +306,9 @@ class DataStream:
             set_epoch(self.epoch)
         if self._seed is not None:  # worker seeds depend on the epoch only, also after resume
             self.loader.generator.manual_seed(self._seed + self.epoch)
-        iterator = iter(self.loader)
+        with warnings.catch_warnings():  # said once at start in our words (preflight.py)
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            iterator = iter(self.loader)
         for _ in range(self._skip):
             next(iterator)
         self._skip = 0

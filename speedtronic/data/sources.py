@@ -19,7 +19,9 @@ token is wasted).
   ``tokenize_file`` for instant resume.
 
 Invalid UTF-8 is an error naming the file and byte offset, not silently replaced: a corpus
-with stray Latin-1 bytes should be converted (``iconv -f latin1 -t utf-8``) knowingly.
+with stray Latin-1 bytes should be converted (``iconv -f latin1 -t utf-8``) knowingly. Text
+sources check the whole file when they are built (``utf8.check_utf8``: the first bad byte,
+before the first step); reads check their bytes again, for a file changed under the run.
 
 Only regular files are accepted (a FIFO would block the first read forever, ``/dev/zero``
 never ends). A file that shrinks while training (another process truncated or rewrote it)
@@ -43,6 +45,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from speedtronic.data.segments import SEGMENT_BYTES, segment_bounds
+from speedtronic.data.utf8 import check_utf8, invalid_utf8
 from speedtronic.errors import DataError, TrainingError
 
 __all__ = ["SEGMENT_BYTES", "ByteTextBlocks", "TokenFileBlocks", "TokenizedTextStream"]
@@ -162,6 +165,7 @@ class ByteTextBlocks(_BlockRange):
         size = _check_file(self.path, key)
         if size < seq_len + 1:
             raise _too_short(key, self.path, f"{size} bytes", seq_len)
+        check_utf8(self.path, key)  # the whole file now, not block by block mid-run
         super().__init__((size - 1) // seq_len)
         self._file = _ProcessFile(self.path, key)
 
@@ -221,10 +225,7 @@ def _check_utf8_window(data: bytes, offset: int, path: Path, key: str) -> None:
     try:
         codecs.getincrementaldecoder("utf-8")().decode(data[skip:], final=False)
     except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{key}: {path} is not valid UTF-8 at byte {offset + skip + exc.start}; "
-            "convert it first (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        raise invalid_utf8(key, path, offset + skip + exc.start) from None
 
 
 class TokenFileBlocks(_BlockRange):
@@ -294,6 +295,7 @@ class TokenizedTextStream(IterableDataset):
     ):
         self.path, self.seq_len, self.tokenizer, self.key = Path(path), seq_len, tokenizer, key
         size = _check_file(self.path, key)
+        check_utf8(self.path, key)
         segment_bytes = segment_bytes or min(SEGMENT_BYTES, max(4096, size // 64))
         self.bounds = segment_bounds(self.path, segment_bytes)
         self.segments = list(range(len(self.bounds) - 1))
@@ -354,10 +356,7 @@ def _decode(data: bytes, offset: int, path: Path, key: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{key}: {path} is not valid UTF-8 at byte {offset + exc.start}; "
-            "convert it first (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        raise invalid_utf8(key, path, offset + exc.start) from None
 
 
 def shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:

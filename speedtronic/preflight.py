@@ -1,0 +1,196 @@
+"""What a run checks before it touches its output directory, and what it starts from.
+
+Issue 31: ``--overwrite`` deleted the old run first and only then found the new config's typo
+(``n_layers``), a missing ``text_path`` or an ``n_head`` that does not divide ``d_model``,
+leaving neither run; and the refusal of a directory holding a run hid such a typo behind a
+suggestion to use ``--overwrite``. ``plan_start`` runs before either, and raises the first
+problem a run could meet before its first step:
+
+- ``--resume``: the checkpoint it continues is loaded, and the new config reconciled with the
+  one it recorded (``checkpoint.changes``: applied, or refused with the way to do it);
+- the model's configuration: the reference model's from its keys alone, any other model built
+  on the meta device (allocating nothing), or for real when it cannot be (the RNG untouched);
+- the data: the datasets are built (files exist, are regular, UTF-8 all through, token ids
+  fit the vocabulary), and handed on to ``build_runtime`` so nothing is read twice;
+- ``--init-from``: the weights are loaded and their shapes checked against the model's.
+
+Facts for the start-up lines are collected too (``notices``, ``warnings``): the DataLoader
+workers clamped to this machine's cores (``data.num_workers``; only where the batches stay the
+same), a model vocabulary far above what the data uses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+
+from speedtronic.checkpoint.changes import reconcile, with_value
+from speedtronic.checkpoint.load import Checkpoint, load_init_weights
+from speedtronic.checkpoint.plugin import find_resume_checkpoint, state_mismatch
+from speedtronic.checkpoint.start import held_run
+from speedtronic.config import SpeedtronicConfig
+from speedtronic.data import build_datasets
+from speedtronic.data.describe import vocab_warning
+from speedtronic.errors import ConfigError
+from speedtronic.registry import build_model, reference_config
+
+
+@dataclass
+class StartPlan:
+    """What ``plan_start`` checked and prepared, for ``build_runtime`` and the start-up lines."""
+
+    config: SpeedtronicConfig  # the config to run: --resume and the worker clamp may adjust it
+    datasets: tuple[Any, Any] | None = None  # (train, held-out or None) from config.data
+    resume: Checkpoint | None = None  # the checkpoint --resume continues, loaded
+    init: Checkpoint | None = None  # the weights --init-from starts from (trainer state empty)
+    notices: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_start(
+    config: SpeedtronicConfig,
+    model: nn.Module | None = None,
+    dataset: Any = None,
+    tokenizer: Any = None,
+    resume: bool = True,
+) -> StartPlan:
+    """Check everything that can be checked before the first step; raise the first problem.
+
+    ``model`` / ``dataset`` are the caller's own (then only their shapes and type are used);
+    ``resume=False`` leaves ``checkpoint.resume`` to the caller (``build_runtime`` alone).
+    """
+    plan = StartPlan(config)
+    plan.config = clamp_workers(config, dataset, plan.notices)
+    if resume and config.checkpoint.resume:
+        _plan_resume(plan)
+    config = plan.config
+    init = config.checkpoint.init_from if plan.resume is None else None
+    shapes = model
+    if model is None:  # another model is built only where a run could be lost: see check_model
+        shapes = check_model(config, build=init is not None, others=_run_at_stake(config))
+    plan.datasets = build_datasets(config, tokenizer) if dataset is None else None
+    if init is not None:
+        plan.init = _load_init(config, init, shapes, plan.warnings)
+    plan.warnings += [w for w in [vocab_warning(config)] if w and dataset is None]
+    return plan
+
+
+def _plan_resume(plan: StartPlan) -> None:
+    config = plan.config
+    plan.resume = find_resume_checkpoint(config.checkpoint_dir, plan.warnings.append)
+    if plan.resume is None:
+        plan.notices.append(f"no checkpoint in {config.checkpoint_dir}; starting a fresh run")
+        return
+    step = plan.resume.trainer_state["step"]
+    saved = plan.resume.meta.get("config")
+    plan.config, notes = reconcile(saved, config, step, str(plan.resume.path))
+    plan.notices += notes
+    if config.checkpoint.init_from:
+        plan.notices.append(
+            f"checkpoint.init_from: not used: the run resumes from its checkpoint at step {step}"
+        )
+
+
+def check_model(
+    config: SpeedtronicConfig, build: bool = False, others: bool = True
+) -> nn.Module | None:
+    """The model's config errors, and with ``build`` the model, on the meta device where it
+    can be built there: its shapes without the memory.
+
+    The reference model's keys are checked without building it. Another model is built only
+    with ``build`` or ``others``: ``plan_start`` asks for it where a run is at stake (a
+    directory holding one); elsewhere the real build reports the same errors with nothing to
+    lose, and a large model is not built twice.
+    """
+    spec = config.model
+    if spec.name == "reference_transformer" and not spec.imports and not build:
+        reference_config(spec.params)
+        return None
+    if not build and not others:
+        return None
+    try:
+        with torch.device("meta"):
+            return build_model(spec.name, spec.params, spec.imports)
+    except ConfigError:
+        raise
+    except Exception:  # a factory the meta device cannot run: build it, leaving the RNG as it was
+        with torch.random.fork_rng(devices=[]):
+            return build_model(spec.name, spec.params, spec.imports)
+
+
+def _run_at_stake(config: SpeedtronicConfig) -> bool:
+    """Whether starting could delete a run (--overwrite) or refuse one (the directory holds it)."""
+    return not config.checkpoint.resume and held_run(config.checkpoint_dir) is not None
+
+
+def clamp_workers(config: SpeedtronicConfig, dataset: Any, notices: list[str]) -> SpeedtronicConfig:
+    """``data.num_workers`` cut to this machine's cores, where that leaves the batches as they
+    are: a map-style source is read by index, whoever reads it. A streamed source deals its
+    segments out by worker, so its count stays (with a warning of our own words instead of
+    PyTorch's: ``worker_warning``)."""
+    workers, cores = config.data.num_workers, cpu_cores()
+    if workers <= cores or _streamed(config, dataset):
+        return config
+    notices.append(
+        f"data.num_workers: {workers} workers for {cores} CPU cores; using {cores} (the batches "
+        "are the same; more workers than cores only compete with training)"
+    )
+    return with_value(config, "data.num_workers", cores)
+
+
+def worker_warning(config: SpeedtronicConfig, dataset: Any) -> str | None:
+    """The one line for a streamed source with more workers than cores (not clamped)."""
+    workers, cores = config.data.num_workers, cpu_cores()
+    if workers <= cores or not _streamed(config, dataset):
+        return None
+    return (
+        f"data.num_workers: {workers} workers for {cores} CPU cores: they compete with training "
+        "(a streamed source keeps its count, which sets its data order)"
+    )
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (what PyTorch's DataLoader compares with)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on macOS or Windows
+        return os.cpu_count() or 1
+
+
+def _streamed(config: SpeedtronicConfig, dataset: Any) -> bool:
+    if dataset is not None:
+        return isinstance(dataset, IterableDataset)
+    data = config.data
+    return data.resolved_source == "text" and data.tokenizer != "byte"
+
+
+def _load_init(
+    config: SpeedtronicConfig, source: str, model: nn.Module | None, warnings: list[str]
+) -> Checkpoint:
+    """``checkpoint.init_from``'s weights, refused unless they fit the model exactly."""
+    if config.checkpoint.overwrite and _inside(Path(source), config.checkpoint_dir):
+        raise ConfigError(
+            f"checkpoint.init_from: {source} overlaps {config.checkpoint_dir}, which --overwrite "
+            "deletes; copy that checkpoint elsewhere first, or train into another --output-dir"
+        )
+    weights = load_init_weights(source, warnings.append)
+    assert model is not None  # check_model(build=True) or the caller's model
+    why = state_mismatch(model.state_dict(), weights.model_state)
+    if why:
+        raise ConfigError(
+            f"checkpoint.init_from: {weights.path} does not fit this model: {why}",
+            hint="a new run from these weights needs the model settings of the run that wrote "
+            'them (its meta.json "config")',
+        )
+    return weights
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or path.is_relative_to(folder) or folder.is_relative_to(path)
