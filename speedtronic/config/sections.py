@@ -189,7 +189,7 @@ class DataConfig:
             problems.append("data.text_path: required when data.source is 'text'")
         if source == "tokens" and not self.token_path:
             problems.append("data.token_path: required when data.source is 'tokens'")
-        problems += self._unread_paths(source)
+        problems += self._check_unread_paths(source)
         has_eval = self.eval_path or self.eval_fraction > 0
         if self.eval_every and not has_eval:
             problems.append("data.eval_every: needs data.eval_path or data.eval_fraction > 0")
@@ -202,7 +202,7 @@ class DataConfig:
             problems.append("data: set eval_path or eval_fraction, not both")
         return problems
 
-    def _unread_paths(self, source: str) -> list[str]:
+    def _check_unread_paths(self, source: str) -> list[str]:
         """A file named for a source that does not read it (issue 31: ``source: synthetic``
         plus ``--set data.text_path=...`` trained on synthetic tokens and exited 0). An
         explicit source and a path that contradict it are an error, never a guess."""
