@@ -350,7 +350,6 @@ def test_I3_issue27_2a_processes_a_copied_global_under_1e15_costs_a_worker_secon
     writer copies the global under outer step 10**15 with the master's id. Before: 486 of the
     worker's 500 deltas rejected as ahead of the master's step, exit 0, nothing said."""
     import re
-    import signal
     import time
 
     import proc_support
@@ -381,10 +380,9 @@ def test_I3_issue27_2a_processes_a_copied_global_under_1e15_costs_a_worker_secon
         assert proc_support.wait(worker) == 0, log_of(tmp_path, "worker-1")
         text = (tmp_path / "worker-1.log").read_text()  # before: it never installed again
         assert f"went back from outer step {10**15}" in text, text[-3000:]
-        consumed = lambda: not list(repo.glob("nodes/*/delta_*.safetensors"))  # noqa: E731
-        assert wait_until(consumed, watch=master), log_of(tmp_path, "master")
-        master.send_signal(signal.SIGTERM)
-        assert proc_support.wait(master) == 128 + signal.SIGTERM, log_of(tmp_path, "master")
+        # the worker's last delta ends the run: the coordinating master applies it and ends (I6)
+        assert proc_support.wait(master) == 0, log_of(tmp_path, "master")
+        assert not list(repo.glob("nodes/*/delta_*.safetensors")), log_of(tmp_path, "master")
     finally:
         for process in (master, worker):
             if process is not None and process.poll() is None:
