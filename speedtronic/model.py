@@ -251,6 +251,13 @@ class ReferenceTransformer(nn.Module):
         count = (labels != IGNORE_INDEX).sum().clamp(min=1)
         return total / count
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The blocks' projection matrices: what Muon optimizes (``speedtronic.param_split``).
+
+        Not the embedding, nor the head it is tied to (or an untied head), nor the norms.
+        """
+        return [m.weight for b in self.blocks for m in b.modules() if isinstance(m, nn.Linear)]
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute each block's activations in backward (training only) to save memory."""
         self.gradient_checkpointing = bool(enabled)

@@ -273,6 +273,10 @@ def derived_facts(
         problems.extend(exc.problems)
     try:
         facts["parameters"], model = _parameter_fact(cfg, build)
+        if cfg.optimizer.name == "muon" and model is not None:  # issue 30: which go to Muon
+            from speedtronic.param_split import split_parameters
+
+            facts["optimizer"] = split_parameters(model, cfg.optimizer.muon_exclude).summary()
         if cfg.distributed.enabled:
             facts.update(diloco_facts(cfg, model, fleet or Fleet()))
     except ConfigError as exc:

@@ -39,17 +39,36 @@ DOCS: dict[str, str] = {
     "data.eval_fraction": "hold out this share of the end of the training file instead",
     "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
     "data.eval_batches": "batches per evaluation (the same ones every time)",
-    "optimizer.name": "the optimizer: AdamW, weight decay on matrices only",
+    "optimizer.name": "adamw: AdamW, weight decay on matrices only; muon: Muon on the hidden "
+    "matrices, that AdamW on the rest (see Muon below)",
     "optimizer.lr": "peak learning rate",
     "optimizer.betas": "AdamW's two moment decay rates",
     "optimizer.eps": "AdamW's epsilon",
     "optimizer.weight_decay": "decoupled weight decay, applied to matrices only",
     "optimizer.fused": "the fused AdamW kernel; auto: where available, else foreach",
     "optimizer.grad_clip": "clip the global gradient norm to this; null or 0: no clipping",
-    "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, or constant",
+    "optimizer.muon_lr": "Muon's peak lr (the schedule scales it as it scales lr); null: "
+    "optimizer.lr with match_rms_adamw, else 0.02",
+    "optimizer.muon_lr_adjust": "original: lr x sqrt(max(1, rows/cols)), the update's spectral "
+    "norm ~ lr (Jordan); match_rms_adamw: lr x 0.2 sqrt(max(rows, cols)), AdamW's update RMS, "
+    "so AdamW's lr and weight decay carry over (Moonlight)",
+    "optimizer.muon_momentum": "Muon's momentum (an exponential average of the gradients)",
+    "optimizer.muon_nesterov": "Nesterov momentum: orthogonalise the gradient's lerp towards "
+    "the average, not the average itself",
+    "optimizer.muon_ns_steps": "Newton-Schulz iterations per step",
+    "optimizer.muon_weight_decay": "Muon's decoupled weight decay (x muon_lr per step); null: "
+    "AdamW's shrink per step, lr x weight_decay / muon_lr",
+    "optimizer.muon_momentum_warmup_steps": "ramp Muon's momentum from 0.85 up over this many "
+    "steps (the speedrun's warm-up); 0: off",
+    "optimizer.muon_precision": "the Newton-Schulz iteration's dtype; auto: bf16 where it is "
+    "native (CUDA, a CPU the probe finds bf16-capable), else fp32",
+    "optimizer.muon_exclude": "fnmatch patterns of parameter names (blocks.0.*) kept on AdamW",
+    "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, constant, or wsd "
+    "(constant, then a linear decay to min_lr_ratio * lr over the last decay_fraction)",
     "scheduler.warmup_steps": "optimizer steps of linear warmup",
     "scheduler.min_lr_ratio": "the cosine's final learning rate, as a share of lr",
     "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps",
+    "scheduler.decay_fraction": "wsd only: the share of the schedule's steps that decays",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
@@ -113,6 +132,21 @@ CHECKED: dict[str, str] = {
     "data.eval_path": "not with eval_fraction; needs a text or token source",
     "data.eval_every": "needs eval_path or eval_fraction > 0",
     "optimizer.betas": "each in [0, 1)",
+    **{
+        f"optimizer.muon_{key}": "only with name: muon"
+        for key in (
+            "lr",
+            "lr_adjust",
+            "momentum",
+            "nesterov",
+            "ns_steps",
+            "weight_decay",
+            "momentum_warmup_steps",
+            "precision",
+        )
+    },
+    "optimizer.muon_exclude": "only with name: muon; each pattern must match a parameter",
+    "scheduler.decay_fraction": "only with name: wsd",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
