@@ -36,6 +36,11 @@ class ReferenceConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
+    # Options measured by benchmarks/time_to_quality.py (docs/benchmarks.md), off by default.
+    # qk_norm changes the architecture (RMSNorm of each head's queries and keys before RoPE,
+    # as Qwen3/OLMo 2 do): a checkpoint with it is no longer a LlamaForCausalLM.
+    qk_norm: bool = False
+    zero_init_projections: bool = False  # attention and MLP output projections start at 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
@@ -130,12 +135,17 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.d_model, kv_dim, bias=False)
         self.wv = nn.Linear(config.d_model, kv_dim, bias=False)
         self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if hasattr(self, "q_norm"):  # qk_norm: each head's vectors to unit RMS, then a gain
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.n_head // self.n_kv_head
         if groups > 1:
@@ -199,8 +209,11 @@ class ReferenceTransformer(nn.Module):
         # GPT-2: each block adds two residual branches; scaling keeps the stream's variance flat.
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
         for block in self.blocks:
-            nn.init.normal_(block.attn.wo.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.w_down.weight, mean=0.0, std=residual_std)
+            for proj in (block.attn.wo, block.mlp.w_down):
+                if cfg.zero_init_projections:  # each block starts as the identity (speedrun)
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, mean=0.0, std=residual_std)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)

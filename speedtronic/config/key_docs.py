@@ -172,4 +172,10 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     "norm_eps": ("> 0", "RMSNorm epsilon"),
     "init_std": ("> 0", "standard deviation of the initial weights"),
     "tie_embeddings": ("-", "share the embedding matrix with the output head"),
+    "qk_norm": (
+        "-",
+        "RMSNorm of each head's queries and keys before RoPE (not Llama's "
+        "architecture: measured, docs/benchmarks.md, Time to quality)",
+    ),
+    "zero_init_projections": ("-", "start the attention and MLP output projections at zero"),
 }
