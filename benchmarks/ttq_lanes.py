@@ -71,7 +71,8 @@ def parse_arm(name: str, tuned: dict[str, Any], default_horizon: int) -> Arm:
     if head not in ("adamw", "muon"):
         raise ValueError(f"arm {name!r}: starts with adamw or muon")
     values: dict[str, Any] = {"lr": tuned["adamw_lr"]}
-    if head == "muon":
+    if head == "muon":  # its AdamW half's lr is its own, tuned with it
+        values["lr"] = tuned.get("muon_adamw_lr", tuned["adamw_lr"])
         values["muon_lr"] = tuned.get("muon_lr")
     flags = {"rms": "rms", "wsd": "wsd", "qk": "qk_norm", "z": "zero_init", "fp32": "ns_fp32"}
     for mod in mods:

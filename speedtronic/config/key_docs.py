@@ -179,3 +179,37 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     ),
     "zero_init_projections": ("-", "start the attention and MLP output projections at zero"),
 }
+
+# Prose after a section's table in docs/config.md: section -> lines of Markdown
+SECTION_NOTES: dict[str, list[str]] = {
+    "optimizer": [
+        "",
+        "### Muon (`optimizer.name: muon`)",
+        "",
+        "Muon (Jordan et al. 2024; torch.optim.Muon's update, `speedtronic/muon.py`) takes the",
+        "model's *hidden* weight matrices: momentum, then a Newton-Schulz iteration that",
+        "orthogonalises the update. Everything else (the embedding, the output head, norm",
+        "gains, biases, anything not 2-D) stays on the AdamW above, with its `lr`, `betas`,",
+        "`eps`, `weight_decay` and `fused`. One schedule scales both lrs.",
+        "",
+        "- **Which matrices** (`speedtronic/param_split.py`), by module, not by shape: a model",
+        "  with a `hidden_matrices()` method (an iterable of its own 2-D parameters) says so",
+        "  itself; the reference decoder's are its blocks' seven projections, so its embedding,",
+        "  which is also its tied head, is on AdamW. Any other model: every `nn.Linear` weight",
+        "  except one an `nn.Embedding` also holds and a head named `lm_head`, `head`, `output`,",
+        "  `classifier`, `fc_out` or `logits`. Then `muon_exclude` moves more to AdamW by name",
+        "  (`fnmatch`: `blocks.0.*`). `speedtronic validate` prints the split; the live",
+        "  table's title and the `run_start` event's `optimizer` name it",
+        "  (`muon (14 matrices, bf16) + adamw (fused)`).",
+        "- **lr conventions**: `original` (Jordan's) scales each matrix's step by",
+        "  sqrt(max(1, rows/cols)), so `muon_lr` is about the update's spectral norm (0.02 is",
+        "  the usual value); `match_rms_adamw` (Moonlight) by 0.2 sqrt(max(rows, cols)), so the",
+        "  update's RMS is AdamW's and `lr` and `weight_decay` carry over unchanged.",
+        "- **Weight decay**: decoupled, `muon_lr x muon_weight_decay` per step (torch's rule);",
+        "  unset, the same shrink per step as AdamW's (`lr x weight_decay`).",
+        "- **Speed**: same-shape matrices are orthogonalised together (batched matmuls), in",
+        "  bf16 where it is native (CUDA, a CPU with AVX512-BF16/AMX, found by the precision",
+        "  probe) and fp32 where bf16 would be emulated. Its cost is per matrix, not per token:",
+        "  `speedtronic bench` reports the optimizer's share of a step.",
+    ],
+}
