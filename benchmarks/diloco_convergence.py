@@ -33,12 +33,15 @@ compute as ``c``) with ``_``-separated modifiers: ``f<x>`` latency fraction; ``e
 ``bare`` (``reapply_own_delta: false``); ``tok`` (equal tokens); ``dylu`` (dynamic local
 updates, Liu et al. 2024: each node's ``inner_steps`` scaled by its speed, so every node's loop
 takes L); ``naive`` (outer policy); ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``
-(outer lr, momentum, min_deltas, staleness discount, max_staleness). Everything else is the
-product's default: plain averaging (outer lr 1.0, momentum 0), fleet policy, min_deltas 2,
-bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW reset).
+(outer lr, momentum, min_deltas, staleness discount, max_staleness); ``muon`` (Muon as the inner
+optimizer, ``diloco_sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_COST``
+times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it.
+Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
+policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
+reset).
 
 Presets for ``--arms`` (see ``PRESETS``): ``main`` (the latency grid), ``tokens``, ``uneven``,
-``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops).
+``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30).
 
 Prints one table per view and one JSON line (``{"benchmark": "diloco_convergence", ...}``);
 ``--out`` writes the JSON, ``--png`` plots eval loss against simulated wall-clock per ``f``
@@ -69,7 +72,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(2, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from diloco_sim import Scale, parse_arm, run_job  # noqa: E402
+from diloco_sim import Scale, make_config, parse_arm, run_job  # noqa: E402
 from train_text import write_stdlib_corpus  # noqa: E402  (the example's corpus)
 
 LATENCIES = (0.05, 0.25, 1.0)
@@ -86,6 +89,14 @@ PRESETS = {
     "uneven": ["a", "d_f0.25", "d_f0.25_eager_keep"],
     "corrections": ["a", "c_f0.25_eager_keep_bare", "d_f0.25_eager_keep_dylu"],
     "long": ["a", "c_f0.25", "c_f0.25_keep", "c_f0.25_eager_keep"],
+    # issue 30: Muon as the inner optimizer against today's default (eager, AdamW kept), and
+    # what an install's reset does to Muon's momentum
+    "muon": [
+        "a",
+        "a_muon",
+        *[f"c_f{f}_eager_keep{inner}" for f in (0.05, 0.25) for inner in ("", "_muon")],
+        "c_f0.25_eager_muon",
+    ],
 }
 QUICK = dict(steps=8, inner_steps=2, batch=4, warmup=2, eval_every=2, eval_batches=1, eval_batch=32)
 QUICK_ARMS = "a,c_f0.25,c_f0.25_eager_keep,c_f0.25_sync_keep,d_f0.25_eager_keep"
@@ -248,8 +259,7 @@ def _order(row: dict[str, Any]) -> tuple:
 def print_report(rows: list[dict[str, Any]]) -> None:
     """The views: equal wall-clock per latency, equal tokens, uneven nodes."""
     rows = sorted(rows, key=_order)
-    arm = {r["arm"]: r for r in rows}
-    single = [arm["a"]] if "a" in arm else []
+    single = [r for r in rows if r["arm"] == "a" or r["arm"].startswith("a_")]
     equal = [r for r in rows if r["arm"].startswith("c_") and "_tok" not in r["arm"]]
     for f in sorted({r["latency"] for r in equal}):
         mine = [r for r in equal if r["latency"] == f]
@@ -406,6 +416,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--merge", nargs="+", metavar="JSON", help="report (and plot) saved results")
     p.add_argument("--long", metavar="JSON", help="the long-horizon results, for the plot")
     p.add_argument("--png", help="write the plot here")
+    p.add_argument(
+        "--muon-cost",
+        action="store_true",
+        help="measure a Muon worker step's time over an AdamW one's (MUON_STEP_COST)",
+    )
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--job-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -441,6 +456,14 @@ def main(argv: list[str] | None = None) -> int:
         result = run_job(spec["arm"], spec["seed"], scale, spec["corpus"])
         Path(args.job_out).write_text(json.dumps(result))
         return 0
+    if args.muon_cost:
+        torch.set_num_threads(args.threads or 1)
+        with tempfile.TemporaryDirectory(prefix="speedtronic-diloco-cost-") as tmp:
+            corpus = args.corpus or str(Path(tmp) / "stdlib.txt")
+            if not args.corpus:
+                write_stdlib_corpus(Path(corpus))
+            print(json.dumps(muon_step_cost(build_scale(args), corpus, Path(tmp))))
+        return 0
     if args.merge:
         reports = [json.loads(Path(p).read_text()) for p in args.merge]
         results = list({(r["arm"], r["seed"]): r for rep in reversed(reports)
@@ -457,6 +480,30 @@ def main(argv: list[str] | None = None) -> int:
         plot(report["results"], long, args.png)
     print(json.dumps({k: v for k, v in report.items() if k != "results"}))
     return 0
+
+
+def muon_step_cost(scale: Scale, corpus: str, tmp: Path, rounds: int = 16, steps: int = 25):
+    """A worker step with Muon over one with AdamW (the same model, batch and data), timed
+    in alternated rounds (ABBA) of ``steps`` steps after a warm-up round, in process CPU time
+    (one thread); the median of the rounds' ratios."""
+    from speedtronic.runtime import build_runtime
+
+    runtimes = {}
+    for inner in ("adamw", "muon"):
+        config = make_config(scale, corpus, str(tmp / inner), 1, scale.batch, 10**6, inner=inner)
+        runtimes[inner] = build_runtime(config, console=False)
+    times: dict[str, list[float]] = {"adamw": [], "muon": []}
+    for r in range(rounds + 1):
+        for inner in ("adamw", "muon") if r % 2 == 0 else ("muon", "adamw"):
+            start = time.process_time()  # CPU time: a loaded machine's wall-clock is noise
+            for _ in range(steps):
+                runtimes[inner].trainer.train_step()
+            if r:  # round 0 warms up
+                times[inner].append(time.process_time() - start)
+    ratios = [m / a for a, m in zip(times["adamw"], times["muon"], strict=True)]
+    return {"muon_step_cost": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "adamw_step_ms": 1000 * statistics.median(times["adamw"]) / steps,
+            "load": os.getloadavg()[0], "threads": torch.get_num_threads()}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

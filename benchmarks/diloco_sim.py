@@ -527,6 +527,8 @@ class Arm:
     dylu: bool = False  # dynamic local updates: inner_steps scaled by the node's speed
     lookahead: bool = False  # prototype ``LookAheadWorker`` (not in the product)
     policy: dict[str, Any] = field(default_factory=dict)  # MasterConfig overrides
+    inner: str = "adamw"  # the inner optimizer: optimizer.name
+    cost: float = 1.0  # a step's time over an AdamW step's: more time, fewer steps in T
 
 
 POLICY_KEYS = {
@@ -544,7 +546,13 @@ FLAGS = {
     "tok": {"budget": "tokens"},
     "dylu": {"dylu": True},
     "la": {"lookahead": True},
+    "muon": {"inner": "muon"},
 }
+# Muon as the inner optimizer (issue 30): the settings time_to_quality.py chose at the 0.43M
+# size, and what a step costs over an AdamW step at this benchmark's batch (8 x 64 tokens),
+# measured on this machine by ``diloco_convergence.py --muon-cost`` (docs/benchmarks.md)
+MUON_INNER = {"name": "muon", "muon_lr": 0.02}
+MUON_STEP_COST = 1.3  # 1.30 (rounds 1.15-1.38), 1 thread, CPU time, AVX512-BF16 CPU
 
 
 def parse_arm(name: str) -> Arm:
@@ -552,14 +560,19 @@ def parse_arm(name: str) -> Arm:
     ``f<fraction>`` latency, ``eager``, ``sync``, ``keep``, ``bare``, ``tok``, ``dylu``, ``la``,
     ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``."""
     head, *mods = name.split("_")
+    values: dict[str, Any] = {"policy": {}}
+    if "muon" in mods:
+        values["cost"] = MUON_STEP_COST
     if head == "a":
-        if mods:
-            raise ValueError(f"arm {name!r}: a takes no modifiers")
-        return Arm(name, "single", latency=0.0)
+        inner = [m for m in mods if m == "muon" or m.startswith("cost")]
+        if inner != mods:
+            raise ValueError(f"arm {name!r}: a takes only muon and cost<x>")
+        return Arm(name, "single", latency=0.0, **_inner(name, mods, values))
     if head not in ("c", "d"):
         raise ValueError(f"arm {name!r}: unknown fleet {head!r} (a, c, d)")
-    values: dict[str, Any] = {"policy": {}}
     for mod in mods:
+        if mod.startswith("cost"):
+            continue  # _inner's
         if mod in FLAGS:
             values.update(FLAGS[mod])
         elif mod == "naive":
@@ -572,7 +585,19 @@ def parse_arm(name: str) -> Arm:
                 raise ValueError(f"arm {name!r}: unknown modifier {mod!r}")
             key, kind = POLICY_KEYS[prefix]
             values["policy"][key] = kind(_number(mod[len(prefix) :]))
-    return Arm(name, "equal" if head == "c" else "uneven", **values)
+    return Arm(name, "equal" if head == "c" else "uneven", **_inner(name, mods, values))
+
+
+def _inner(name: str, mods: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    """``muon`` (the inner optimizer, at ``MUON_STEP_COST``) and ``cost<x>`` (a step's time)."""
+    for mod in mods:
+        if mod == "muon":
+            values["inner"] = "muon"
+        elif mod.startswith("cost"):
+            if _number(mod[4:]) is None or _number(mod[4:]) <= 0:
+                raise ValueError(f"arm {name!r}: cost<x> needs a positive number")
+            values["cost"] = _number(mod[4:])
+    return values
 
 
 def _number(text: str) -> float | None:
@@ -593,8 +618,12 @@ def make_config(
     batch: int,
     horizon: int,
     eval_batches: int = 0,
+    inner: str = "adamw",
 ) -> dict[str, Any]:
     """A worker's (or the eval model's) config; ``horizon`` is the cosine schedule's length."""
+    optimizer = {"lr": scale.lr, "weight_decay": 0.1, "grad_clip": 1.0}
+    if inner == "muon":
+        optimizer.update(MUON_INNER)
     return {
         "run": {
             "name": "diloco-convergence",
@@ -621,7 +650,7 @@ def make_config(
             "eval_every": 10**9 if eval_batches else 0,
             "eval_batches": max(1, eval_batches),
         },
-        "optimizer": {"lr": scale.lr, "weight_decay": 0.1, "grad_clip": 1.0},
+        "optimizer": optimizer,
         "scheduler": {"name": "cosine", "warmup_steps": scale.warmup, "min_lr_ratio": 0.1},
         "precision": {"mode": "fp32"},
         "checkpoint": {"interval": 0},
@@ -678,7 +707,10 @@ class Job:
     def _runtime(self, worker: int, horizon: int, name: str, scale: Scale | None = None) -> Any:
         scale = scale or self.scale
         seed = data_seed(self.seed, worker)
-        config = make_config(scale, self.corpus, str(self.tmp / name), seed, scale.batch, horizon)
+        config = make_config(
+            scale, self.corpus, str(self.tmp / name), seed, scale.batch, horizon,
+            inner=self.arm.inner,
+        )  # fmt: skip
         return build_runtime(config, console=False)
 
     def _point(self, time_s: float, tokens: int, weights_fn: Callable) -> None:
@@ -687,8 +719,9 @@ class Job:
 
     # -- a: one worker
     def _single(self) -> dict[str, Any]:
-        scale = self.scale
-        runtime = self._runtime(0, scale.steps, "single")
+        scale, cost = self.scale, self.arm.cost
+        steps = int(scale.steps / cost + 1e-6)  # what fits in T at this step's cost
+        runtime = self._runtime(0, steps, "single")
         load_weights(runtime.model, self.evaluator.reference)
         runtime.model.train()
         trainer = runtime.trainer
@@ -697,10 +730,10 @@ class Job:
             return trainer.step, self.evaluator.loss(dict(parameters_of(runtime.model)))
 
         self._point(0.0, 0, weights)
-        for _ in range(scale.steps):
+        for _ in range(steps):
             trainer.train_step()
-            if trainer.step % scale.eval_every == 0 or trainer.step == scale.steps:
-                self._point(trainer.step * scale.step_seconds, trainer.tokens, weights)
+            if trainer.step % scale.eval_every == 0 or trainer.step == steps:
+                self._point(trainer.step * scale.step_seconds * cost, trainer.tokens, weights)
         return {"workers": 1, "steps_per_worker": [trainer.step], "idle_share": 0.0}
 
     # -- c, d: DumbDiLoCo
@@ -725,12 +758,14 @@ class Job:
             return [scale.steps] * len(speeds)
         if self.arm.sync:  # its schedule must end at T like every other arm's
             return self._dry_run()
-        return [int(scale.until_s * s / scale.step_seconds + 1e-6) for s in speeds]
+        step_s = scale.step_seconds * self.arm.cost
+        return [int(scale.until_s * s / step_s + 1e-6) for s in speeds]
 
     def _dry_run(self) -> list[int]:
         dry = replace(self.scale, **DRY)
         speeds, _ = self._fleet()
-        horizons = [int(dry.until_s * s / dry.step_seconds + 1e-6) for s in speeds]
+        step_s = dry.step_seconds * self.arm.cost
+        horizons = [int(dry.until_s * s / step_s + 1e-6) for s in speeds]
         sim, nodes, _ = self._build(dry, horizons, "dry", initial=None, on_publish=lambda t: None)
         sim.run()
         return [node.runtime.trainer.step for node in nodes]
@@ -774,7 +809,7 @@ class Job:
             plugin = kind(node_settings, runtime.model, transport, log, background=False)
             runtime.model.train()
             plugin.on_train_start(runtime.trainer)  # installs the published global
-            step_s = scale.step_seconds / speeds[i]
+            step_s = scale.step_seconds * arm.cost / speeds[i]
             nodes.append(SimNode(runtime, plugin, step_s, planned=horizons[i]))
         until = scale.until_s if arm.budget == "time" else None
         sim = Simulation(nodes, loop, transport, clock, latency, arm.sync, until, on_publish, log)

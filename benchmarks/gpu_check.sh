@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# GPU check, one CUDA GPU, under 8 minutes:
+# GPU check, one CUDA GPU, under 10 minutes:
 #   1. the test suite's gpu tier (bf16/fp16 paths, GradScaler, fused AdamW, compile, pinned loader)
 #   2. GPT-2 small (configs/gpt2_small.yaml: ~124M params, seq 1024, bf16 + fused AdamW +
-#      torch.compile) trained for $STEPS steps: tokens/s and MFU (target on H100/H200: >= 40%)
+#      torch.compile) trained for $STEPS steps: tokens/s and MFU (target on H100/H200: >= 40%);
+#      then the same with optimizer.name: muon (issue 30): its tokens/s and loss at equal steps
+#      over AdamW's, a ratio measured in the same session
 #   3. `speedtronic bench --quick --format json` for GPT-2 small (compile on and off), then
 #      benchmarks/matmul_check.py: its matmul peaks against a plain torch.mm loop (<= 15%)
 #   4. `speedtronic bench --quick --format json` on the default smoke config
 #   5. with 2+ GPUs: benchmarks/ddp_scaling.py, 1 rank against all of them (>= 90% per GPU at 8)
+#   6. benchmarks/time_to_quality.py at its large size (4.5M) on the GPU, seed 0: Muon over
+#      AdamW to the frozen target, in time and in steps
 #
 # Usage:   benchmarks/gpu_check.sh
 # Env:     OUT (default /tmp/gpu_check): small outputs (JSON, logs, summary) land here
 #          WORK (default /tmp/gpu_check_work): the training run's directory (a 1.5 GB checkpoint)
-#          STEPS (default 300), BUDGET_S (default 470: stages are cut to fit), PYTHON
+#          STEPS (default 300), BUDGET_S (default 560: stages are cut to fit), PYTHON
 #          TRAIN_CONFIG (default configs/gpt2_small.yaml); ALLOW_CPU=1 runs without CUDA, to
 #          rehearse the script itself (e.g. TRAIN_CONFIG=configs/smoke.yaml STEPS=20)
 # Exit:    0 when every stage passed and the MFU target was met, 1 otherwise, 2 without CUDA.
@@ -22,7 +26,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/gpu_check}"
 WORK="${WORK:-/tmp/gpu_check_work}"
 STEPS="${STEPS:-300}"
-BUDGET_S="${BUDGET_S:-470}"
+BUDGET_S="${BUDGET_S:-560}"
 PY="${PYTHON:-python}"
 TRAIN_CONFIG="${TRAIN_CONFIG:-configs/gpt2_small.yaml}"
 MFU_TARGET=0.40
@@ -86,6 +90,13 @@ stage train 170 "$OUT/train.stdout" speedtronic train -c "$TRAIN_CONFIG" \
   --max-steps "$STEPS" --output-dir "$WORK/train" --set logging.json_file=metrics.jsonl
 cp "$WORK/train/metrics.jsonl" "$OUT/train_metrics.jsonl" 2>/dev/null || true
 
+rm -rf "$WORK/train_muon"
+stage train_muon 170 "$OUT/train_muon.stdout" speedtronic train -c "$TRAIN_CONFIG" \
+  --max-steps "$STEPS" --output-dir "$WORK/train_muon" --set logging.json_file=metrics.jsonl \
+  --set optimizer.name=muon --set checkpoint.interval=0 --set checkpoint.keep_last=1
+cp "$WORK/train_muon/metrics.jsonl" "$OUT/train_muon_metrics.jsonl" 2>/dev/null || true
+rm -rf "$WORK/train_muon"
+
 # --quick: 5 rounds of ~0.7 s per mode; compile (on in this config) is measured too.
 stage bench_gpt2_small 170 "$OUT/bench_gpt2_small.json" \
   speedtronic bench -c "$TRAIN_CONFIG" --quick --format json
@@ -106,6 +117,9 @@ if ((NGPU >= 2)); then
 else
   log "skip ddp_scaling: $NGPU GPU(s) visible, needs 2 or more"
 fi
+
+stage ttq_large 150 "$OUT/ttq_large.txt" "$PY" benchmarks/time_to_quality.py --size large \
+  --device cuda --arms muon --seeds 0 --no-aa --threads 4 --out "$OUT/ttq_large.json"
 
 # ---- summary -----------------------------------------------------------------------------
 STAGES=""
@@ -132,32 +146,58 @@ def load(name):
 
 
 lines = []
-metrics = out / "train_metrics.jsonl"
-if metrics.exists():
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def train_figures(path):
+    if not path.exists():
+        return None
+    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     steps = [r for r in steps if r.get("event") == "train_step"]
     # The first two log windows hold torch.compile and the warm-up: leave them out.
     steady = [r for r in steps if r["step"] > 50] or steps[-1:]
-    if steady:
-        mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-        train = {
-            "steps": steps[-1]["step"],
-            "final_loss": steps[-1]["loss"],
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
-            "mfu": statistics.median(mfus) if mfus else None,
-            "data_wait_share": statistics.median(r["data_wait_share"] for r in steady),
-            "memory_bytes": steady[-1].get("memory_bytes"),
-        }
-        summary["train_gpt2_small"] = train
-        mfu = train["mfu"]
-        target = float(os.environ["MFU_TARGET"])
-        summary["mfu_target_met"] = mfu is not None and mfu >= target
+    if not steady:
+        return None
+    mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    return {
+        "steps": steps[-1]["step"],
+        "final_loss": steps[-1]["loss"],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "data_wait_share": statistics.median(r["data_wait_share"] for r in steady),
+        "memory_bytes": steady[-1].get("memory_bytes"),
+    }
+
+
+train = train_figures(out / "train_metrics.jsonl")
+if train:
+    summary["train_gpt2_small"] = train
+    mfu = train["mfu"]
+    target = float(os.environ["MFU_TARGET"])
+    summary["mfu_target_met"] = mfu is not None and mfu >= target
+    lines.append(
+        f"GPT-2 small train: {train['tokens_per_s']:,.0f} tok/s, MFU "
+        + (f"{mfu:.1%}" if mfu is not None else "n/a (GPU not in the peak table)")
+        + f" (target {target:.0%}: {'met' if summary['mfu_target_met'] else 'NOT met'}), "
+        f"data wait {train['data_wait_share']:.1%}, final loss {train['final_loss']:.3f} "
+        f"after {train['steps']} steps"
+    )
+muon = train_figures(out / "train_muon_metrics.jsonl")
+if muon and train:
+    summary["train_gpt2_small_muon"] = muon
+    speed = muon["tokens_per_s"] / train["tokens_per_s"]
+    summary["muon_over_adamw"] = {"tokens_per_s": speed, "final_loss": muon["final_loss"]}
+    lines.append(
+        f"GPT-2 small with Muon: {muon['tokens_per_s']:,.0f} tok/s = {speed:.3f}x AdamW's; "
+        f"final loss {muon['final_loss']:.3f} vs {train['final_loss']:.3f} after "
+        f"{muon['steps']} steps"
+    )
+ttq = load("ttq_large.json")
+if ttq:
+    summary["time_to_quality_large"] = ttq["summary"]
+    for row in ttq["summary"]:
         lines.append(
-            f"GPT-2 small train: {train['tokens_per_s']:,.0f} tok/s, MFU "
-            + (f"{mfu:.1%}" if mfu is not None else "n/a (GPU not in the peak table)")
-            + f" (target {target:.0%}: {'met' if summary['mfu_target_met'] else 'NOT met'}), "
-            f"data wait {train['data_wait_share']:.1%}, final loss {train['final_loss']:.3f} "
-            f"after {train['steps']} steps"
+            f"time to quality, 4.5M, {row['arm']}: time ratio {row['time_ratio']}, "
+            f"steps ratio {row['steps_ratio']}, optimizer share {row['optimizer_share']}"
         )
 for name in ("bench_smoke.json", "bench_gpt2_small.json"):
     doc = load(name)

@@ -6,7 +6,7 @@ Each file is rendered from the code itself, never written by hand:
   ``completions/speedtronic.fish``: the scripts Typer's completion protocol hands out
   (``_SPEEDTRONIC_COMPLETE=source_<shell> speedtronic``), asked of the app object itself;
 - ``docs/config.md``: every config key from the section dataclasses (type, default, range,
-  choices) and the ``DOCS`` / ``CHECKED`` / ``REFERENCE_DOCS`` metadata in
+  choices) and the ``DOCS`` / ``CHECKED`` / ``REFERENCE_DOCS`` / ``SECTION_NOTES`` metadata in
   ``speedtronic/config/sections.py``;
 - ``docs/cli.md``: every command, argument and option with its help, walked from
   ``typer.main.get_command(app)``.
@@ -273,8 +273,7 @@ def render_config() -> str:
 
     for section, section_rows in sections.items():
         lines += ["", f"## {section}", "", *table(section_rows)]
-        if section in SECTION_NOTES:
-            lines += ["", *SECTION_NOTES[section]]
+        lines += SECTION_NOTES.get(section, [])
         if section == "model":
             lines += [
                 "",

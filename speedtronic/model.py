@@ -38,6 +38,11 @@ class ReferenceConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
+    # Options measured by benchmarks/time_to_quality.py (docs/benchmarks.md), off by default.
+    # qk_norm changes the architecture (RMSNorm of each head's queries and keys before RoPE,
+    # as Qwen3/OLMo 2 do): a checkpoint with it is no longer a LlamaForCausalLM.
+    qk_norm: bool = False
+    zero_init_projections: bool = False  # attention and MLP output projections start at 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
@@ -81,6 +86,7 @@ class ReferenceConfig:
         once), without building the model: ``validate`` answers at once for any size."""
         d, kv = self.d_model, self.kv_heads * self.head_dim
         block = 2 * d * d + 2 * d * kv + 3 * d * self.mlp_dim + 2 * d  # attention, MLP, norms
+        block += 2 * self.head_dim if self.qk_norm else 0  # the query and key norms' gains
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.n_layer * block + d + head
 
@@ -157,6 +163,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.d_model, kv_dim, bias=False)
         self.wv = nn.Linear(config.d_model, kv_dim, bias=False)
         self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Queries (B, H, T, D), keys and values (B, Hkv, T, D), RoPE applied to q and k."""
@@ -164,6 +173,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if hasattr(self, "q_norm"):  # qk_norm: each head's vectors to unit RMS, then a gain
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -262,8 +273,11 @@ class ReferenceTransformer(nn.Module):
         # GPT-2: each block adds two residual branches; scaling keeps the stream's variance flat.
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
         for block in self.blocks:
-            nn.init.normal_(block.attn.wo.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.w_down.weight, mean=0.0, std=residual_std)
+            for proj in (block.attn.wo, block.mlp.w_down):
+                if cfg.zero_init_projections:  # each block starts as the identity (speedrun)
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, mean=0.0, std=residual_std)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
@@ -344,6 +358,13 @@ class ReferenceTransformer(nn.Module):
         # NaN, and the graph stays free of host syncs for torch.compile.
         count = (labels != IGNORE_INDEX).sum().clamp(min=1)
         return total / count
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The blocks' projection matrices: what Muon optimizes (``speedtronic.param_split``).
+
+        Not the embedding, nor the head it is tied to (or an untied head), nor the norms.
+        """
+        return [m.weight for b in self.blocks for m in b.modules() if isinstance(m, nn.Linear)]
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Recompute each block's activations in backward (training only) to save memory."""

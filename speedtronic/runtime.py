@@ -24,7 +24,7 @@ from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.metrics import MetricLogger
-from speedtronic.optim import build_optimizer, build_scheduler
+from speedtronic.optim import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.precision import (
     Precision,
     emulation_warning,
@@ -61,7 +61,7 @@ class Runtime:
             "params": count_parameters(self.model),
             "device": str(self.precision.device),
             "precision": self.precision.mode,
-            "optimizer": f"adamw ({self.optimizer_kernel})",
+            "optimizer": optimizer_label(self.optimizer, self.optimizer_kernel),
             "max_steps": cfg.run.max_steps,
             "batch_size": cfg.batch_size,
             "micro_batch_size": cfg.data.micro_batch_size,

@@ -63,6 +63,7 @@ MODE = {
     "peak_memory_gb": OPT_NUM,
     "data_wait_share": OPT_NUM,
     "cpu_share": OPT_NUM,
+    "optimizer_share": OPT_NUM,
     "speedup_vs_configured": NUM,
     "final_loss": OPT_NUM,
 }
@@ -484,6 +485,15 @@ def test_low_gpu_mfu_gets_a_hint_and_vendor_mfu_is_shown():
     assert "MFU 10% of the measured fp32 matmul peak, 5% of the vendor peak" in message
     assert "try compile: true" in message
     assert verdict(doc, "device") == ("info", "compute capability 9.0: bf16/fp16/tf32 tensor cores")
+
+
+def test_an_optimizer_taking_a_large_share_of_the_step_is_named():
+    doc = sample_doc()
+    doc["model"]["modes"]["fp32"]["optimizer_share"] = 0.04
+    assert "optimizer" not in verdict(doc, "model.fp32")[1]
+    doc["model"]["modes"]["fp32"]["optimizer_share"] = 0.23
+    level, message = verdict(doc, "model.fp32")
+    assert level == "warn" and "the optimizer takes 23% of each step" in message
 
 
 def test_peak_lines_compare_with_fp32_and_the_vendor_table():

@@ -118,6 +118,7 @@ def test_validate_counts_the_reference_model_without_building_it(monkeypatch):
         {"vocab_size": 50304, "n_layer": 3, "n_head": 12, "d_model": 768, "seq_len": 32},
         {"n_kv_head": 2, "tie_embeddings": False, "mlp_hidden": 100},
         {"n_head": 8, "n_kv_head": 1, "d_model": 256},
+        {"qk_norm": True, "zero_init_projections": True},
     ],
 )
 def test_the_reference_models_counted_parameters_are_the_built_ones(params):

@@ -9,7 +9,9 @@ measured matmul peaks once those are known.
 
 from __future__ import annotations
 
+import functools
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +19,7 @@ import torch
 
 from speedtronic.bench.context import BenchContext
 from speedtronic.bench.plan import is_emulated, mode_budget, round_plan, skip_reason, warm_steps
-from speedtronic.bench.probes import peak_memory_gb, reset_peak_memory, timed
+from speedtronic.bench.probes import peak_memory_gb, reset_peak_memory, synchronize, timed
 from speedtronic.bench.raw import (
     Timings,
     alternate,
@@ -132,8 +134,36 @@ def measure_mode(ctx: BenchContext, mode: str, with_raw: bool, compile: bool = F
         if mode == ctx.configured or not message.startswith("precision.mode:"):
             ctx.warn(message)  # not another mode's precision warning: see run._device_stage
     row = mode_row(mode, runtime, timings, memory, events)
+    row["optimizer_share"] = optimizer_share(runtime, steps, ctx.device)
     overhead = overhead_section(mode, timings, steps) if raw is not None else None
     return ModeRun(runtime, row, overhead, first_s, events)
+
+
+def optimizer_share(runtime: Runtime, steps: int, device: torch.device) -> float:
+    """The share of a Trainer step spent in ``optimizer.step``, over ``steps`` more steps.
+
+    Measured after the timed rounds, which run free: here the device is synchronised around
+    each optimizer step (on a GPU that costs a little throughput, so it is not done there).
+    """
+    optimizer, spent = runtime.optimizer, [0.0]
+    inner = optimizer.step  # the LR scheduler's wrapper: wraps() keeps its mark
+
+    @functools.wraps(inner)
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
+        synchronize(device)
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            synchronize(device)
+            spent[0] += time.perf_counter() - start
+
+    optimizer.step = timed_step
+    try:
+        total = timed(lambda: run_trainer(runtime, steps), device)
+    finally:
+        optimizer.step = inner
+    return min(1.0, spent[0] / total) if total > 0 else 0.0
 
 
 def mode_row(
@@ -152,6 +182,7 @@ def mode_row(
         "peak_memory_gb": memory,
         "data_wait_share": statistics.median(waits) if waits else None,
         "cpu_share": statistics.median(shares) if timings.on_cpu else None,
+        "optimizer_share": None,  # filled in by optimizer_share, after the timed rounds
         "speedup_vs_configured": 1.0,
         "final_loss": runtime.trainer.last_loss,
     }

@@ -18,6 +18,8 @@ OVERHEAD_OK = 0.97  # Trainer / raw loop at or above this is within the noise (~
 OVERHEAD_WARN = 0.90
 CONTENDED = 0.90  # CPU share below this: another process disturbed the measurement
 CHECKPOINT_COST_WARN = 0.05  # saves costing more than this share of training time
+# optimizer.step this share of a step: Muon's Newton-Schulz costs per matrix, not per token
+OPTIMIZER_SHARE_WARN = 0.15
 
 
 def verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
@@ -132,6 +134,11 @@ def _model_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
                 level = "warn"
                 message += "; small matmuls or overhead dominate: try compile: true or a larger "
                 message += "data.micro_batch_size"
+            share = row.get("optimizer_share")
+            if share is not None and share >= OPTIMIZER_SHARE_WARN:
+                level = "warn"
+                message += f"; the optimizer takes {share:.0%} of each step: a larger "
+                message += "data.target_batch_size spreads its fixed cost over more tokens"
         elif mode == best and speed >= WORTH_SWITCHING:
             level, message = "warn", f"{mode} would be {times(speed)} faster: "
             message += f"set precision.mode: {mode}"

@@ -201,6 +201,11 @@ def optimizer_settings(optimizer: Any) -> list[dict[str, Any]]:
     return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
 
 
+# Param-group entries that are the run's progress, not its settings: the checkpoint's stand.
+# (Muon counts its own steps in its group, for the momentum warm-up: speedtronic/muon.py.)
+_GROUP_STATE = ("lr", "initial_lr", "muon_steps")
+
+
 def reapply_config(trainer: Any, configured: list[dict[str, Any]]) -> None:
     """The config's optimizer settings over those a checkpoint restored (issue 31).
 
@@ -212,7 +217,7 @@ def reapply_config(trainer: Any, configured: list[dict[str, Any]]) -> None:
     """
     groups, scheduler = trainer.optimizer.param_groups, trainer.scheduler
     for group, settings in zip(groups, configured, strict=True):
-        group.update({k: v for k, v in settings.items() if k not in ("lr", "initial_lr")})
+        group.update({k: v for k, v in settings.items() if k not in _GROUP_STATE})
     if scheduler is None or not hasattr(scheduler, "lr_lambdas"):  # no LambdaLR: the config's lr
         for group, settings in zip(groups, configured, strict=True):
             group["lr"] = settings["lr"]

@@ -239,7 +239,7 @@ def _model_text(run: dict[str, Any]) -> str:
     return (
         f"{run['tokens_per_s']:,.0f} tok/s, {run['step_time_s'] * 1000:,.1f} ms/step, "
         f"MFU {_pct(run['mfu_measured_peak'])} measured / {_pct(run['mfu_vendor_peak'])} "
-        f"vendor, peak mem {memory}"
+        f"vendor, peak mem {memory}, optimizer {_pct(run.get('optimizer_share'))} of a step"
     )
 
 

@@ -297,6 +297,10 @@ def derived_facts(
         problems.extend(exc.problems)
     try:
         facts["parameters"], model = _parameter_fact(cfg, build)
+        if cfg.optimizer.name == "muon" and model is not None:  # issue 30: which go to Muon
+            from speedtronic.param_split import split_parameters
+
+            facts["optimizer"] = split_parameters(model, cfg.optimizer.muon_exclude).summary()
         if cfg.distributed.enabled:
             facts.update(diloco_facts(cfg, model, fleet or Fleet()))
     except ConfigError as exc:
@@ -329,7 +333,8 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
     Building runs the config's code (model.imports, an import-path factory), so without
     ``--build`` only models registered by Speedtronic itself are built. The reference model is
     counted from its sizes (issue 31: building a GPT-2 even on the meta device took ~1.3 s,
-    most of validate's time); a DumbDiLoCo config builds it for the delta sizes.
+    most of validate's time); a DumbDiLoCo config builds it for the delta sizes, and Muon for
+    its split of the parameters.
     """
     from speedtronic.registry import is_import_path, reference_config
     from speedtronic.runtime import check_model, count_parameters
@@ -339,7 +344,8 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
         return "not counted (import-path model; pass --build to build it)", None
     if not build and model.imports:
         return "not counted (model.imports not imported; pass --build to import them)", None
-    if model.name == "reference_transformer" and not model.imports and not cfg.distributed.enabled:
+    counted = not cfg.distributed.enabled and cfg.optimizer.name != "muon"  # these need it built
+    if model.name == "reference_transformer" and not model.imports and counted:
         return reference_config(model.params).parameter_count(), None
     built = check_model(cfg)  # on the meta device: counted without allocating
     return count_parameters(built), built

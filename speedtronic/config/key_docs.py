@@ -46,18 +46,37 @@ DOCS: dict[str, str] = {
     "data.eval_fraction": "hold out this share of the end of the training file instead",
     "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
     "data.eval_batches": "batches per evaluation (the same ones every time)",
-    "optimizer.name": "the optimizer: AdamW, weight decay on matrices only",
+    "optimizer.name": "adamw: AdamW, weight decay on matrices only; muon: Muon on the hidden "
+    "matrices, that AdamW on the rest (see Muon below)",
     "optimizer.lr": "peak learning rate",
     "optimizer.betas": "AdamW's two moment decay rates",
     "optimizer.eps": "AdamW's epsilon",
     "optimizer.weight_decay": "decoupled weight decay, applied to matrices only",
     "optimizer.fused": "the fused AdamW kernel; auto: where available, else foreach",
     "optimizer.grad_clip": "clip the global gradient norm to this; null or 0: no clipping",
-    "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, or constant",
+    "optimizer.muon_lr": "Muon's peak lr (the schedule scales it as it scales lr); null: "
+    "optimizer.lr with match_rms_adamw, else 0.02",
+    "optimizer.muon_lr_adjust": "original: lr x sqrt(max(1, rows/cols)), the update's spectral "
+    "norm ~ lr (Jordan); match_rms_adamw: lr x 0.2 sqrt(max(rows, cols)), AdamW's update RMS, "
+    "so AdamW's lr and weight decay carry over (Moonlight)",
+    "optimizer.muon_momentum": "Muon's momentum (an exponential average of the gradients)",
+    "optimizer.muon_nesterov": "Nesterov momentum: orthogonalise the gradient's lerp towards "
+    "the average, not the average itself",
+    "optimizer.muon_ns_steps": "Newton-Schulz iterations per step",
+    "optimizer.muon_weight_decay": "Muon's decoupled weight decay (x muon_lr per step); null: "
+    "AdamW's shrink per step, lr x weight_decay / muon_lr",
+    "optimizer.muon_momentum_warmup_steps": "ramp Muon's momentum from 0.85 up over this many "
+    "steps (the speedrun's warm-up); 0: off",
+    "optimizer.muon_precision": "the Newton-Schulz iteration's dtype; auto: bf16 where it is "
+    "native (CUDA, a CPU the probe finds bf16-capable), else fp32",
+    "optimizer.muon_exclude": "fnmatch patterns of parameter names (blocks.0.*) kept on AdamW",
+    "scheduler.name": "after the warmup: cosine decay to min_lr_ratio * lr, constant, or wsd "
+    "(constant, then a linear decay to min_lr_ratio * lr over the last decay_fraction)",
     "scheduler.warmup_steps": "optimizer steps of linear warmup",
     "scheduler.min_lr_ratio": "the cosine's final learning rate, as a share of lr",
     "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps when the run "
     "starts (--resume keeps it: see the note below)",
+    "scheduler.decay_fraction": "wsd only: the share of the schedule's steps that decays",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
@@ -133,6 +152,21 @@ CHECKED: dict[str, str] = {
     "data.eval_path": "not with eval_fraction; needs a text or token source",
     "data.eval_every": "needs eval_path or eval_fraction > 0",
     "optimizer.betas": "each in [0, 1)",
+    **{
+        f"optimizer.muon_{key}": "only with name: muon"
+        for key in (
+            "lr",
+            "lr_adjust",
+            "momentum",
+            "nesterov",
+            "ns_steps",
+            "weight_decay",
+            "momentum_warmup_steps",
+            "precision",
+        )
+    },
+    "optimizer.muon_exclude": "only with name: muon; each pattern must match a parameter",
+    "scheduler.decay_fraction": "only with name: wsd",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
@@ -160,11 +194,58 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     "norm_eps": ("> 0", "RMSNorm epsilon"),
     "init_std": ("> 0", "standard deviation of the initial weights"),
     "tie_embeddings": ("-", "share the embedding matrix with the output head"),
+    "qk_norm": (
+        "-",
+        "RMSNorm of each head's queries and keys before RoPE (not Llama's "
+        "architecture: measured, docs/benchmarks.md, Time to quality)",
+    ),
+    "zero_init_projections": ("-", "start the attention and MLP output projections at zero"),
 }
 
-# A paragraph after a section's table: the rules that concern several keys at once
+# Prose after a section's table in docs/config.md: section -> lines of Markdown
 SECTION_NOTES: dict[str, list[str]] = {
+    "optimizer": [
+        "",
+        "### Muon (`optimizer.name: muon`)",
+        "",
+        "Muon (Jordan et al. 2024; torch.optim.Muon's update, `speedtronic/muon.py`) takes the",
+        "model's *hidden* weight matrices: momentum, then a Newton-Schulz iteration that",
+        "orthogonalises the update. Everything else (the embedding, the output head, norm",
+        "gains, biases, anything not 2-D) stays on the AdamW above, with its `lr`, `betas`,",
+        "`eps`, `weight_decay` and `fused`. One schedule scales both lrs.",
+        "",
+        "- **Which matrices** (`speedtronic/param_split.py`), by module, not by shape: a model",
+        "  with a `hidden_matrices()` method (an iterable of its own 2-D parameters) says so",
+        "  itself; the reference decoder's are its blocks' seven projections, so its embedding,",
+        "  which is also its tied head, is on AdamW. Any other model: every `nn.Linear` weight",
+        "  except one an `nn.Embedding` also holds and a head named `lm_head`, `head`, `output`,",
+        "  `classifier`, `fc_out` or `logits`. Then `muon_exclude` moves more to AdamW by name",
+        "  (`fnmatch`: `blocks.0.*`). `speedtronic validate` prints the split; the live",
+        "  table's title and the `run_start` event's `optimizer` name it",
+        "  (`muon (14 matrices, bf16) + adamw (fused)`).",
+        "- **lr conventions**: `original` (Jordan's) scales each matrix's step by",
+        "  sqrt(max(1, rows/cols)), so `muon_lr` is about the update's spectral norm (0.02 is",
+        "  the usual value); `match_rms_adamw` (Moonlight) by 0.2 sqrt(max(rows, cols)), so the",
+        "  update's RMS is AdamW's and `lr` and `weight_decay` carry over unchanged.",
+        "- **Weight decay**: decoupled, `muon_lr x muon_weight_decay` per step (torch's rule);",
+        "  unset, the same shrink per step as AdamW's (`lr x weight_decay`).",
+        "- **Speed**: same-shape matrices are orthogonalised together (batched matmuls), in",
+        "  bf16 where it is native (CUDA, a CPU with AVX512-BF16/AMX, found by the precision",
+        "  probe) and fp32 where bf16 would be emulated. Its cost is per matrix, not per token:",
+        "  `speedtronic bench` reports the optimizer's share of a step.",
+        "- **Measured** ([benchmarks.md](benchmarks.md#time-to-quality-muon-against-tuned-adamw"
+        "-benchmarkstime_to_qualitypy-issue-30)): to the final eval loss of an AdamW whose lr was",
+        "  tuned, Muon took 0.566x / 0.525x the training time on the 0.43M reference decoder",
+        "  (seeds 0 / 1; A/A noise 0.998) and 0.750x / 0.900x on a 4.5M one; as DiLoCo's inner",
+        "  optimizer (4 workers, f = 0.25) the global ended 4.9% / 10.3% below today's defaults.",
+        "  So the embedded smoke run (`configs/smoke.yaml`, this very shape) and",
+        "  `configs/diloco.yaml` use Muon; the key's default stays `adamw`, for a model of your",
+        "  own (whose split and lr pair nothing here measured) and for `configs/gpt2_small.yaml`",
+        "  (124M: not measured on this machine; `benchmarks/gpu_check.sh` races both on a GPU).",
+    ],
+    # the rules that concern several keys at once
     "scheduler": [
+        "",
         "**The schedule across `--resume`.** The schedule's horizon (`total_steps`, or",
         "`run.max_steps` when the run started) is frozen for the run: resuming with a larger",
         "`run.max_steps` follows the same curve to the original horizon, then stays at the",
@@ -174,6 +255,7 @@ SECTION_NOTES: dict[str, list[str]] = {
         "`total_steps` is refused: a new schedule is a new run (`--init-from RUN`).",
     ],
     "checkpoint": [
+        "",
         "**A config that differs on `--resume`.** Every key that differs from the config the",
         "checkpoint recorded is named in one line. The optimizer's settings (`lr`, `betas`,",
         "`eps`, `weight_decay`, `grad_clip`, `fused`), `run.max_steps`, logging, the evaluation",

@@ -227,26 +227,58 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw"] = "adamw"
+    name: Literal["adamw", "muon"] = "adamw"
     lr: float = ranged(3e-4, "(0, inf)")
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = ranged(1e-8, "(0, inf)")
     weight_decay: float = ranged(0.1, "[0, inf)")
     fused: bool | Literal["auto"] = "auto"
     grad_clip: float | None = ranged(1.0, "[0, inf)")  # None or 0 disables clipping
+    # ---- optimizer.name: muon (speedtronic/muon.py): Muon on the hidden matrices, the AdamW
+    # above on the rest. None: derived from lr and weight_decay (docs/config.md, "Muon").
+    muon_lr: float | None = ranged(None, "(0, inf)")
+    muon_lr_adjust: Literal["original", "match_rms_adamw"] = "original"
+    muon_momentum: float = ranged(0.95, "[0, 1)")
+    muon_nesterov: bool = True
+    muon_ns_steps: int = ranged(5, "[1, 99]", "torch.optim.Muon's limit")
+    muon_weight_decay: float | None = ranged(None, "[0, inf)")
+    muon_momentum_warmup_steps: int = ranged(0, "[0, 2**40]")
+    muon_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    muon_exclude: list[str] = field(default_factory=list)  # fnmatch patterns of names
 
     def check(self) -> list[str]:
-        if all(0 <= b < 1 for b in self.betas):
-            return []
-        return [f"optimizer.betas: each must be in [0, 1) (got {list(self.betas)})"]
+        problems = []
+        if not all(0 <= b < 1 for b in self.betas):
+            problems.append(f"optimizer.betas: each must be in [0, 1) (got {list(self.betas)})")
+        if self.name != "muon":  # a Muon key with AdamW would be ignored without a word
+            defaults = OptimizerConfig()
+            muon_keys = ("muon_lr", "muon_lr_adjust", "muon_momentum", "muon_nesterov")
+            muon_keys += ("muon_ns_steps", "muon_weight_decay", "muon_momentum_warmup_steps")
+            muon_keys += ("muon_precision", "muon_exclude")
+            problems += [
+                f"optimizer.{key}: only with optimizer.name: muon (got "
+                f"{brief(getattr(self, key))} with {self.name})"
+                for key in muon_keys
+                if getattr(self, key) != getattr(defaults, key)
+            ]
+        return problems
 
 
 @dataclass
 class SchedulerConfig:
-    name: Literal["cosine", "constant"] = "cosine"
+    name: Literal["cosine", "constant", "wsd"] = "cosine"
     warmup_steps: int = ranged(0, "[0, 2**40]")
     min_lr_ratio: float = ranged(0.1, "[0, 1]")
     total_steps: int | None = ranged(None, STEPS)  # None -> run.max_steps
+    decay_fraction: float = ranged(0.2, "(0, 1]")  # wsd: the share of steps that decays
+
+    def check(self) -> list[str]:
+        if self.name != "wsd" and self.decay_fraction != SchedulerConfig().decay_fraction:
+            return [
+                f"scheduler.decay_fraction: only with scheduler.name: wsd (got "
+                f"{brief(self.decay_fraction)} with {self.name})"
+            ]
+        return []
 
 
 @dataclass
