@@ -49,6 +49,7 @@ MAPPED_VARIANTS = {
     "gqa": {"n_kv_head": 2},
     "mqa-untied": {"n_kv_head": 1, "tie_embeddings": False},
     "mlp-theta-eps": {"mlp_hidden": 96, "rope_theta": 500000.0, "norm_eps": 1e-6, "n_layer": 3},
+    "zero-init-projections": {"zero_init_projections": True},
 }
 
 

@@ -25,10 +25,11 @@ from torch import nn
 from speedtronic.errors import ConfigError
 from speedtronic.model import ReferenceConfig, ReferenceTransformer
 
-# ReferenceConfig fields this mapping carries over (init_std only shapes training).
+# ReferenceConfig fields this mapping carries over (init_std and zero_init_projections only
+# shape the initial weights, not the architecture).
 MAPPED_FIELDS = frozenset(
     "vocab_size seq_len n_layer n_head n_kv_head d_model mlp_hidden rope_theta norm_eps "
-    "init_std tie_embeddings".split()
+    "init_std zero_init_projections tie_embeddings".split()
 )
 _BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
