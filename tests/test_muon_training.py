@@ -109,6 +109,7 @@ def test_diloco_inner_loop_with_muon_keeps_or_resets_its_momentum(muon, tmp_path
         "delta_dtype": "fp32",
         "outer_lr": 0.5,
         "reset_inner_optimizer": reset,
+        "drain_timeout_s": 0,  # a lone master: no fleet to wait for at the end (I6)
     }
     spy, events = Momentum(), []
     runtime = build_runtime(muon, console=False, hooks=[lambda e, p: events.append((e, p))])
