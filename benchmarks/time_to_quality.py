@@ -26,9 +26,9 @@ Protocol, per size:
 A race may also run before its target is frozen (``--target 1e-9 --every N``: no lane stops
 early, each is evaluated every N steps to its horizon), and be read afterwards against the
 target (``--report race.json --target T``, ``retarget``: the same first-evaluation-at-or-below
-rule, from each lane's curve). The large size's race was run that way, one process per seed
-(baseline and candidate alternated in each), so that its baseline lanes are also the runs its
-target is read from, and the session's two cores each carry one seed.
+rule, from each lane's curve). The large size's race ran one process per seed (baseline,
+candidate and, on seed 0, the A/A lane alternated in each) against its frozen target, side by
+side, so that the machine's two cores each carry one seed.
 
 Usage::
 
