@@ -5,6 +5,7 @@ from its curve), and a candidate's ratios are over the baseline lane of its own 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -71,3 +72,22 @@ def test_ratios_are_over_the_baseline_of_the_same_seed_and_a_gain_needs_both_see
     assert muon["cpu_ratio"] == pytest.approx([25 / 50, 30 / 40])
     assert muon["gain"] == pytest.approx(0.75)  # the worse seed
     assert rows["muon_z"]["gain"] is None and not rows["muon_z"]["all_seeds_reached"]
+
+
+def test_the_large_baseline_is_the_best_of_its_seed_0_grid_and_its_final_the_target():
+    """The large race is against a tuned AdamW: its frozen lr is the grid's best final eval
+    loss on seed 0, not at the grid's edge, and the target is that final (rounded up, so that
+    the baseline reaches it); the candidate's own AdamW half stays as it was frozen."""
+    saved = ROOT / "benchmarks" / "results" / "time_to_quality_large_tune.json"
+    grid = json.loads(saved.read_text())["results"]
+    frozen = ttq.FROZEN["large"]
+    finals = {
+        lanes.parse_arm(r["arm"], frozen, 150).lr: r["last_eval_loss"]
+        for r in grid
+        if r["seed"] == 0 and r["steps"] == ttq.HORIZON["large"]
+    }
+    assert len(finals) >= 4
+    best = min(finals, key=finals.get)
+    assert frozen["adamw_lr"] == best and min(finals) < best < max(finals)
+    assert finals[best] <= frozen["target"] < finals[best] + 1e-4
+    assert lanes.parse_arm("muon@120", frozen, 150).lr == 2e-3

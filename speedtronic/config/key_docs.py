@@ -236,8 +236,10 @@ SECTION_NOTES: dict[str, list[str]] = {
         "- **Measured** ([benchmarks.md](benchmarks.md#time-to-quality-muon-against-tuned-adamw"
         "-benchmarkstime_to_qualitypy-issue-30)): to the final eval loss of an AdamW whose lr was",
         "  tuned, Muon took 0.566x / 0.525x the training time on the 0.43M reference decoder",
-        "  (seeds 0 / 1; A/A noise 0.998) and 0.750x / 0.900x on a 4.5M one; as DiLoCo's inner",
-        "  optimizer (4 workers, f = 0.25) the global ended 4.9% / 10.3% below today's defaults.",
+        "  (seeds 0 / 1; A/A noise 0.998) and about 0.71x-0.72x the CPU time on a 4.5M one",
+        "  (AdamW tuned there too; 0.667x / 0.714x the steps; its wall-clock ratios there are",
+        "  noise-bound: A/A 1.193); as DiLoCo's inner optimizer (4 workers, f = 0.25) the global",
+        "  ended 4.9% / 10.3% below today's defaults.",
         "  So the embedded smoke run (`configs/smoke.yaml`, this very shape) and",
         "  `configs/diloco.yaml` use Muon; the key's default stays `adamw`, for a model of your",
         "  own (whose split and lr pair nothing here measured) and for `configs/gpt2_small.yaml`",
