@@ -16,20 +16,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import get_token
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
 from speedtronic.hub.access import token_facts
 from speedtronic.hub.budget import Budget
 from speedtronic.hub.cache import DownloadCache
-from speedtronic.hub.classify import Classifier, Missing
+from speedtronic.hub.classify import Missing
 from speedtronic.hub.commits import COMMIT_ID_KEY, Commits
 from speedtronic.hub.errors import HubError, RepoNotFound
 from speedtronic.hub.files import HubCommit, HubFile
-from speedtronic.hub.policy import RequestPolicy
-from speedtronic.hub.reads import Reads, hub_file
-from speedtronic.hub.session import origin
+from speedtronic.hub.reads import connect, hub_file
 from speedtronic.hub.wording import Op, Wording
 
 __all__ = ["COMMIT_ID_KEY", "HubClient", "HubError", "RepoNotFound"]
@@ -55,16 +53,10 @@ class HubClient:
         self.repo_id, self.node_id = repo_id, node_id
         self.budget = budget if budget is not None else Budget()
         wording = Wording(node_id, token, get_token)
-        api = HfApi(endpoint=endpoint, token=token, library_name="speedtronic")
-        self.policy = RequestPolicy(
-            Classifier(repo_id, wording, origin(api.endpoint)),
-            self.budget,
-            max_attempts=max_attempts,
-            max_backoff_s=max_backoff_s,
-            timeout_s=timeout_s,
-            sleep=sleep,
+        limits = {"max_attempts": max_attempts, "max_backoff_s": max_backoff_s, "sleep": sleep}
+        self.policy, self.reads = connect(
+            repo_id, wording, endpoint, token, self.budget, timeout_s=timeout_s, **limits
         )
-        self.reads = Reads(api, repo_id, token, timeout_s, wording)
         self.endpoint = self.reads.endpoint
         self._commits = Commits(self.reads, self.policy)
         self._cache = DownloadCache(repo_id, node_id, cache_dir)  # .root: where files go

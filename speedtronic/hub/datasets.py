@@ -29,17 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from huggingface_hub import HfApi, get_token, hf_hub_url
+from huggingface_hub import get_token, hf_hub_url
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
 from speedtronic.hub.budget import Budget
-from speedtronic.hub.classify import Classifier, Missing
+from speedtronic.hub.classify import Missing
 from speedtronic.hub.errors import HubError, Transient
 from speedtronic.hub.files import HubFile, check_repo_path
-from speedtronic.hub.policy import RequestPolicy
-from speedtronic.hub.reads import Reads, hub_file
-from speedtronic.hub.session import origin
+from speedtronic.hub.reads import connect, hub_file
 from speedtronic.hub.wording import Op, Wording
 
 REPO_TYPES = ("dataset", "model")
@@ -75,17 +73,10 @@ class RepoFiles:
         self.repo_id, self.repo_type = repo_id, repo_type
         self.budget = budget if budget is not None else Budget()
         wording = Wording("", token, get_token)
-        api = HfApi(endpoint=endpoint, token=token, library_name="speedtronic")
-        classifier = Classifier(repo_id, wording, origin(api.endpoint))
-        self.policy = RequestPolicy(
-            classifier,
-            self.budget,
-            max_attempts=max_attempts,
-            max_backoff_s=max_backoff_s,
-            timeout_s=timeout_s,
-            sleep=sleep,
+        limits = {"max_attempts": max_attempts, "max_backoff_s": max_backoff_s, "sleep": sleep}
+        self.policy, self.reads = connect(
+            repo_id, wording, endpoint, token, self.budget, timeout_s=timeout_s, **limits
         )
-        self.reads = Reads(api, repo_id, token, timeout_s, wording)
         self.endpoint = self.reads.endpoint
         self.subject = f"{repo_type} {repo_id}"
 

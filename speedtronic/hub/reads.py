@@ -16,9 +16,28 @@ from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub import utils as hf_utils
 from huggingface_hub.hf_api import RepoFile
 
+from speedtronic.hub.budget import Budget
+from speedtronic.hub.classify import Classifier
 from speedtronic.hub.errors import HubError, Transient
 from speedtronic.hub.files import HubFile
+from speedtronic.hub.policy import RequestPolicy
+from speedtronic.hub.session import origin
 from speedtronic.hub.wording import Op, Wording
+
+
+def connect(
+    repo_id: str,
+    wording: Wording,
+    endpoint: str | None,
+    token: str | None,
+    budget: Budget,
+    **limits: Any,
+) -> tuple[RequestPolicy, Reads]:
+    """What every Hub client of one repo opens: its request policy (``limits``: max_attempts,
+    max_backoff_s, timeout_s, sleep) and its reads, on one ``HfApi`` for ``endpoint``."""
+    api = HfApi(endpoint=endpoint, token=token, library_name="speedtronic")
+    policy = RequestPolicy(Classifier(repo_id, wording, origin(api.endpoint)), budget, **limits)
+    return policy, Reads(api, repo_id, token, limits["timeout_s"], wording)
 
 
 class Reads:
