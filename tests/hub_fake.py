@@ -6,9 +6,11 @@ every call (``calls``, and its ``budget``), and behaves as HubClient promises: `
 with a stale ``parent`` raises CommitConflict, deleting a missing file or reading a revision
 that a squash removed is a HubError, oversize downloads are refused. Hooks inject faults:
 ``fail(method, error)`` raises before the call does anything, ``before(method, fn)`` runs
-``fn`` first (e.g. another node's commit, to make a race), and ``ambiguous(landed)`` makes the
+``fn`` first (e.g. another node's commit, to make a race), ``ambiguous(landed)`` makes the
 next commit fail ambiguously, resolved the way HubClient resolves it (extra calls, no double
-commit). Several clients may share one ``FakeHub``, like nodes sharing a repo.
+commit), and ``lost()`` makes the next commit land and still raise what HubClient raises when
+it could not find it (``maybe_landed``). Several clients may share one ``FakeHub``, like nodes
+sharing a repo.
 """
 
 from __future__ import annotations
@@ -135,6 +137,12 @@ class FakeHubClient:
         """The next commit times out after sending; ``landed``: it was applied anyway."""
         with self._lock:
             self._faults.setdefault("commit", []).append(("ambiguous", landed))
+
+    def lost(self) -> None:
+        """The next commit lands, but its answer is lost and the landing not yet visible
+        when looked for: HubClient's ``maybe_landed`` error."""
+        with self._lock:
+            self._faults.setdefault("commit", []).append(("lost",))
 
     def count(self, method: str | None = None) -> int:
         return len(self.calls) if method is None else self.calls.count(method)
@@ -273,6 +281,12 @@ class FakeHubClient:
         parent: str | None = None,
     ) -> str:
         fault = self._call("commit")
+        if fault == ("lost",):
+            self._apply(adds, deletes, message, parent)
+            self._call("commits")
+            error = hub_error(HubError, f"{self.repo_id}: commit answer lost", None, False)
+            error.maybe_landed = True
+            raise error
         if isinstance(fault, tuple):  # ambiguous: HubClient checks whether it landed
             landed = fault[1]
             sha = self._apply(adds, deletes, message, parent) if landed else None

@@ -273,6 +273,21 @@ def test_I3_a_deleted_global_is_restored_while_the_master_runs(tmp_path):
     assert any("step_count.json is missing" in w and "publishing" in w for w in log.warnings)
 
 
+def test_I3_a_look_at_the_repo_overtaken_by_the_masters_own_publish_asks_for_no_other(tmp_path):
+    """The Hub e2e run's CI failure ('publish outer step 2' committed twice): the poll thread's
+    periodic look began while the sender's publish of step 2 was on its way, so it compared the
+    repo (step 2, landed) with step 1's count and asked for step 2 to be published again, after
+    the send had landed. Its own publish landing is nothing to publish again."""
+    repo = tmp_path / "repo"
+    transport = LocalTransport(repo)
+    loop, _ = run_master_to(tmp_path, transport, Log(), steps=1)
+    before = loop.publisher.last_count  # what the look read before the send landed
+    upload_delta(transport, 2, base=1, move=0.01)
+    assert loop.poll_once().outer_step == 2  # the send landed
+    assert not loop.guard.check(before, loop.publisher.saved_step, loop.intake.max_bytes)
+    assert not loop.publisher.outstanding and published_step(repo) == 2
+
+
 def test_I3_a_second_master_on_a_directory_is_refused_in_one_line(tmp_path):
     repo = tmp_path / "repo"
     transport = LocalTransport(repo)

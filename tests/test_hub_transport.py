@@ -339,6 +339,50 @@ def test_a_failed_publish_raises_and_lands_nothing(hub):
     assert json.loads(files(hub)[STEP_COUNT]) == step_json(1)
 
 
+def publish_titles(hub) -> list[str]:
+    return [c.title for c in hub.repos[REPO].history if ": publish outer step" in c.title]
+
+
+def test_a_publish_sent_again_after_it_landed_unseen_is_not_committed_twice(hub):
+    """The Hub e2e run's CI failure: a publish whose commit landed but whose answer was lost
+    (and not found yet) is sent again, with a fresh time stamp; before, that was a second
+    'publish outer step 2' commit. The step count at the head is recognised as this publish."""
+    worker, _ = node(hub, "a")
+    master, client = node(hub, "master")
+    master.publish(b"w1", step_json(1), [])
+    worker.upload(delta_path("a", 1), b"d")
+    master.list_deltas()
+    client.lost()
+    with pytest.raises(HubError):
+        master.publish(b"w2", {**step_json(2), "updated_at": "10:00:00"}, [delta_path("a", 1)])
+    worker.upload(delta_path("a", 2), b"d2")  # the head moves on under nodes/
+    master.publish(b"w2", {**step_json(2), "updated_at": "10:00:07"}, [delta_path("a", 1)])
+    assert publish_titles(hub) == ["master: publish outer step 1", "master: publish outer step 2"]
+    assert client.count("commit") == 3 and master.stats()["hub_publishes"] == 2
+    assert master.read_step_count()["updated_at"] == "10:00:00"  # the one that landed
+    assert delta_path("a", 2) in files(hub) and delta_path("a", 1) not in files(hub)
+    master.publish(b"w3", step_json(3), [])  # and the next publish builds on it
+    assert json.loads(files(hub)[STEP_COUNT]) == step_json(3)
+
+
+@pytest.mark.parametrize("change", ["weights", "content"])
+def test_a_publish_landed_unseen_is_sent_again_when_the_repo_differs_from_it(hub, change):
+    """Only the very publish is recognised: weights replaced since (a damaged global), or a
+    step count with other content (a republish with a new node summary), is committed."""
+    master, client = node(hub, "master")
+    client.lost()
+    with pytest.raises(HubError):
+        master.publish(b"w1", step_json(1), [])
+    if change == "weights":
+        hub.push(REPO, {GLOBAL_WEIGHTS: b"broken"}, [], "someone")
+        again = step_json(1)
+    else:
+        again = {**step_json(1), "nodes": {"a": {"seq": 1}}}
+    master.publish(b"w1", again, [])
+    assert len(publish_titles(hub)) == 2
+    assert files(hub)[GLOBAL_WEIGHTS] == b"w1" and json.loads(files(hub)[STEP_COUNT]) == again
+
+
 # ---------------------------------------------------------------------- squash
 
 

@@ -236,7 +236,10 @@ class RepoGuard:
             return self._say(f"{self._not_a_publish(view, published_step)}; {again}")
         if view.master == self.master_id:
             if published_step < view.step <= max(saved_step or 0, published_step):
-                return True  # a publish of ours whose answer was lost, landing late
+                # a publish of ours that landed before its send returned (or whose answer was
+                # lost): that send, or its retry, settles it. Asking for another publish here
+                # raced the send's own success and committed the same step twice
+                return False
             if view.step > published_step:
                 return self._say(
                     f"{self._not_a_publish(view, saved_step or published_step)}; {again}"

@@ -9,12 +9,16 @@ new head at once: a head moved only by commits under ``nodes/`` (the step count 
 one this node read or wrote) cannot conflict with a publish of ``global/``, so it never counts
 toward giving up (issue 26: a busy fleet starved publishes). Only ``global/`` changing under it
 (``MAX_PUBLISH_ATTEMPTS`` step counts not its own) or ``PUBLISH_BUDGET_S`` of refusals end the
-attempts. Every ``squash_every`` publishes it squashes the history; a failed squash is only a
-warning. No torch here.
+attempts. A publish sent again after a failure whose commit had in fact landed (its answer lost
+and the landing not yet visible when looked for) is recognised by the step count at the head:
+one this node sent with the same content but its time stamp is that publish, landed, and it is
+not committed a second time. Every ``squash_every`` publishes it squashes the history; a failed
+squash is only a warning. No torch here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -49,6 +53,8 @@ class Publisher:
         self.node_id: str = client.node_id or ""
         self.view, self.counts, self.rates, self.warn = view, counts, rates, warn
         self.squash_every = squash_every
+        # the step counts this node sent, by git blob id: what each one published (see _landed)
+        self._sent: dict[str, tuple[bytes, dict[str, Any]]] = {}
 
     def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
         """One commit: the weights, ``step_count.json`` and deletes of the consumed deltas."""
@@ -58,13 +64,20 @@ class Publisher:
         message = commit_message(self.node_id, f"publish outer step {outer_step}")
         parent = self.view.head
         # a retried commit of ours may land late: its step count is not another master's
-        self.view.own(git_blob_oid(body))
+        oid = git_blob_oid(body)
+        self.view.own(oid)
+        self._sent[oid] = (body, _content(step_count))
         if parent is None:
             parent = self.view.current_head(self.client)
         clock = getattr(getattr(self.client, "budget", None), "clock", time.time)
         deadline, changed = clock() + PUBLISH_BUDGET_S, 0
         while True:
-            deletes, moved = self._deletable(parent, outer_step, consumed)
+            deletes, moved, found = self._deletable(parent, outer_step, consumed)
+            landed = self._landed(found, step_count, weights)
+            if landed is not None and not deletes:  # else its deletes are still to commit
+                self.view.published(parent, parent, landed, [])
+                self._settled()
+                return
             changed += moved
             if changed > MAX_PUBLISH_ATTEMPTS:
                 raise TransportError(
@@ -86,27 +99,47 @@ class Publisher:
                 continue
             break
         self.view.published(parent, head, body, deletes)
-        publishes = self.counts.add("publishes")
-        self.rates.committed()
-        if self.squash_every > 0 and publishes % self.squash_every == 0:
+        self._settled()
+        if self.squash_every > 0 and self.counts.snapshot()["publishes"] % self.squash_every == 0:
             self._squash(outer_step)
+
+    def _landed(self, found: dict, step_count: dict[str, Any], weights: bytes) -> bytes | None:
+        """The step count in ``found`` (``paths_info`` at the parent) if it is one this node sent
+        for this very publish (the same content, bar the time stamp each send takes anew) beside
+        these very weights; else None (a global damaged since is published again)."""
+        counted, stored = found.get(STEP_COUNT), found.get(GLOBAL_WEIGHTS)
+        sent = self._sent.get(counted.oid) if counted is not None else None
+        if sent is None or sent[1] != _content(step_count) or stored is None:
+            return None
+        if stored.sha256 is not None:
+            same = stored.sha256 == hashlib.sha256(weights).hexdigest()
+        else:
+            same = stored.oid == git_blob_oid(weights)
+        return sent[0] if same else None
+
+    def _settled(self) -> None:
+        """A publish landed: counted, its step count kept as the only one still to look for."""
+        self.counts.add("publishes")
+        self.rates.committed()
+        step = self.view.step
+        self._sent = {step.oid: self._sent[step.oid]} if step and step.oid in self._sent else {}
 
     def _deletable(
         self, parent: str, outer_step: int, consumed: list[str]
-    ) -> tuple[list[str], bool]:
+    ) -> tuple[list[str], bool, dict]:
         """Consumed paths present at ``parent``, after checking no other master published there,
-        and whether ``global/`` changed there (a step count not ours).
+        whether ``global/`` changed there (a step count not ours), and what ``paths_info`` found.
 
         One ``paths_info`` call answers both: the step count's version (one we read or wrote
         means no other master; any other is downloaded and compared) and which deltas exist.
         """
         wanted = [check_deletable(p) for p in dict.fromkeys(consumed)]  # deltas only
-        found = self.client.paths_info([STEP_COUNT, *wanted], parent)
+        found = self.client.paths_info([STEP_COUNT, GLOBAL_WEIGHTS, *wanted], parent)
         counted = found.get(STEP_COUNT)
         moved = counted is not None and not self.view.is_own(counted.oid)
         if moved:
             self._check_no_other_master(parent, outer_step)
-        return [p for p in wanted if p in found], moved
+        return [p for p in wanted if p in found], moved, found
 
     def _check_no_other_master(self, revision: str, outer_step: int) -> None:
         theirs = read_step_count_at(self.client, revision)
@@ -132,6 +165,11 @@ class Publisher:
         self.view.forget()  # squashing rewrites every commit: the revisions cached are gone
         self.rates.committed()
         self.counts.add("squashes")
+
+
+def _content(step_count: dict[str, Any]) -> dict[str, Any]:
+    """What a step count publishes: all of it but ``updated_at``, which each send sets anew."""
+    return {k: v for k, v in step_count.items() if k != "updated_at"}
 
 
 def commit_message(node_id: str, what: str) -> str:
