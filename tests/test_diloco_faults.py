@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -286,6 +287,50 @@ def test_I3_a_look_at_the_repo_overtaken_by_the_masters_own_publish_asks_for_no_
     assert loop.poll_once().outer_step == 2  # the send landed
     assert not loop.guard.check(before, loop.publisher.saved_step, loop.intake.max_bytes)
     assert not loop.publisher.outstanding and published_step(repo) == 2
+
+
+class LandsBeforeItReturns(LocalTransport):
+    """A publish that has landed while its answer is still on its way (a slow link)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.published: list[int] = []
+
+    def publish(self, data, step_count, consumed):
+        super().publish(data, step_count, consumed)
+        self.published.append(step_count["outer_step"])
+        time.sleep(0.1)
+
+
+def test_I3_a_look_at_the_repo_during_a_publish_in_flight_republishes_nothing(tmp_path):
+    """The same race with real threads: the sender's publish lands, the poll thread's look
+    (slower than that) reads it, the send returns, then the look ends. Before: each step was
+    published two or three times ([0, 1, 1, 2, 2, 3, 3, 3]); now once each."""
+    transport = LandsBeforeItReturns(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    loop.start_sending()
+    inspect = loop.guard.inspect
+
+    def slow_look(*args, **kwargs):
+        view = inspect(*args, **kwargs)
+        time.sleep(0.2)
+        return view
+
+    loop.guard.inspect, loop.guard.interval_s = slow_look, 0.0
+    try:
+        for seq in (1, 2, 3):
+            upload_delta(transport, seq, base=seq - 1, move=0.01)
+            deadline = time.monotonic() + 60
+            while loop.master.outer_step < seq and time.monotonic() < deadline:
+                loop.poll_safely()
+                time.sleep(0.02)
+            for _ in range(5):  # polls while the step's publish is in flight and after
+                loop.poll_safely()
+                time.sleep(0.02)
+    finally:
+        loop.stop_sending(timeout=30)
+    assert transport.published == [0, 1, 2, 3]
 
 
 def test_I3_a_second_master_on_a_directory_is_refused_in_one_line(tmp_path):
