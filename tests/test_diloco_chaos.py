@@ -25,8 +25,8 @@ from test_diloco_e2e import CONFIG, _reference, global_loss, log_of, start, wait
 from speedtronic.distributed.codec import decode_weights
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
 
-STEPS = 300
-TIMEOUT_S = 300  # a loaded 2-core CI machine; the run itself takes ~15 s
+STEPS = 600  # 120 deltas: the pause comes with dozens still to send, however fast the worker
+TIMEOUT_S = 300  # a loaded 2-core CI machine; the run itself takes ~30 s
 
 
 def run(tmp_path: Path, disturb) -> float:
@@ -34,16 +34,28 @@ def run(tmp_path: Path, disturb) -> float:
     acts during the worker's run. Returns the final global's held-out loss."""
     repo = tmp_path / "repo"
     tmp_path.mkdir(parents=True, exist_ok=True)
-    master = start_master(tmp_path, repo)
-    assert wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists(), TIMEOUT_S), log_of(tmp_path, "m")
-    # AdamW state kept at installs: with resets, fewer installs alone would change the loss
-    # the worker waits 2 s at most for a global with its last delta (the master may be paused)
-    keep = {"min_deltas": 1, "reset_inner_optimizer": False, "drain_timeout_s": 2.0}
-    worker = start(tmp_path, repo, "worker", "w1", steps=STEPS, **keep)
-    master = disturb(tmp_path, repo, master, worker)
-    assert worker.wait(timeout=TIMEOUT_S) == 0, log_of(tmp_path, "w1")
-    # the run is over once the worker's last delta is in: the master ends by itself, exit 0
-    assert master.wait(timeout=TIMEOUT_S) == 0, log_of(tmp_path, "m")
+    spawned = [start_master(tmp_path, repo)]
+    try:
+        master = spawned[0]
+        assert wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists(), TIMEOUT_S), log_of(
+            tmp_path, "m"
+        )
+        # AdamW state kept at installs: with resets, fewer installs alone would change the
+        # loss; the worker waits 2 s at most for a global with its last delta (the master may
+        # be paused)
+        keep = {"min_deltas": 1, "reset_inner_optimizer": False, "drain_timeout_s": 2.0}
+        worker = start(tmp_path, repo, "worker", "w1", steps=STEPS, **keep)
+        spawned.append(worker)
+        master = disturb(tmp_path, repo, master, worker, spawned)
+        assert worker.wait(timeout=TIMEOUT_S) == 0, log_of(tmp_path, "w1")
+        # the run is over once the worker's last delta is in: the master ends by itself
+        assert master.wait(timeout=TIMEOUT_S) == 0, log_of(tmp_path, "m")
+    finally:  # a failed check leaves no process behind, paused ones included
+        for process in spawned:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait(timeout=TIMEOUT_S)
     assert settled(repo), log_of(tmp_path, "m")
     counted = json.loads((repo / STEP_COUNT).read_text())["nodes"]["w1"]
     assert counted["final"] and counted["end_step"] == STEPS, counted
@@ -83,12 +95,16 @@ def published_steps(tmp_path: Path) -> list[int]:
     return [int(n) for n in re.findall(r"diloco round: outer step (\d+)", text)]
 
 
-def undisturbed(tmp_path, repo, master, worker):
+def undisturbed(tmp_path, repo, master, worker, spawned):
     return master
 
 
-def chaos(tmp_path, repo, master, worker):
-    """Delete global/, tamper step_count, kill -9 and restart, then pause for the rest."""
+def chaos(tmp_path, repo, master, worker, spawned):
+    """Delete global/, tamper step_count, kill -9 and restart, then pause for the rest. The
+    worker is held (SIGSTOP) from the kill until the restarted master is paused, so the rest
+    of its deltas pile up in the pause: before, a fast worker could finish during the restart
+    and leave fewer than the 10 the check wants (seen once in CI-like conditions: 22 went to
+    the restarted master's first round)."""
     assert wait_until(lambda: (step_of(repo) or 0) >= 3, TIMEOUT_S), log_of(tmp_path, "m")
     shutil.rmtree(repo / "global")
     assert wait_until(lambda: "missing from the repo; publishing" in log_of(tmp_path, "m"))
@@ -97,14 +113,17 @@ def chaos(tmp_path, repo, master, worker):
     assert wait_until(lambda: "names no master" in log_of(tmp_path, "m"), TIMEOUT_S)
     assert wait_until(lambda: (step_of(repo) or 0) < 1_000_000, TIMEOUT_S)
     before = step_of(repo)
+    worker.send_signal(signal.SIGSTOP)
     master.kill()
     master.wait(timeout=TIMEOUT_S)
     (tmp_path / "m.log").rename(tmp_path / "m-0-killed.log")
     master = start_master(tmp_path, repo)
+    spawned.append(master)
     restarted = r"diloco master: outer step (\d+)"
     assert wait_until(lambda: re.search(restarted, log_of(tmp_path, "m")), TIMEOUT_S)
     assert int(re.search(restarted, log_of(tmp_path, "m")).group(1)) >= before
     master.send_signal(signal.SIGSTOP)  # paused for the rest of the worker's run
+    worker.send_signal(signal.SIGCONT)
     worker.wait(timeout=TIMEOUT_S)
     assert len(list(repo.glob("nodes/*/delta_*"))) >= 10  # deltas piled up meanwhile
     master.send_signal(signal.SIGCONT)
