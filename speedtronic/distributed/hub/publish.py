@@ -118,11 +118,10 @@ class Publisher:
         return sent[0] if same else None
 
     def _settled(self) -> None:
-        """A publish landed: counted, its step count kept as the only one still to look for."""
+        """A publish landed: counted; its sends are nothing to look for any more."""
         self.counts.add("publishes")
         self.rates.committed()
-        step = self.view.step
-        self._sent = {step.oid: self._sent[step.oid]} if step and step.oid in self._sent else {}
+        self._sent.clear()
 
     def _deletable(
         self, parent: str, outer_step: int, consumed: list[str]
