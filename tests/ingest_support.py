@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -131,3 +133,18 @@ def expected_tokens(docs: list[str], tokenizer_file: Path | None, separator: int
     for d in docs:
         out += [separator, *tok.encode(d, add_special_tokens=False).ids]
     return out
+
+
+def cut_result_and_die() -> None:
+    """A pool task that dies the way a worker killed while it sends a result does: half a
+    message in the executor's result pipe (a header promising 1 MB, then 100 bytes), then
+    SIGKILL. The pipe is the ``result_queue`` of CPython's worker loop, a few frames up."""
+    import signal
+    import struct
+
+    frame = sys._getframe()
+    while "result_queue" not in frame.f_locals:
+        frame = frame.f_back
+    writer = frame.f_locals["result_queue"]._writer
+    os.write(writer.fileno(), struct.pack("!i", 1_000_000) + b"x" * 100)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -9,6 +9,10 @@ document, the separator (``<|endoftext|>``; byte 0x03 for the byte tokenizer), t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -342,3 +346,49 @@ def test_without_pyarrow_a_parquet_source_is_one_line_with_the_install_hint(
     assert "hint: pip install 'speedtronic[data]'" in result.stderr
     jsonl = tokenize(str(src / "a.jsonl"), str(tmp_path / "fine"))  # other formats need none
     assert jsonl.exit_code == 0, jsonl.stderr
+
+
+def test_a_worker_whose_parent_died_while_it_started_exits():
+    """The slow tier's kill test once left a worker running for good: it ran its initializer
+    after the tokenize was killed, so it took init's pid for its parent's and never saw it go.
+    A worker is told its parent's pid and exits at once when that process is gone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = (
+        "import time; from speedtronic.data.ingest import work; "
+        f"work._exit_with_parent({gone.pid}); time.sleep(120)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=90)
+    assert (child.returncode, child.stderr) == (1, b"")
+
+
+BROKEN_POOL = """
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from ingest_support import cut_result_and_die
+from speedtronic.data.ingest import pool
+
+if __name__ == "__main__":
+    executor = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        pool.result(executor.submit(cut_result_and_die), executor)
+    except BrokenProcessPool:
+        print("broken")
+"""
+
+
+def test_a_worker_killed_while_it_sends_a_result_breaks_the_pool_and_the_exit_does_not_hang(
+    tmp_path,
+):
+    """The slow tier's kill test hung 1 run in 3: a worker killed mid-result left half a
+    message in the pipe and CPython's executor waited for the rest for ever. The wait for a
+    result sees the death, and the process exits (its exit joins the executor's thread)."""
+    script = tmp_path / "broken_pool.py"
+    script.write_text(BROKEN_POOL)
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"}
+    child = subprocess.run([sys.executable, str(script)], capture_output=True, env=env, timeout=120)
+    assert (child.returncode, child.stdout) == (0, b"broken\n"), child.stderr.decode()

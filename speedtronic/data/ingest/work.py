@@ -42,19 +42,22 @@ class Setup:
 _STATE: dict = {}
 
 
-def init(setup: Setup, worker: bool = True) -> None:
+def init(setup: Setup, worker: bool = True, parent: int | None = None) -> None:
+    """Build this process's reader and encoder; a worker also ignores SIGINT and ends once
+    ``parent`` (the pid of the process that started the pool) is gone."""
     if worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _exit_with_parent()
+        _exit_with_parent(os.getppid() if parent is None else parent)
     separator = Separator.from_record(setup.separator)
     _STATE["encoder"] = Encoder(setup.tokenizer_file, separator, setup.val_fraction, setup.dtype)
     _STATE["reader"] = Reader(setup.column)
 
 
-def _exit_with_parent() -> None:
-    """End this worker once its parent is gone (killed with SIGKILL, say): every worker holds
-    the task queue's write end too, so the read it blocks in would never see EOF."""
-    parent = os.getppid()
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once ``parent`` is gone (killed with SIGKILL, say): every worker holds
+    the task queue's write end too, so the read it blocks in would never see EOF. The pid comes
+    from the parent: read here, a worker still starting when its parent died would take init's
+    pid for its parent's and run on for good (seen in CI, blocked on a dead sibling's lock)."""
 
     def watch() -> None:
         while os.getppid() == parent:
