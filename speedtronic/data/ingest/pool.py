@@ -43,7 +43,7 @@ class Inline:
     """One worker: the units are read and encoded here, when their result is asked for."""
 
     def __init__(self, setup: work.Setup):
-        work.init(setup, worker=False)
+        work.init(setup)
 
     def submit(self, fn, arg) -> _Done:
         return _Done(fn, arg)
@@ -57,7 +57,7 @@ def make_pool(setup: work.Setup, workers: int) -> Any:
         return Inline(setup)
     context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(
-        workers, mp_context=context, initializer=work.init, initargs=(setup, True, os.getpid())
+        workers, mp_context=context, initializer=work.init, initargs=(setup, os.getpid())
     )
 
 

@@ -42,12 +42,12 @@ class Setup:
 _STATE: dict = {}
 
 
-def init(setup: Setup, worker: bool = True, parent: int | None = None) -> None:
-    """Build this process's reader and encoder; a worker also ignores SIGINT and ends once
-    ``parent`` (the pid of the process that started the pool) is gone."""
-    if worker:
+def init(setup: Setup, parent: int | None = None) -> None:
+    """Build this process's reader and encoder. In a worker process, ``parent`` is the pid of
+    the process that started the pool: SIGINT is ignored and the worker ends once it is gone."""
+    if parent is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _exit_with_parent(os.getppid() if parent is None else parent)
+        _exit_with_parent(parent)
     separator = Separator.from_record(setup.separator)
     _STATE["encoder"] = Encoder(setup.tokenizer_file, separator, setup.val_fraction, setup.dtype)
     _STATE["reader"] = Reader(setup.column)
