@@ -6,10 +6,10 @@
 #      then the same with optimizer.name: muon (issue 30): its tokens/s and loss at equal steps
 #      over AdamW's, a ratio measured in the same session
 #   3. `speedtronic bench --quick --format json` for GPT-2 small (compile on and off), then
-#      benchmarks/matmul_check.py: its matmul peaks against a plain torch.mm loop (<= 15%)
+#      benchmarks/engine/matmul_check.py: its matmul peaks against a plain torch.mm loop (<= 15%)
 #   4. `speedtronic bench --quick --format json` on the default smoke config
-#   5. with 2+ GPUs: benchmarks/ddp_scaling.py, 1 rank against all of them (>= 90% per GPU at 8)
-#   6. benchmarks/time_to_quality.py at its large size (4.5M) on the GPU, seed 0: Muon over
+#   5. with 2+ GPUs: benchmarks/engine/ddp_scaling.py, 1 rank against all of them (>= 90% per GPU at 8)
+#   6. benchmarks/optim/time_to_quality.py at its large size (4.5M) on the GPU, seed 0: Muon over
 #      AdamW to the frozen target, in time and in steps
 #
 # Usage:   benchmarks/gpu_check.sh
@@ -102,23 +102,23 @@ stage bench_gpt2_small 170 "$OUT/bench_gpt2_small.json" \
   speedtronic bench -c "$TRAIN_CONFIG" --quick --format json
 
 if [[ ${STATUS[bench_gpt2_small]} == ok ]]; then
-  stage matmul_check 40 "$OUT/matmul_check.txt" "$PY" benchmarks/matmul_check.py \
+  stage matmul_check 40 "$OUT/matmul_check.txt" "$PY" benchmarks/engine/matmul_check.py \
     --compare "$OUT/bench_gpt2_small.json" --dtypes fp32 tf32 bf16 fp16 --seconds 1
 fi
 
 stage bench_smoke 50 "$OUT/bench_smoke.json" speedtronic bench --quick --format json
 
-# 5. DDP scaling on every visible GPU (benchmarks/ddp_scaling.py): 1 rank against N, GPT-2 small;
+# 5. DDP scaling on every visible GPU (benchmarks/engine/ddp_scaling.py): 1 rank against N, GPT-2 small;
 #    target >= 90% per GPU at 8 GPUs. Skipped with fewer than 2 GPUs (nothing to scale to).
 NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if ((NGPU >= 2)); then
-  stage ddp_scaling 240 "$OUT/ddp_scaling.txt" "$PY" benchmarks/ddp_scaling.py \
+  stage ddp_scaling 240 "$OUT/ddp_scaling.txt" "$PY" benchmarks/engine/ddp_scaling.py \
     --config "$TRAIN_CONFIG" --ranks 1 "$NGPU" --steps 40 --warmup 15
 else
   log "skip ddp_scaling: $NGPU GPU(s) visible, needs 2 or more"
 fi
 
-stage ttq_large 150 "$OUT/ttq_large.txt" "$PY" benchmarks/time_to_quality.py --size large \
+stage ttq_large 150 "$OUT/ttq_large.txt" "$PY" benchmarks/optim/time_to_quality.py --size large \
   --device cuda --arms muon --seeds 0 --no-aa --threads 4 --out "$OUT/ttq_large.json"
 
 # ---- summary -----------------------------------------------------------------------------

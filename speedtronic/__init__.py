@@ -8,10 +8,11 @@ must not pay for the config loader, YAML or torch that only a command's body nee
 
 from speedtronic.errors import ConfigError, SpeedtronicError
 from speedtronic.lazy import lazy_exports
+from speedtronic.moved import install as _answer_moved_paths
 
 __version__ = "0.1.0"
 _EXPORTS = {
-    "MetricLogger": "metrics",
+    "MetricLogger": "observe.metrics",
     "SpeedtronicConfig": "config",
     "build_runtime": "runtime",
     "register_model": "registry",
@@ -20,3 +21,4 @@ _EXPORTS = {
 __all__ = ["ConfigError", "SpeedtronicError", *sorted(_EXPORTS)]
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)
+_answer_moved_paths()  # issue 41's old module paths, for one release

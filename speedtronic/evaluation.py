@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from speedtronic.trainer import (
+from speedtronic.train.trainer import (
     IGNORE_INDEX,
     call_model,
     extract_loss,

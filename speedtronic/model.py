@@ -38,7 +38,7 @@ class ReferenceConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
-    # Options measured by benchmarks/time_to_quality.py (docs/benchmarks.md), off by default.
+    # Options measured by benchmarks/optim/time_to_quality.py (docs/benchmarks.md), off by default.
     # qk_norm changes the architecture (RMSNorm of each head's queries and keys before RoPE,
     # as Qwen3/OLMo 2 do): a checkpoint with it is no longer a LlamaForCausalLM.
     qk_norm: bool = False
@@ -360,7 +360,7 @@ class ReferenceTransformer(nn.Module):
         return total / count
 
     def hidden_matrices(self) -> list[nn.Parameter]:
-        """The blocks' projection matrices: what Muon optimizes (``speedtronic.param_split``).
+        """The blocks' projection matrices: what Muon optimizes (``speedtronic.optim.param_split``).
 
         Not the embedding, nor the head it is tied to (or an untied head), nor the norms.
         """

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedtronic import parallel
 from speedtronic.checkpoint.plugin import CheckpointPlugin, resume_run
 from speedtronic.checkpoint.start import check_fresh_start, clear_checkpoints, held_run
 from speedtronic.config import SpeedtronicConfig
@@ -23,17 +22,18 @@ from speedtronic.data.describe import blocks_of, source_line
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
-from speedtronic.metrics import MetricLogger
-from speedtronic.optim import build_optimizer, build_scheduler, optimizer_label
-from speedtronic.precision import (
+from speedtronic.observe.metrics import MetricLogger
+from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
+from speedtronic.registry import build_model, import_object
+from speedtronic.train import parallel
+from speedtronic.train.precision import (
     Precision,
     emulation_warning,
     resolve_device,
     resolve_precision,
 )
-from speedtronic.preflight import StartPlan, plan_start, worker_warning
-from speedtronic.registry import build_model, import_object
-from speedtronic.trainer import Trainer, TrainerOptions, TrainResult
+from speedtronic.train.preflight import StartPlan, plan_start, worker_warning
+from speedtronic.train.trainer import Trainer, TrainerOptions, TrainResult
 
 
 @dataclass
@@ -384,8 +384,8 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
 def load_hooks(paths: list[str]) -> list[Any]:
     """Hooks named ``tensorboard``, ``wandb`` or by import path; classes are instantiated."""
     builtin = {
-        "tensorboard": "speedtronic.integrations:TensorBoardHook",
-        "wandb": "speedtronic.integrations:WandbHook",
+        "tensorboard": "speedtronic.observe.integrations:TensorBoardHook",
+        "wandb": "speedtronic.observe.integrations:WandbHook",
     }
     hooks = [import_object(builtin.get(path, path), "logging.hooks") for path in paths]
     return [hook() if isinstance(hook, type) else hook for hook in hooks]

@@ -20,9 +20,9 @@ from diloco_support import Log, settings
 from test_diloco_nodes import FakeTrainer, model
 
 from speedtronic.distributed.final_global import FinalGlobalWriter
-from speedtronic.distributed.master import MasterLoop
-from speedtronic.distributed.master_end import MasterPlugin, serve
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.plugin import MasterPlugin, serve
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 
 FLEET = dict(
     inner_steps=2,

@@ -372,7 +372,9 @@ def test_repeat_timed_times_blocks_that_fill_the_budget(monkeypatch):
 
 
 def test_overhead_benchmark_shares_the_raw_loop():
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks/overhead.py")
+    spec = importlib.util.spec_from_file_location(
+        "overhead", ROOT / "benchmarks/engine/overhead.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.RawLoop is RawLoop

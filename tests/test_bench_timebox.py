@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import torch
 from test_bench import SCHEMA, check, sample_doc, verdict
 
-from speedtronic import precision
 from speedtronic.bench import BenchContext, BenchOptions, alternate, plan, raw, run_bench
 from speedtronic.bench import run as bench_run
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.precision import MatmulProbe
+from speedtronic.train import precision
+from speedtronic.train.precision import MatmulProbe
 
 CPU = torch.device("cpu")
 EMULATED_GFLOPS = 0.3  # bf16 on the AVX2-only CPU of issue 10

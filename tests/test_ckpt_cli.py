@@ -73,7 +73,7 @@ def jsonl(*records: dict | str) -> str:
 
 
 def test_history_keeps_the_last_run_and_survives_damage(tmp_path):
-    from speedtronic.history import read_history
+    from speedtronic.observe.history import read_history
 
     path = tmp_path / "m.jsonl"
     path.write_text(
@@ -103,7 +103,7 @@ def test_history_keeps_the_last_run_and_survives_damage(tmp_path):
 
 
 def test_history_of_a_huge_file_is_read_capped(tmp_path):
-    from speedtronic.history import MAX_POINTS, read_history
+    from speedtronic.observe.history import MAX_POINTS, read_history
 
     path = tmp_path / "m.jsonl"
     records = ({"event": "train_step", "step": s, "loss": 1000.0 / s} for s in range(1, 20001))

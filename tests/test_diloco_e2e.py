@@ -156,7 +156,7 @@ def log_of(tmp_path: Path, node: str) -> str:
 
 def _reference() -> dict[str, torch.Tensor]:
     from speedtronic.config import SpeedtronicConfig
-    from speedtronic.distributed.worker import parameters_of, snapshot
+    from speedtronic.distributed.worker.plugin import parameters_of, snapshot
     from speedtronic.registry import build_model
 
     cfg = SpeedtronicConfig.from_dict({k: v for k, v in CONFIG.items() if k != "distributed"})

@@ -11,7 +11,7 @@ from test_diloco_nodes import FakeTrainer, model
 
 from speedtronic.distributed.codec import decode_delta, encode_weights
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 
 REFERENCE = {"weight": torch.ones(1, 2)}
 

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
 from speedtronic.distributed.codec import encode_delta, encode_weights
-from speedtronic.distributed.master import MasterLoop
-from speedtronic.distributed.master_end import serve
-from speedtronic.distributed.master_repo import AnotherMaster
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.plugin import serve
+from speedtronic.distributed.master.repo import AnotherMaster
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
@@ -32,9 +32,9 @@ from speedtronic.distributed.protocol import (
     parse_step_count,
 )
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import TransportError
-from speedtronic.metrics import _diloco_line
+from speedtronic.observe.metrics import _diloco_line
 
 runner = CliRunner()
 

@@ -19,8 +19,8 @@ import torch
 from diloco_support import Log, settings
 
 from speedtronic.distributed.codec import decode_weights, encode_delta
-from speedtronic.distributed.master import MasterLoop
-from speedtronic.distributed.outer import MasterState
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.outer import MasterState
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, DeltaHeader
 from speedtronic.distributed.transport import LocalTransport
 
@@ -29,7 +29,7 @@ import sys, time, torch
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from diloco_support import Log, settings
-from speedtronic.distributed.master import MasterLoop
+from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.transport import LocalTransport
 
 class PausingTransport(LocalTransport):

@@ -17,11 +17,11 @@ from diloco_support import Log, settings
 from torch import nn
 
 from speedtronic.distributed.codec import decode_delta, decode_weights
-from speedtronic.distributed.master import MasterLoop
-from speedtronic.distributed.master_end import MasterPlugin
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.plugin import MasterPlugin
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import TransportError
 
 

@@ -14,7 +14,7 @@ from test_diloco_nodes import FakeTrainer, master_loop, model, wait_for
 
 from speedtronic.distributed.protocol import STEP_COUNT
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import TransportError
 
 
@@ -307,7 +307,7 @@ def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
 
 
 def test_a_master_whose_final_round_stays_unpublished_does_not_end_quietly(tmp_path):
-    from speedtronic.distributed.master_end import MasterPlugin
+    from speedtronic.distributed.master.plugin import MasterPlugin
 
     transport = FailingPublish(tmp_path / "repo")
     plugin = MasterPlugin(master_loop(tmp_path, transport, Log()))

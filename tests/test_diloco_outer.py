@@ -1,4 +1,4 @@
-"""The master's policy and state (speedtronic.distributed.outer), named after the invariants.
+"""The master's policy and state (speedtronic.distributed.master.outer), named after the invariants.
 
 Expected numbers are computed by hand in each test, never by calling the code under test.
 Tensors are tiny: the whole file runs in about a second on a CPU.
@@ -13,8 +13,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from speedtronic.distributed import master_state
-from speedtronic.distributed.outer import (
+from speedtronic.distributed.master import state as master_state
+from speedtronic.distributed.master.outer import (
     Master,
     MasterConfig,
     MasterState,

@@ -21,12 +21,12 @@ from diloco_support import Log, settings
 from test_diloco_faults import SlowPublish, published_step, upload_delta
 from test_diloco_nodes import FakeTrainer, master_loop, model
 
-from speedtronic.distributed import master_state
-from speedtronic.distributed.master_end import drain
-from speedtronic.distributed.master_roster import DEADLINE_FLOOR_S, Roster
+from speedtronic.distributed.master import state as master_state
+from speedtronic.distributed.master.plugin import drain
+from speedtronic.distributed.master.roster import DEADLINE_FLOOR_S, Roster
 from speedtronic.distributed.protocol import STEP_COUNT
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import TransportError
 
 # ---------------------------------------------------------------------------- issue 27, defect 1
@@ -262,7 +262,7 @@ def test_I6_the_final_global_is_a_checkpoint_every_tool_reads(tmp_path):
     from speedtronic.checkpoint.inspection import inspect_path
     from speedtronic.data.tokenizer import ByteTokenizer
     from speedtronic.distributed.final_global import FinalGlobalWriter
-    from speedtronic.distributed.worker import parameters_of, snapshot
+    from speedtronic.distributed.worker.plugin import parameters_of, snapshot
     from speedtronic.modelout.source import open_run
     from speedtronic.registry import build_model
 
@@ -294,7 +294,7 @@ def test_I6_the_final_global_is_a_checkpoint_every_tool_reads(tmp_path):
 
 def test_I6_a_training_master_resumed_after_its_fleet_ended_applies_it_and_ends(tmp_path):
     """Before: '--resume' of the master said 'nothing to do' and left 99 deltas unapplied."""
-    from speedtronic.distributed.master_end import MasterPlugin
+    from speedtronic.distributed.master.plugin import MasterPlugin
 
     transport = LocalTransport(tmp_path / "repo")
     first = master_loop(tmp_path, transport, Log(), drain_timeout_s=600.0)

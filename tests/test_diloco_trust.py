@@ -20,11 +20,11 @@ from test_diloco_faults import run_master_to, upload_delta
 from test_diloco_nodes import FakeTrainer, master_loop, model
 
 from speedtronic.distributed.codec import encode_weights
-from speedtronic.distributed.master_end import serve
-from speedtronic.distributed.master_repo import AnotherMaster
+from speedtronic.distributed.master.plugin import serve
+from speedtronic.distributed.master.repo import AnotherMaster
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, parse_delta_path
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker import WorkerPlugin
+from speedtronic.distributed.worker.plugin import WorkerPlugin
 
 
 def forge(repo, weights: bytes, step: int, master: str | None = "keep", **fields) -> None:

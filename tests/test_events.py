@@ -20,8 +20,13 @@ from proc_support import quiet_env
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
-from speedtronic.history import BLOCKS, LossSeries, downsample, sparkline
-from speedtronic.metrics import EVENT_SCHEMA_VERSION, MetricLogger, event_record, record_line
+from speedtronic.observe.history import BLOCKS, LossSeries, downsample, sparkline
+from speedtronic.observe.metrics import (
+    EVENT_SCHEMA_VERSION,
+    MetricLogger,
+    event_record,
+    record_line,
+)
 
 runner = CliRunner()
 ENVELOPE = ["event", "schema_version", "time"]

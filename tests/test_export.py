@@ -300,7 +300,11 @@ def test_transformers_stays_out_of_training():
 
     users = {n for n in MODULES if any(top(i) == "transformers" for i in imports_of(n))}
     assert users == {"speedtronic.modelout.verify"}
-    for engine in ("speedtronic.runtime", "speedtronic.trainer", "speedtronic.checkpoint.plugin"):
+    for engine in (
+        "speedtronic.runtime",
+        "speedtronic.train.trainer",
+        "speedtronic.checkpoint.plugin",
+    ):
         assert not [m for m in load_closure(engine) if m.startswith("speedtronic.modelout")]
     heavy = [m for m in load_closure("speedtronic.checkpoint.tokenizer") if top(m) == "torch"]
     assert not heavy  # ckpt inspect reads the record without torch

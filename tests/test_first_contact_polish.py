@@ -89,7 +89,7 @@ def test_no_command_line_of_a_help_is_cut_short_at_80_columns(path):
 def test_more_workers_than_cores_is_one_line_of_ours_not_pytorchs(tiny, monkeypatch):
     """configs/gpt2_small.yaml asks for 4 workers; a 2-core machine got PyTorch's warning. A
     map-style source is cut to the cores (its batches stay the same), and says so once."""
-    import speedtronic.preflight as preflight
+    import speedtronic.train.preflight as preflight
     from speedtronic.runtime import train_from_config
 
     monkeypatch.setattr(preflight, "cpu_cores", lambda: 1)
@@ -120,7 +120,7 @@ def prose_paragraphs(page: Path) -> list[str]:
 
 
 def test_the_docs_give_one_figure_for_how_much_slower_emulated_bf16_trains():
-    """The fact is measured and cited once (docs/benchmarks.md, benchmarks/emulated_step.py);
+    """The fact is measured and cited once (docs/benchmarks.md, benchmarks/engine/emulated_step.py);
     every other paragraph about emulated bf16's slowness refers to it, with the same figure."""
     bench = ROOT / "docs" / "benchmarks.md"
     [figure] = re.findall(

@@ -14,7 +14,7 @@ from torch import nn
 
 from speedtronic.model import ReferenceConfig, ReferenceTransformer
 from speedtronic.modelout.generate import Decoder, LogitsError, Sampling, generate, logits_of, pick
-from speedtronic.precision import Precision
+from speedtronic.train.precision import Precision
 
 CPU = Precision(torch.device("cpu"), "fp32", None)
 

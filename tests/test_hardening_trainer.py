@@ -14,10 +14,16 @@ import torch
 from torch import nn
 
 from speedtronic.errors import TrainingError
-from speedtronic.metrics import MetricLogger
-from speedtronic.precision import resolve_precision
+from speedtronic.observe.metrics import MetricLogger
 from speedtronic.runtime import build_runtime
-from speedtronic.trainer import IGNORE_INDEX, Trainer, TrainerOptions, label_counts, loss_weights
+from speedtronic.train.precision import resolve_precision
+from speedtronic.train.trainer import (
+    IGNORE_INDEX,
+    Trainer,
+    TrainerOptions,
+    label_counts,
+    loss_weights,
+)
 
 
 class TokenModel(nn.Module):

@@ -399,7 +399,7 @@ def test_the_masters_start_survives_a_transient_storage_failure(emu, make, tmp_p
     from diloco_support import Log, settings
 
     from speedtronic.distributed.codec import decode_weights
-    from speedtronic.distributed.master import MasterLoop
+    from speedtronic.distributed.master.loop import MasterLoop
 
     transport = HubTransport(make(node_id="master"), min_publish_interval_s=0)
     weights = {"weight": torch.ones(1, 2)}

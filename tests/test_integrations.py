@@ -11,8 +11,8 @@ import types
 import pytest
 
 from speedtronic.errors import ConfigError
-from speedtronic.integrations import WandbHook
-from speedtronic.metrics import MetricLogger
+from speedtronic.observe.integrations import WandbHook
+from speedtronic.observe.metrics import MetricLogger
 from speedtronic.runtime import train_from_config
 
 

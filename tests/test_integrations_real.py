@@ -234,7 +234,7 @@ def test_wandb_a_crashed_run_is_closed_by_the_next_one(tiny, offline):
 
 def test_wandb_outer_steps_have_their_own_axis(tmp_path, offline):
     """The master's rounds (another thread, outer steps) next to the optimizer steps."""
-    from speedtronic.integrations import WandbHook
+    from speedtronic.observe.integrations import WandbHook
 
     hook = WandbHook()
     hook.on_event("run_start", {"name": "diloco", "output_dir": str(tmp_path)})

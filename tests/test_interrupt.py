@@ -137,7 +137,7 @@ def test_sigkill_at_random_moments_always_resumes_to_identical_weights(tiny, tmp
 # while the logger holds its lock and writes a line (under load, the likely moment).
 SIGNAL_MID_WRITE = """
 import json, signal, sys
-from speedtronic import metrics
+from speedtronic.observe import metrics
 from speedtronic.runtime import train_from_config
 
 real_open = metrics._open_append

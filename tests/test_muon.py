@@ -12,9 +12,9 @@ from torch import nn
 
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import CheckpointError, ConfigError
-from speedtronic.muon import Muon, adjusted_lr, newton_schulz, ns_precision, orthogonalise
-from speedtronic.optim import MuonAdamW, build_optimizer, build_scheduler, muon_weight_decay
-from speedtronic.param_split import split_parameters
+from speedtronic.optim.build import MuonAdamW, build_optimizer, build_scheduler, muon_weight_decay
+from speedtronic.optim.muon import Muon, adjusted_lr, newton_schulz, ns_precision, orthogonalise
+from speedtronic.optim.param_split import split_parameters
 from speedtronic.registry import build_model
 
 SHAPES = [(16, 16), (8, 16), (48, 16), (16, 48), (48, 16)]  # square, wide, tall; two stacks

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from speedtronic import integrations
 from speedtronic.checkpoint import save as checkpoint_save
 from speedtronic.checkpoint.layout import list_tmp_dirs, read_latest, verify_checkpoint
 from speedtronic.cli.app import app
-from speedtronic.metrics import MetricLogger
+from speedtronic.observe import integrations
+from speedtronic.observe.metrics import MetricLogger
 
 runner = CliRunner()
 FULL = Path("/dev/full")  # every write fails with ENOSPC, as on a full disk

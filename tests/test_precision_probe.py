@@ -1,4 +1,4 @@
-"""The emulation probe in ``speedtronic.precision``: cheap, cached, time-boxed, and its warning.
+"""The emulation probe in ``speedtronic.train.precision``: cheap, cached, time-boxed, its warning.
 
 Whether this CPU emulates bf16 is not assumed anywhere: the warning tests inject the probe's
 result, and the time-box test makes bf16 matmuls 400x slower than fp32 on purpose (a busy
@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from speedtronic import precision
-from speedtronic.precision import MatmulProbe, emulation_warning, probe_matmul
+from speedtronic.train import precision
+from speedtronic.train.precision import MatmulProbe, emulation_warning, probe_matmul
 
 CPU = torch.device("cpu")
 

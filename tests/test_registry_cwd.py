@@ -21,6 +21,6 @@ def test_builtin_paths_never_put_the_working_directory_on_the_path(tmp_path, mon
     (tmp_path / "tensorflow.py").write_text("raise SystemExit('local tensorflow.py ran')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    import_object("speedtronic.metrics:MetricLogger", "logging.hooks")
+    import_object("speedtronic.observe.metrics:MetricLogger", "logging.hooks")
     import_modules([])
     assert str(tmp_path) not in sys.path

@@ -1,4 +1,4 @@
-"""``benchmarks/time_to_quality.py`` reads what it claims (issue 30): an arm's name is its
+"""``benchmarks/optim/time_to_quality.py`` reads what it claims (issue 30): an arm's name is its
 recipe, a lane reaches the target at its first evaluation at or below it (live or read back
 from its curve), and a candidate's ratios are over the baseline lane of its own seed."""
 
@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    sys.path.insert(0, str(ROOT / "benchmarks" / "optim"))
+    spec = importlib.util.spec_from_file_location(
+        name, ROOT / "benchmarks" / "optim" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -12,11 +12,11 @@ from torch import nn
 
 from speedtronic.config import OptimizerConfig, SchedulerConfig, SpeedtronicConfig
 from speedtronic.errors import ConfigError, TrainingError
-from speedtronic.metrics import MetricLogger
-from speedtronic.optim import build_optimizer, lr_factor, param_groups
-from speedtronic.precision import resolve_device, resolve_precision
+from speedtronic.observe.metrics import MetricLogger
+from speedtronic.optim.build import build_optimizer, lr_factor, param_groups
 from speedtronic.runtime import build_runtime, train_from_config
-from speedtronic.trainer import Trainer, TrainerOptions, loss_weights
+from speedtronic.train.precision import resolve_device, resolve_precision
+from speedtronic.train.trainer import Trainer, TrainerOptions, loss_weights
 
 
 class TokenModel(nn.Module):

@@ -50,7 +50,7 @@ def test_validate_refuses_a_data_file_that_is_not_there(tmp_path):
 
 
 def test_validate_says_bf16_is_emulated_on_this_cpu(monkeypatch):
-    import speedtronic.precision as precision
+    import speedtronic.train.precision as precision
 
     probe = precision.MatmulProbe("bf16", 128, 0.01)
     monkeypatch.setattr(precision, "matmul_slowdown", lambda device, mode: (79.0, probe))
@@ -65,7 +65,7 @@ def test_validate_says_bf16_is_emulated_on_this_cpu(monkeypatch):
 
 
 def test_validate_runs_no_probe_for_fp32(monkeypatch):
-    import speedtronic.precision as precision
+    import speedtronic.train.precision as precision
 
     def refuse(*args):
         raise AssertionError("the emulation probe ran for an fp32 config")
@@ -76,7 +76,7 @@ def test_validate_runs_no_probe_for_fp32(monkeypatch):
 
 
 def test_validate_says_num_workers_is_above_the_core_count(monkeypatch):
-    import speedtronic.preflight as preflight
+    import speedtronic.train.preflight as preflight
 
     monkeypatch.setattr(preflight, "cpu_cores", lambda: 2)
     result = validate("--set", "data.num_workers=4")

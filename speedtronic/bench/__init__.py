@@ -7,7 +7,7 @@ pairs; rendering belongs to the CLI. The modules:
 
 - ``probes``: timing primitives, device facts, matmul/copy peaks, peak memory.
 - ``raw``: ``RawLoop``, the hand-written loop the Trainer is compared with (shared with
-  ``benchmarks/overhead.py``), and the ABBA-alternated timed rounds.
+  ``benchmarks/engine/overhead.py``), and the ABBA-alternated timed rounds.
 - ``options``: ``BenchOptions``, how long and how big.
 - ``context``: the state one run shares between stages, and stage progress events.
 - ``plan``: the dtype probe, and the sizes and time boxes of every stage derived from it

@@ -18,7 +18,7 @@ from typing import Any
 from speedtronic.bench.options import BenchOptions
 from speedtronic.bench.probes import device_facts, matmul_dtypes, supported_modes
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.precision import resolve_device, resolve_precision
+from speedtronic.train.precision import resolve_device, resolve_precision
 
 SCHEMA_VERSION = 1
 Progress = Callable[[str, dict[str, Any]], None]

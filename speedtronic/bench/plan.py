@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from speedtronic import precision
 from speedtronic.bench.context import BenchContext
 from speedtronic.bench.probes import PEAK_REPEATS, time_matmul_call
+from speedtronic.train import precision
 
 LADDER_START = 256  # first matmul side of the size ladder when no probe seeds it
 SLACK = 1.25  # a model stage's timed rounds may run this much over their nominal time

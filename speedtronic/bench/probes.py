@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from speedtronic.metrics import peak_flops
-from speedtronic.precision import resolve_precision, synchronize
-from speedtronic.step_log import memory_gb
+from speedtronic.observe.metrics import peak_flops
+from speedtronic.train.precision import resolve_precision, synchronize
+from speedtronic.train.step_log import memory_gb
 
 MODES = ("fp32", "bf16", "fp16")
 PEAK_REPEATS = 5  # timed blocks per matmul dtype and for the copy; the peak is the best one

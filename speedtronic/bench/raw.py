@@ -4,7 +4,7 @@ This module owns ``RawLoop`` (the loop a competent user writes by hand, with the
 model/optimizer recipe), ``build_raw`` (an independent copy of a runtime's model, optimizer,
 scheduler and data with identical initial weights), and the ABBA alternation of timed rounds
 with their ratio statistics. ``speedtronic bench`` (engine overhead line) and
-``benchmarks/overhead.py`` share this one implementation.
+``benchmarks/engine/overhead.py`` share this one implementation.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from speedtronic.bench.probes import synchronize
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import build_dataloader
 from speedtronic.errors import TrainingError
-from speedtronic.optim import build_optimizer, build_scheduler
+from speedtronic.optim.build import build_optimizer, build_scheduler
 from speedtronic.registry import build_model
 from speedtronic.runtime import Runtime, seed_everything
-from speedtronic.trainer import extract_loss
+from speedtronic.train.trainer import extract_loss
 
 # A timed round in which a side had less of the CPU than this (CPU time / (wall * threads))
 # shared the cores with another process; such rounds are left out of the "clean" ratio.

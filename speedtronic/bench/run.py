@@ -23,7 +23,7 @@ from speedtronic.bench.sections import checkpoint_section, compile_section, data
 from speedtronic.bench.verdict_rules import verdicts
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.errors import ConfigError
-from speedtronic.precision import emulation_warning
+from speedtronic.train.precision import emulation_warning
 
 DOC_KEYS = ("schema_version", "quick", "elapsed_s", "config", "device", "probe", "peaks")
 DOC_KEYS += ("model", "overhead", "data", "checkpoint", "compile", "verdicts")

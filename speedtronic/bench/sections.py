@@ -21,7 +21,7 @@ from speedtronic.bench.probes import timed
 from speedtronic.checkpoint import load_checkpoint, save_checkpoint
 from speedtronic.data import DataStream, build_dataloader
 from speedtronic.runtime import Runtime, count_parameters
-from speedtronic.trainer import batch_size_of
+from speedtronic.train.trainer import batch_size_of
 
 COMPILE_KEYS = ("precision", "first_step_s", "compile_s", "eager_tokens_per_s")
 COMPILE_KEYS += ("compiled_tokens_per_s", "speedup", "fell_back", "message")

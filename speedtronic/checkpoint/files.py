@@ -2,7 +2,7 @@
 
 Stdlib only. ``install_dir`` renames a finished temporary dir into place without a moment in
 which no copy of that step exists; ``write_latest`` replaces ``latest.json`` atomically; the
-fsync helpers make both durable. Shared by saving and by ``benchmarks/checkpoint.py``.
+fsync helpers make both durable. Shared by saving and by ``benchmarks/engine/checkpoint.py``.
 """
 
 from __future__ import annotations

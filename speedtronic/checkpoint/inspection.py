@@ -30,7 +30,7 @@ from speedtronic.checkpoint.layout import (
     verify_hashes,
 )
 from speedtronic.errors import CheckpointError, ConfigError
-from speedtronic.history import read_history
+from speedtronic.observe.history import read_history
 
 # The version of inspect_path's document (``ckpt inspect --format json``).
 INSPECT_SCHEMA_VERSION = 1

@@ -56,7 +56,9 @@ class CheckpointPlugin:
         self.param_count = sum(p.numel() for p in runtime.model.parameters())
         self.saved_step: int | None = None
         self.last_path: Path | None = None
-        self.group: Any = None  # a DDP group (speedtronic.parallel): rank 0 writes, others wait
+        self.group: Any = (
+            None  # a DDP group (speedtronic.train.parallel): rank 0 writes, others wait
+        )
         # Every checkpoint records the run's tokenizer (checkpoint.tokenizer), for generate/export
         record, data = tokenizer_record(getattr(runtime, "tokenizer", None))
         self.tokenizer_meta = record
@@ -202,7 +204,7 @@ def optimizer_settings(optimizer: Any) -> list[dict[str, Any]]:
 
 
 # Param-group entries that are the run's progress, not its settings: the checkpoint's stand.
-# (Muon counts its own steps in its group, for the momentum warm-up: speedtronic/muon.py.)
+# (Muon counts its own steps in its group, for the momentum warm-up: speedtronic/optim/muon.py.)
 _GROUP_STATE = ("lr", "initial_lr", "muon_steps")
 
 

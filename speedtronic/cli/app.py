@@ -5,7 +5,7 @@ modules import only ``errors`` and ``options`` beside them, never this one.
 
 Start-up is part of the interface: shell completion runs this app at every TAB and people run
 ``--help`` to look at a command, so building it imports Typer and the command modules' option
-declarations only (``benchmarks/cli_startup.py``: at most 0.10 of ``import torch``). Help is
+declarations only (``benchmarks/engine/cli_startup.py``: at most 0.10 of ``import torch``). Help is
 Click's plain text (``rich_markup_mode=None``): Typer's Rich help formatter alone imports
 Markdown and syntax highlighting, about as long as all the rest, and it renders every flag
 as if it took a value (``--resume <bool>``). Rich stays for what commands draw while they run.

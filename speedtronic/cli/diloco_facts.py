@@ -88,7 +88,7 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
         suggested_poll_interval,
         upload_seconds,
     )
-    from speedtronic.distributed.worker import parameters_of
+    from speedtronic.distributed.worker.plugin import parameters_of
 
     dist, params = cfg.distributed, parameters_of(model)
     sizes = {enc: expected_delta_bytes(params, enc) for enc in ("fp32", "bf16", "int8")}
@@ -136,7 +136,7 @@ def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> 
 def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
     from speedtronic.distributed.codec import expected_delta_bytes
     from speedtronic.distributed.s3.costs import describe, fleet_cost
-    from speedtronic.distributed.worker import parameters_of
+    from speedtronic.distributed.worker.plugin import parameters_of
 
     dist, params = cfg.distributed, parameters_of(model)
     cost = fleet_cost(

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from speedtronic.history import LossSeries
-from speedtronic.metrics import LEVELS, format_event, record_line, shown_at
+from speedtronic.observe.history import LossSeries
+from speedtronic.observe.metrics import LEVELS, format_event, record_line, shown_at
 
 # Events people read (stderr) rather than scripts (the JSON stream).
 HUMAN_EVENTS = ("warning", "notice")

@@ -59,7 +59,7 @@ def precision_facts(cfg: SpeedtronicConfig, device: Any) -> tuple[dict[str, Any]
     The emulation probe (``precision.emulation_warning``, time-boxed) runs only for bf16/fp16
     on a CPU: fp32, and any mode on a GPU (``resolve_precision`` judges those), need none.
     """
-    from speedtronic.precision import emulation_warning, resolve_precision
+    from speedtronic.train.precision import emulation_warning, resolve_precision
 
     warnings: list[str] = []
     precision = resolve_precision(cfg.precision.mode, device, warnings.append)
@@ -70,7 +70,7 @@ def precision_facts(cfg: SpeedtronicConfig, device: Any) -> tuple[dict[str, Any]
 def machine_warnings(cfg: SpeedtronicConfig) -> list[str]:
     """More workers than cores (as training will clamp or warn), and an oversized vocabulary."""
     from speedtronic.data.describe import vocab_warning
-    from speedtronic.preflight import clamp_workers, worker_warning
+    from speedtronic.train.preflight import clamp_workers, worker_warning
 
     found: list[str] = []
     clamp_workers(cfg, None, found)

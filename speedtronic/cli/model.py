@@ -151,7 +151,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
 
 
 def _precision(run: Any, device: str) -> Any:
-    from speedtronic.precision import emulation_warning, resolve_device, resolve_precision
+    from speedtronic.train.precision import emulation_warning, resolve_device, resolve_precision
 
     try:
         resolved = resolve_device(device)

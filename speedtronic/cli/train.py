@@ -267,8 +267,8 @@ def derived_facts(
 
     ``warnings`` receives what this machine would make of the config (machine_facts).
     """
-    from speedtronic.precision import resolve_device
     from speedtronic.runtime import check_seq_len, load_hooks
+    from speedtronic.train.precision import resolve_device
 
     problems: list[str] = []
     warnings = [] if warnings is None else warnings
@@ -298,7 +298,7 @@ def derived_facts(
     try:
         facts["parameters"], model = _parameter_fact(cfg, build)
         if cfg.optimizer.name == "muon" and model is not None:  # issue 30: which go to Muon
-            from speedtronic.param_split import split_parameters
+            from speedtronic.optim.param_split import split_parameters
 
             facts["optimizer"] = split_parameters(model, cfg.optimizer.muon_exclude).summary()
         if cfg.distributed.enabled:

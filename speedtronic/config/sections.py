@@ -234,7 +234,7 @@ class OptimizerConfig:
     weight_decay: float = ranged(0.1, "[0, inf)")
     fused: bool | Literal["auto"] = "auto"
     grad_clip: float | None = ranged(1.0, "[0, inf)")  # None or 0 disables clipping
-    # ---- optimizer.name: muon (speedtronic/muon.py): Muon on the hidden matrices, the AdamW
+    # ---- optimizer.name: muon (speedtronic/optim/muon.py): Muon on the hidden matrices, the AdamW
     # above on the rest. None: derived from lr and weight_decay (docs/config.md, "Muon").
     muon_lr: float | None = ranged(None, "(0, inf)")
     muon_lr_adjust: Literal["original", "match_rms_adamw"] = "original"

@@ -306,7 +306,7 @@ class DataStream:
             set_epoch(self.epoch)
         if self._seed is not None:  # worker seeds depend on the epoch only, also after resume
             self.loader.generator.manual_seed(self._seed + self.epoch)
-        with warnings.catch_warnings():  # said once at start in our words (preflight.py)
+        with warnings.catch_warnings():  # said once at start in our words (train/preflight.py)
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             iterator = iter(self.loader)
         for _ in range(self._skip):

@@ -22,12 +22,12 @@ from torch import nn
 
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.distributed.final_global import FinalGlobalWriter
-from speedtronic.distributed.master import MasterLoop
-from speedtronic.distributed.master_end import MasterPlugin, serve
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.plugin import MasterPlugin, serve
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.transport import Transport
-from speedtronic.distributed.worker import WorkerPlugin, parameters_of, snapshot
-from speedtronic.distributed.worker_inflight import SPILL_DIR
+from speedtronic.distributed.worker.inflight import SPILL_DIR
+from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of, snapshot
 
 
 def state_dir(config: Any) -> Path:

@@ -18,8 +18,8 @@ import yaml
 
 from speedtronic.checkpoint.inspection import metrics_file
 from speedtronic.data.tokenizer import ByteTokenizer
-from speedtronic.history import read_history
 from speedtronic.model import ReferenceConfig
+from speedtronic.observe.history import read_history
 
 
 @dataclass

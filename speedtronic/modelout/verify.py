@@ -21,7 +21,7 @@ from speedtronic.errors import ConfigError, SpeedtronicError
 from speedtronic.modelout.generate import Decoder, Sampling, generate
 from speedtronic.modelout.llama import DTYPES
 from speedtronic.modelout.source import RunModel
-from speedtronic.precision import Precision
+from speedtronic.train.precision import Precision
 
 TOLERANCE = 1e-4  # max |logit difference| in float32; measured: 0.0 (docs/benchmarks.md)
 TEXT = "Speedtronic, überall: 1 + 1 = 2 🙂\n\tthe end."

@@ -1,0 +1,317 @@
+"""The master's loop: poll the repo for deltas, run rounds of ``outer.Master``, publish globals.
+
+``MasterLoop`` drives the pure policy object with I/O: every ``poll_interval`` its
+``DeltaIntake`` offers the deltas it has not seen (validated, I4), and when a round is ready
+it proposes one, its ``Publisher`` saves the proposed state to ``state_dir``, and only then is
+the round committed and published with ``step_count.json``, deleting the consumed deltas (I3). A
+round whose save fails never happened; while a saved step has not landed no other round runs,
+and staleness is counted from the step that landed (issue 27). At start it resumes the newest of
+its state, a checkpoint's copy and the repo. It runs in a background thread during training
+(``master_end.MasterPlugin``) or alone (``master_end.serve``, ``train_locally: false``); the end
+of a run (``master_end``) waits for every node's last delta and runs the final round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.master.intake import DeltaIntake
+from speedtronic.distributed.master.outer import Master, MasterConfig, MasterState, RoundResult
+from speedtronic.distributed.master.publish import Publication, Publisher, PublishSender
+from speedtronic.distributed.master.repo import RepoGuard
+from speedtronic.distributed.master.roster import Roster
+from speedtronic.distributed.master.state import master_id, newest_saved_step
+from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.transport import Transport
+from speedtronic.errors import CheckpointError, SpeedtronicError
+
+Tensors = dict[str, torch.Tensor]
+
+
+def master_config(config: Any) -> MasterConfig:
+    """The policy settings of a ``distributed`` config section."""
+    return MasterConfig(
+        outer_lr=config.outer_lr,
+        outer_momentum=config.outer_momentum,
+        min_deltas=config.min_deltas,
+        max_wait_s=config.max_wait_s,
+        max_staleness=config.max_staleness,
+        staleness_discount=config.staleness_discount,
+        policy=config.outer_policy,
+    )
+
+
+class MasterLoop:
+    """Polls, aggregates and publishes; one thread calls ``poll_once`` at a time.
+
+    The intake (``master_intake``) fetches and validates deltas, the pure ``outer.Master``
+    runs rounds, the publisher (``master_publish``) saves and publishes them.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        weights: Tensors,
+        transport: Transport,
+        logger: Any,
+        state_dir: str | Path,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one);
+        ``wall`` how long a node has been silent at the end of a run."""
+        self.config, self.transport, self.logger = config, transport, logger
+        self.clock = clock
+        self.state_dir = Path(state_dir)
+        self.initial_weights = weights
+        self.master: Master | None = None
+        now = lambda: self.clock()  # noqa: E731 - a simulation may swap the clock later
+        self.roster = Roster(wall, config.poll_interval)
+        self.roster.deadline_setting = getattr(config, "drain_timeout_s", None)
+        self.intake = DeltaIntake(transport, logger, weights, now, self.roster)
+        self.publisher = Publisher(transport, logger, self.state_dir, now)
+        self.master_id = master_id(self.state_dir)
+        # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
+        every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
+        self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
+        self._restored: MasterState | None = None
+        self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
+        self.sender: PublishSender | None = None  # publishes off the poll thread when running
+        self.lock = threading.Lock()  # rounds vs. checkpoint snapshots from the training thread
+        self.fatal: Exception | None = None  # a permanent transport failure, raised in training
+        self.polled = False  # a poll read the repo's deltas since the start (the run's end waits)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.intake.counters
+
+    @property
+    def unpublished(self) -> bool:
+        """A saved outer step the repo does not have yet (its publish failed)."""
+        return self.publisher.unpublished
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self, restored: MasterState | None = None) -> None:
+        """Resume this master's state (state_dir, or the trainer checkpoint's copy if newer)
+        and hold the repo to it (I3: the state, not the repo, is the source of truth); with no
+        state of its own, continue from the repo. A repo it cannot read now is read again at
+        the next poll: with no state, nothing is published before then."""
+        for message in master_config(self.config).warnings():  # e.g. naive async: said once
+            self.logger.warn(f"diloco master: {message}")
+        self._restored = restored
+        self._start_now()
+
+    def _start_now(self) -> None:
+        state = MasterState.load(self.state_dir, log=self.logger.warn)
+        restored = self._restored
+        if restored is not None and (state is None or restored.outer_step > state.outer_step):
+            state = restored
+        try:
+            view = self.guard.inspect(with_weights=True, max_bytes=self.intake.max_bytes)
+        except Exception as exc:  # the repo is unreachable now: judged at the next poll
+            if getattr(exc, "permanent", False):
+                raise
+            self.logger.warn(unchecked_line(exc, state))
+            if state is not None:
+                self._resume(state)
+            return
+        state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
+        # the state's own summary when it has one (older states: the repo's)
+        self.intake.nodes = dict((state.nodes if state else None) or view.nodes or {})
+        self._resume(state)
+        self.guard.last_check = self.clock()
+        rate = (view.count or {}).get("fleet_tokens_per_step")  # the pace its state says
+        publish = publish or bool(state and state.fleet and rate != round(self.master.fleet_rate))
+        if not publish and view.step is not None:  # the repo holds this master's step
+            self.publisher.last_step, self.publisher.last_sha = view.step, view.sha256
+            self.publisher.last_count = view.count  # the whole file, for the periodic look
+            self.publisher.landed_nodes = dict(self.intake.nodes)
+        if publish:
+            self._publish_safely()
+
+    def _resume(self, state: MasterState | None) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # said once, in start()
+            self.master = Master(master_config(self.config), self.initial_weights, state)
+        self.roster.restore(self.intake.nodes or (state.nodes if state else {}))
+        self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
+
+    def _publish_safely(self) -> None:
+        """Publish at start: a transient failure leaves it to the next poll (I5)."""
+        try:
+            self.republish()
+        except Exception as exc:
+            if getattr(exc, "permanent", False):
+                raise
+            self.logger.warn(f"diloco master: publish failed ({exc}); the next poll retries")
+
+    # ------------------------------------------------------------------ one poll
+
+    def poll_once(self, force: bool = False) -> RoundResult | None:
+        """Fetch new deltas, offer them, and run (and publish) a round if one is ready.
+
+        ``force``: the end of a run, whatever is pending, publish pacing aside; with nothing
+        pending, the current step again if the nodes' summary changed (an end marker)."""
+        if not self.guard.checked:  # the repo was unreachable at start: no round before it answers
+            self._start_now()
+            if not self.guard.checked:
+                return None
+        if self.sender is not None:
+            self.intake.deleted(self.sender.take_landed())
+            if self.sender.fatal is not None:
+                raise self.sender.fatal
+        if self.guard.due():
+            self._check_repo()
+        self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
+        self.intake.poll(self.master)
+        if not self.polled:  # the repo's backlog is read: later nodes are stragglers
+            self.roster.settle_backlog()
+        self.polled = True
+        if self.publisher.outstanding:  # a saved step the repo lacks: no round before it lands
+            if self._sent():  # its send failed or the repo lost it: publish it again
+                self.republish()
+            return None
+        if not force and not self.publisher.due():
+            return None  # the offered deltas wait for the next poll's round
+        result = self._round(force)
+        if result is None and force and self.summary_unpublished():
+            self.republish()  # e.g. an end marker: the step count says the node has ended
+        return result
+
+    def _round(self, force: bool) -> RoundResult | None:
+        """Propose a round, save it, then commit and publish it; a failed save drops the
+        proposal (its deltas stay pending for the next poll) and names the file."""
+        with self.lock:
+            result = self.master.propose(self.clock(), force=force)
+        if result is None:
+            return None
+        nodes = self.intake.summary_after(result)
+        consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
+        extra = {"nodes": nodes, "master": self.master_id}
+        try:
+            publication = self.publisher.save(result.state(), consumed, extra, result.fleet_rate)
+        except CheckpointError as exc:
+            line = self.throttle.line(
+                f"diloco master: {exc}; outer step {result.outer_step} is not taken: its "
+                f"{len(result.included)} deltas wait for the next poll"
+            )
+            if line:
+                self.logger.warn(line)
+            return None
+        with self.lock:  # the round and its node summary together, for state_dict's copy
+            self.master.commit(result)
+            self.intake.consumed(result, nodes)
+        log_round(self.logger, self.intake.counters, result, self.transport.stats())
+        self._send(publication)
+        return result
+
+    def republish(self) -> None:
+        """Publish the committed step again (saved with the current node summary): after a
+        failed send, a repo that lost it, or a summary change at the end of a run."""
+        nodes = self.intake.summary_after(None)
+        extra = {"nodes": nodes, "master": self.master_id}
+        state, rate = self.master.snapshot(), self.master.fleet_rate
+        publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
+        with self.lock:
+            self.intake.nodes, self.intake.markers = nodes, {}
+        self._send(publication)
+
+    def summary_unpublished(self) -> bool:
+        """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""
+        return self.intake.summary_after(None) != (self.publisher.landed_nodes or {})
+
+    def _check_repo(self) -> None:
+        """Look at the repo's global (before every publish, and every few polls): whatever
+        happened to it is named in one line, and the next publish restores it."""
+        expected, saved = self.publisher.last_count, self.publisher.saved_step
+        if expected is not None and self.guard.check(expected, saved, self.intake.max_bytes):
+            self.publisher.repo_lost_it = True  # restored by this poll's publish
+
+    def _send(self, publication: Publication) -> None:
+        """Publish a saved step (in the sender's thread when running), deleting every settled
+        file; if it fails, it is sent again (the sender) or the next poll publishes again."""
+        self._check_repo()  # also refuses to publish over another master's step
+        if self.sender is not None:
+            self.sender.submit(publication)
+            return
+        self.publisher.send(publication)
+        self.intake.deleted(publication.consumed)
+
+    def _sent(self) -> bool:
+        return self.sender is None or self.sender.idle()
+
+    def start_sending(self) -> None:
+        """Publish from a thread of its own from now on: polls go on during a slow publish."""
+        self.sender = PublishSender(self.publisher, self.logger, self.config.poll_interval)
+
+    def stop_sending(self, timeout: float) -> None:
+        """Let the sends waiting land (up to ``timeout``); later publishes are synchronous."""
+        sender, self.sender = self.sender, None
+        if sender is None:
+            return
+        sender.close(timeout)
+        self.intake.deleted(sender.take_landed())
+        if sender.fatal is not None:
+            self.fatal = self.fatal or sender.fatal
+
+    # ------------------------------------------------------------------ running
+
+    def run_in_background(self, stop: threading.Event) -> threading.Thread:
+        self.start_sending()
+        thread = threading.Thread(target=self._loop, args=(stop,), name="diloco-master")
+        thread.daemon = True
+        thread.start()
+        return thread
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set() and self.fatal is None:
+            self.poll_safely()
+            stop.wait(self.config.poll_interval)
+
+    def poll_safely(self, force: bool = False) -> RoundResult | None:
+        """``poll_once``, with failures logged rather than raised (I5: training goes on)."""
+        try:
+            return self.poll_once(force)
+        except Exception as exc:  # anything a transport raises: the master thread lives on
+            if getattr(exc, "permanent", False):  # no access, no repo: retrying cannot help
+                self.fatal = self.fatal or exc
+                return None
+            why = exc if isinstance(exc, (SpeedtronicError, OSError)) else repr(exc)
+            line = self.throttle.line(f"diloco master: poll failed ({why}); retrying")
+            if line:
+                self.logger.warn(line)
+            return None
+        finally:
+            for message in getattr(self.transport, "take_warnings", list)():
+                self.logger.warn(f"diloco master: {message}")
+
+
+def log_round(logger: Any, counters: dict[str, int], result: RoundResult, stats: dict) -> None:
+    """Count a committed round and log its ``diloco_round`` event (with the transport's stats)."""
+    counters["included"] += len(result.included)
+    counters["stale"] += len(result.stale)
+    logger.log(
+        "diloco_round",
+        {
+            "outer_step": result.outer_step,
+            **result.counts,  # this round's; the counters below are totals so far
+            "tokens": result.tokens,
+            "momentum": result.momentum_applied,
+            "momentum_state": result.momentum_state,
+            **{f"total_{k}": v for k, v in counters.items()},
+            **stats,
+        },
+    )
+
+
+def unchecked_line(exc: Exception, state: MasterState | None) -> str:
+    then = "publishing nothing before" if state is None else "its state stands until"
+    return f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"

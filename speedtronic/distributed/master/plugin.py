@@ -1,0 +1,256 @@
+"""The end of a master's run: wait for every node's last delta, run the final round, say what
+the final global holds, and leave it in the master's output directory (I6).
+
+A master whose own training has ended (``MasterPlugin``), or a coordinating master that reached
+``outer_steps`` or whose whole fleet has ended (``serve``), keeps coordinating until every node
+that sent a delta this run has sent its last one (``Roster``), or has been silent past the drain
+deadline. Then ``finish`` runs the final round on whatever is pending, never held back by
+publish pacing, and publishes it, retrying until it lands or ``upload_timeout_s`` has passed;
+one line says what the final global holds, and the ``final_writer`` writes it as a checkpoint.
+An interrupted master (Ctrl-C, SIGTERM) does not wait: it applies what is in, and says which
+nodes' last deltas it did not wait for (they stay in the repo for its next start).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.outer import MasterState
+from speedtronic.errors import TransportError
+
+FinalWriter = Callable[[dict, int, dict], "Path | None"]  # (weights, outer step, nodes) -> path
+
+
+def drain(
+    loop: MasterLoop,
+    should_stop: Callable[[], bool],
+    cap_s: float | None = None,
+    stragglers: bool = True,
+) -> None:
+    """Block while the background poll thread runs rounds, until no node is left to wait for
+    (``Roster.waiting_for``), ``should_stop()`` says so, or ``cap_s`` (a DDP group's limit).
+    A master whose training ended just now (``stragglers``) waits a little for nodes not seen
+    yet: one drain deadline when it has heard from no other node (it was started first and its
+    fleet is on its way), and ``Roster.join_grace_s`` after the newest node appeared."""
+    began, said = time.monotonic(), set()
+    pace = min(1.0, loop.config.poll_interval)
+    while loop.fatal is None and not should_stop():
+        waiting = loop.roster.waiting_for() if loop.polled else ["(the repo)"]
+        alone = not any(node != loop.config.node_id for node in loop.roster.nodes)
+        if stragglers and alone and time.monotonic() - began < loop.roster.deadline_s():
+            _say_once(loop, said, "alone", (
+                "diloco master: no other node has announced itself or sent a delta yet; "
+                f"waiting up to {loop.roster.deadline_s():.0f} s for one (drain_timeout_s)"
+            ))  # fmt: skip
+        elif not waiting and not (stragglers and loop.roster.join_grace_s() > 0):
+            return
+        elif not waiting:
+            _say_once(loop, said, "grace", (
+                "diloco master: every node it knows of has ended; waiting "
+                f"{loop.roster.join_grace_s():.0f} s more for nodes that may still join"
+            ))  # fmt: skip
+        else:
+            _say_once(loop, said, "waiting", (
+                f"diloco master: waiting for the last deltas of {', '.join(sorted(waiting))} "
+                f"(at most {loop.roster.longest_wait_s():.0f} s more of silence each)"
+            ))  # fmt: skip
+        if cap_s is not None and time.monotonic() - began > cap_s:
+            loop.logger.warn(f"diloco master: stopped waiting after {cap_s:.0f} s (DDP limit)")
+            return
+        time.sleep(pace)
+
+
+def _say_once(loop: MasterLoop, said: set[str], key: str, line: str) -> None:
+    if key not in said:
+        said.add(key)
+        loop.logger.notice(line)
+
+
+def finish(loop: MasterLoop, interrupted: bool = False) -> str:
+    """The final round, published (retried until it lands, for ``upload_timeout_s``); returns
+    the line saying what the final global holds. Polls run in this thread from now on."""
+    if interrupted and (waiting := loop.roster.waiting_for()):
+        loop.logger.warn(
+            f"diloco master: interrupted, so not waiting for the last deltas of "
+            f"{', '.join(sorted(waiting))}; they stay in the repo for this master's next start"
+        )
+    deadline = time.monotonic() + max(loop.config.upload_timeout_s, 1.0)
+    while True:
+        loop.poll_safely(force=True)
+        if loop.fatal is not None or not loop.guard.checked:
+            break
+        done = not loop.unpublished and not loop.master.pending
+        if (done and not loop.summary_unpublished()) or time.monotonic() > deadline:
+            break
+        time.sleep(min(1.0, loop.config.poll_interval))
+    if loop.master is None:
+        return "final global: none (the repo never answered)"
+    landed = loop.publisher.landed_nodes or {}
+    return loop.roster.final_line(loop.publisher.last_step or 0, landed)
+
+
+def serve(
+    loop: MasterLoop,
+    outer_steps: int,
+    stop: threading.Event,
+    final_writer: FinalWriter | None = None,
+) -> str | None:
+    """Coordinate only (no local training) until the run ends: ``outer_steps`` rounds or the
+    whole fleet's last deltas, then every node's last delta or the drain deadline, and
+    ``Roster.join_grace_s`` after a node joined (not one in the repo's backlog); or ``stop``
+    (a signal: the final round on what is in). Returns where the final global was written."""
+    loop.start_sending()
+    said = False
+    try:
+        while not stop.is_set():
+            loop.poll_safely()
+            if loop.fatal is not None:
+                raise loop.fatal
+            ending = loop.master is not None and (
+                loop.master.outer_step >= outer_steps or loop.roster.fleet_ended()
+            )
+            if ending and loop.polled:
+                waiting = loop.roster.waiting_for()
+                if not waiting and loop.roster.join_grace_s() == 0:  # stragglers: a little
+                    break
+                if not said:
+                    said = True
+                    what = (
+                        f"the last deltas of {', '.join(sorted(waiting))}"
+                        if waiting
+                        else f"{loop.roster.join_grace_s():.0f} s for nodes that may still join"
+                    )
+                    loop.logger.notice(
+                        f"diloco master: outer step {loop.master.outer_step}; waiting for {what}"
+                    )
+            stop.wait(loop.config.poll_interval)
+    finally:
+        loop.stop_sending(timeout=loop.config.upload_timeout_s)
+    if loop.fatal is not None:
+        raise loop.fatal
+    return _ended(loop, finish(loop, interrupted=stop.is_set()), final_writer)
+
+
+def _raise_if_unpublished(loop: MasterLoop) -> None:
+    """A step saved in state_dir but not in the repo: never exit 0 on that."""
+    if loop.unpublished:
+        raise TransportError(
+            f"diloco master: outer step {loop.master.outer_step} is saved in "
+            f"{loop.state_dir} but could not be published",
+            hint="start the master again (--resume): it publishes it first",
+        )
+
+
+def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str | None:
+    """Say what the final global holds; refuse to exit 0 on a step that never landed; write
+    the final global into the output directory."""
+    if loop.fatal is not None:
+        raise loop.fatal
+    _raise_if_unpublished(loop)
+    path = None
+    if final_writer is not None and loop.publisher.last_step is not None:
+        weights = loop.master.global_weights
+        path = final_writer(weights, loop.publisher.last_step, loop.publisher.landed_nodes or {})
+    where = f"; written to {path}" if path else ""
+    say = loop.logger.warn if "; missing: " in line else loop.logger.notice
+    say(f"diloco master: {line}{where}")
+    loop.logger.log(
+        "diloco_final",
+        {"outer_step": loop.publisher.last_step, "path": str(path) if path else None},
+    )
+    return str(path) if path else None
+
+
+class MasterPlugin:
+    """Trainer plug-in running ``MasterLoop`` beside local training; the run's end at the end."""
+
+    name = "diloco_master"
+
+    def __init__(self, loop: MasterLoop, local_worker: Any = None):
+        """``local_worker``: this node's own WorkerPlugin, whose last delta is sent first."""
+        self.loop, self.local_worker = loop, local_worker
+        self.restored: MasterState | None = None
+        self.final_writer: FinalWriter | None = None
+        self.drain_cap_s: float | None = None  # a DDP group: the other ranks wait this long
+        self.stragglers = True  # wait a little for nodes not seen yet (``drain``)
+        self.final_path: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.loop.start(self.restored)
+        self._thread = self.loop.run_in_background(self._stop)
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        if self.loop.fatal is not None:
+            raise self.loop.fatal
+
+    def on_train_end(self, trainer: Any, result: Any) -> None:
+        if self.local_worker is not None:  # its last delta belongs in the final round
+            self.local_worker.finish_sending(trainer)
+        status = getattr(result, "status", None)
+        interrupted = status == "interrupted"
+        if not interrupted:
+            stopped = lambda: getattr(trainer, "stop_signal", None) is not None  # noqa: E731
+            # a master resumed at max_steps ends with what is there: no stragglers to expect
+            stragglers = self.stragglers and status != "at_target"
+            drain(self.loop, stopped, self.drain_cap_s, stragglers)
+            interrupted = stopped()
+        self._stop.set()
+        self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))
+        if self._thread.is_alive():
+            self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
+            return
+        self.loop.stop_sending(timeout=self.loop.config.upload_timeout_s)
+        line = finish(self.loop, interrupted)
+        if self.loop.fatal is not None:
+            raise self.loop.fatal
+        if not self.loop.guard.checked:  # no round could run: the deltas were never applied
+            raise TransportError(
+                f"diloco master: {self.loop.transport.describe()} never answered, so no delta "
+                "was aggregated",
+                hint="start the master again once the repo is reachable: the deltas wait there",
+            )
+        self.final_path = _ended(self.loop, line, self.final_writer)
+        if self.local_worker is not None:
+            self.local_worker.ended_by_master(self.final_path)
+
+    def on_at_target(self, trainer: Any, result: Any) -> None:
+        """``--resume`` of a master whose training is done: its run's end, all the same."""
+        if self.local_worker is not None:
+            self.local_worker.on_train_start(trainer)
+        self.on_train_start(trainer)
+        self.on_train_end(trainer, result)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of the master state, for a node whose state_dir is lost; never the newest."""
+        if self.loop.master is None:
+            return {}
+        with self.loop.lock:  # the step and the node summary of one round
+            state = self.loop.master.snapshot()
+            weights = dict(state.global_weights)  # a round replaces them, never in place
+            nodes = dict(self.loop.intake.nodes)
+        return {
+            "outer_step": state.outer_step,
+            "weights": weights,
+            "optimizer": state.optimizer_state,
+            "processed": sorted(state.processed),
+            "nodes": nodes,
+            "fleet": state.fleet,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.restored = MasterState(
+                state["outer_step"],
+                state["weights"],
+                state["optimizer"],
+                set(state["processed"]),
+                state.get("nodes", {}),
+                state.get("fleet", {}),
+            )

@@ -1,0 +1,222 @@
+"""The master's publish: save its state, then publish the weights and ``step_count.json``.
+
+A round is committed in one place (issue 27): ``Publisher.save`` writes the round's proposed
+state to ``state_dir`` *before* the repo sees the new outer step (I3), and only a saved round is
+committed by the master; then the publish, one transport call (the weights, the step count and
+the deletes of consumed deltas: one Hub commit, or write-then-rename on a directory). Until it
+has landed (``outstanding``) no further round runs, and staleness is measured against the step
+that landed (``last_step``), so a step on its way to the repo exists for no one. A failed
+publish is sent again (``PublishSender``, or the next poll). It also spaces publishes by the
+transport's ``min_publish_interval_s`` (the Hub limits commits per repo); the final round is
+never held back. ``PublishSender`` sends saved steps from a thread of its own, so polling goes
+on meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.codec import encode_weights
+from speedtronic.distributed.master.state import MasterState
+from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.transport import Transport
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A saved outer step to publish: its weights (never changed in place: a round makes new
+    tensors), the files it deletes, extras."""
+
+    outer_step: int
+    weights: Tensors
+    consumed: list[str]
+    extra: dict[str, Any]
+    fleet_rate: int
+
+
+class Publisher:
+    """Saves and publishes outer steps; remembers when it last did and whether one failed."""
+
+    def __init__(self, transport: Transport, logger: Any, state_dir: Path, clock: Callable):
+        self.transport, self.logger, self.state_dir, self.clock = (
+            transport,
+            logger,
+            state_dir,
+            clock,
+        )
+        # the Hub limits commits per repo, so its transport asks for a pause between publishes
+        self.min_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
+        self.last_publish = -float("inf")  # on ``clock``
+        # What the repo should hold: the step and weights sha256 this master last published
+        self.last_step: int | None = None
+        self.last_sha: str | None = None
+        self.last_count: dict[str, Any] | None = None  # the whole step count: the repo's look
+        self.saved_step: int | None = None  # the newest step saved to state_dir
+        self.repo_lost_it = False  # the repo no longer holds last_step: publish it again
+        self.landed_nodes: dict[str, Any] | None = None  # step_count's ``nodes`` that landed
+        # one publish at a time: a send left running by a timed-out close and the final
+        # synchronous publish would otherwise race, and an older step could land last
+        self.sending = threading.Lock()
+
+    @property
+    def unpublished(self) -> bool:
+        """A saved step the repo does not hold: newer than the last landed, or lost since.
+        Derived, not a flag, so a send landing an older step cannot clear a newer step's."""
+        behind = self.saved_step is not None and (
+            self.last_step is None or self.last_step < self.saved_step
+        )
+        return behind or self.repo_lost_it
+
+    def due(self) -> bool:
+        """Whether a round may publish now (``min_publish_interval_s`` since the last one)."""
+        return self.clock() - self.last_publish >= self.min_interval_s
+
+    @property
+    def outstanding(self) -> bool:
+        """A saved step is on its way to the repo: rounds wait until it lands (issue 27)."""
+        return self.unpublished
+
+    def publish(
+        self, state: MasterState, consumed: list[str], extra: dict[str, Any], fleet: float
+    ) -> None:
+        """Save ``state``, then publish its weights at its outer step, deleting ``consumed``;
+        ``extra`` joins the step count. Raises when it did not land."""
+        self.send(self.save(state, consumed, extra, fleet))
+
+    def save(
+        self, state: MasterState, consumed: list[str], extra: dict[str, Any], fleet: float
+    ) -> Publication:
+        """Save ``state`` (I3: before the repo sees its step; raises CheckpointError naming
+        the file when it cannot) and return what to send; ``fleet`` is the fleet's pace."""
+        state.nodes = extra.get("nodes", {})
+        state.save(self.state_dir)
+        self.saved_step = state.outer_step
+        weights = state.global_weights
+        return Publication(state.outer_step, weights, list(consumed), extra, round(fleet))
+
+    def send(self, publication: Publication) -> bool:
+        """Publish a saved step: weights and step_count together, consumed deltas deleted.
+        False when a newer step landed meanwhile: the older one is never sent over it (I3)."""
+        with self.sending:
+            if self.last_step is not None and publication.outer_step < self.last_step:
+                return False  # superseded; the newer publish deleted what it would delete
+            self._send(publication)
+        return True
+
+    def _send(self, publication: Publication) -> None:
+        outer_step = publication.outer_step
+        data = encode_weights(publication.weights, outer_step)
+        step_count = {
+            "outer_step": outer_step,
+            "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "weights_sha256": hashlib.sha256(data).hexdigest(),
+            "format": 1,
+            # the fleet's pace: a node reapplies its deltas a global lacks at its share of it
+            "fleet_tokens_per_step": publication.fleet_rate,
+            **publication.extra,
+        }
+        start = time.perf_counter()
+        self.transport.publish(data, step_count, publication.consumed)
+        self.last_publish, self.repo_lost_it = self.clock(), False
+        self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
+        self.last_count = step_count
+        self.landed_nodes = dict(publication.extra.get("nodes") or {})
+        self.logger.log(
+            "diloco_publish",
+            {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},
+        )
+
+
+class PublishSender:
+    """Sends saved steps from a thread of its own, so a publish (seconds to minutes of upload on
+    a slow link) never holds up the master's polls. Only the newest step waiting is sent: an
+    older one it supersedes is skipped, its deletes carried over. A failed send is retried
+    after ``retry_s``; a permanent failure is kept in ``fatal`` for the poll thread to raise.
+    ``landed`` holds the deletes of sends that landed, for the poll thread to settle.
+    """
+
+    def __init__(self, publisher: Publisher, logger: Any, retry_s: float):
+        self.publisher, self.logger, self.retry_s = publisher, logger, retry_s
+        self.waiting: Publication | None = None
+        self.landed: list[str] = []
+        self.fatal: Exception | None = None
+        self.busy = False
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.throttle = Throttle()
+        self.thread = threading.Thread(target=self._run, name="diloco-publish", daemon=True)
+        self.thread.start()
+
+    def submit(self, publication: Publication) -> None:
+        """Send ``publication`` next, in place of (and with the deletes of) one waiting."""
+        with self.lock:
+            if self.waiting is not None:
+                consumed = dict.fromkeys([*self.waiting.consumed, *publication.consumed])
+                publication = replace(publication, consumed=list(consumed))
+            self.waiting = publication
+        self.wake.set()
+
+    def idle(self) -> bool:
+        with self.lock:
+            return self.waiting is None and not self.busy
+
+    def take_landed(self) -> list[str]:
+        with self.lock:
+            landed, self.landed = self.landed, []
+        return landed
+
+    def close(self, timeout: float) -> None:
+        """Let the sends waiting finish (up to ``timeout``), then stop the thread."""
+        deadline = time.monotonic() + timeout
+        while not self.idle() and self.fatal is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.stop.set()
+        self.wake.set()
+        self.thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.wake.wait()
+            self.wake.clear()
+            with self.lock:
+                publication, self.waiting = self.waiting, None
+                self.busy = publication is not None
+            if publication is None or self._send(publication):
+                continue
+            self.stop.wait(self.retry_s)
+            with self.lock:  # back in line, under a newer step if one came meanwhile
+                self.waiting = publication if self.waiting is None else self.waiting
+                if self.waiting is not publication:
+                    merged = dict.fromkeys([*publication.consumed, *self.waiting.consumed])
+                    self.waiting = replace(self.waiting, consumed=list(merged))
+                self.busy = False  # only now: close() must not see it idle while it retries
+            self.wake.set()
+
+    def _send(self, publication: Publication) -> bool:
+        """Whether it is done with: landed or superseded (``busy`` cleared), or failed."""
+        try:
+            landed = self.publisher.send(publication)
+        except Exception as exc:  # anything: the thread lives on and retries (I5)
+            if getattr(exc, "permanent", False):
+                self.fatal = self.fatal or exc
+                self.stop.set()
+            elif line := self.throttle.line(f"diloco master: publish failed ({exc}); retrying"):
+                self.logger.warn(line)
+            return False
+        with self.lock:
+            self.busy = False
+            if landed:
+                self.landed += publication.consumed
+        return True

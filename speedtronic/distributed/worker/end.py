@@ -1,0 +1,169 @@
+"""The end of a node's run: its last delta says so, a bounded wait for a global holding it, and
+that global written into the node's output directory, with one line saying what it holds (I6).
+
+``RunEnd.run_end`` (the worker plug-in's ``on_train_end``) runs the last boundary with ``final``
+set, or, when the run ended on a boundary whose delta went out unmarked, sends an end marker (0
+steps); it waits up to ``upload_timeout_s`` for the uploads, then up to the drain deadline
+(``distributed.drain_timeout_s``; by default sized from the node's inner loop and the master's
+cadence) for a published global whose ``step_count.json`` names this node's last delta. Then it
+writes the newest global it has into ``<output_dir>/final_global`` (``final_global``) and says
+whether that global holds the node's last delta, or what it lacks and where that work waits.
+``at_target`` does the same for ``--resume`` of a node whose training is done: what its
+checkpoint holds unsent is sent, and said so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from speedtronic.distributed.worker.fetch import GlobalFetcher, Ready
+
+WAIT_FLOOR_S, WAIT_CAP_S = 60.0, 3600.0  # the default wait for a global holding the last delta
+END_POLL_S = 5.0  # at most this long between looks at the repo while waiting (Hub budgets)
+
+
+class RunEnd:
+    """The end of one worker plug-in's run (``plugin``: its ``WorkerPlugin``)."""
+
+    def __init__(self, plugin: Any):
+        self.plugin = plugin
+        self.final_writer: Callable[..., Any] | None = None  # (weights, step, facts) -> path
+        self.wait_cap_s: float | None = None  # a DDP group: the other ranks wait this long
+        self.done = False
+        self.final_path: str | None = None
+
+    @staticmethod
+    def at_max_steps(trainer: Any) -> bool:
+        """Whether this boundary is the run's last: the trainer stops at this step."""
+        max_steps = getattr(getattr(trainer, "options", None), "max_steps", None)
+        return max_steps is not None and trainer.step >= max_steps
+
+    def finish_sending(self, trainer: Any) -> bool:
+        """The last boundary for the steps since the previous one (or an end marker), then the
+        uploads, for ``upload_timeout_s``; whether everything went out."""
+        p = self.plugin
+        p.status.raise_if_fatal()
+        if trainer.step > p.boundary_step:
+            p.boundary(trainer, final=True)
+        zeros = lambda: {k: torch.zeros(v.shape) for k, v in p.params.items()}  # noqa: E731
+        p.uploader.end_run(zeros, max(p.base_outer_step, 0), trainer.step)
+        if not p.background:
+            return p.uploader.send_pending()
+        return p.uploader.drain(p.config.upload_timeout_s, waiting=self._free_records)
+
+    def _free_records(self) -> None:
+        """While the last uploads wait for room: a global the poller fetched frees records."""
+        ready = self.plugin.fetcher.ready
+        if ready is not None:
+            self.plugin.uploader.included(ready.own_seq)
+
+    def run_end(self, trainer: Any, result: Any) -> None:
+        p = self.plugin
+        p.status.raise_if_fatal()
+        if self.done or p.status.stop.is_set():
+            return  # already ended, e.g. by the master plug-in of the same node
+        sent = self.finish_sending(trainer)
+        began = time.monotonic()
+        ready, holds = self._wait_for_global(sent)
+        self.done = True
+        p.status.stop.set()
+        p.uploader.wake.set()
+        p.status.raise_if_fatal()
+        self._say(ready, holds, sent, time.monotonic() - began)
+
+    def at_target(self, trainer: Any, result: Any) -> None:
+        """``--resume`` at max_steps: the run's end all the same, what is unsent sent first."""
+        if self.done:
+            return
+        p = self.plugin
+        p.on_train_start(trainer)
+        if p.uploader.unsent():
+            p.logger.notice(
+                f"diloco: training is done (step {trainer.step}); sending the deltas this "
+                "node's checkpoint holds unsent"
+            )
+        self.run_end(trainer, result)
+
+    def ended_by_master(self, path: str | None) -> None:
+        """The node's master ran the final round and wrote the final global."""
+        self.done, self.final_path = True, path
+        self.plugin.status.stop.set()
+        self.plugin.uploader.wake.set()
+
+    # ------------------------------------------------------------------ the wait
+
+    def wait_s(self) -> float:
+        """``distributed.drain_timeout_s``, or: two polls, the master's publish pacing and two
+        inner loops, plus 30 s, within [WAIT_FLOOR_S, WAIT_CAP_S]; a DDP group's cap on top."""
+        p = self.plugin
+        chosen = getattr(p.config, "drain_timeout_s", None)
+        if chosen is None:
+            loop = p.config.inner_steps * (p.step_time_s or 0.0)
+            pacing = getattr(p.transport, "min_publish_interval_s", 0.0)  # 0 on a directory
+            chosen = 2 * p.config.poll_interval + pacing + 2 * loop + 30.0
+            chosen = min(WAIT_CAP_S, max(WAIT_FLOOR_S, chosen))
+        return chosen if self.wait_cap_s is None else min(chosen, self.wait_cap_s)
+
+    def _wait_for_global(self, sent: bool) -> tuple[Ready | None, bool]:
+        """The newest global, and whether it holds this node's last delta; waits (bounded) for
+        one that does when the last delta went out. A fresh fetcher: the installed global counts
+        too (the node's weights are not the global's)."""
+        p = self.plugin
+        last, fetcher = (
+            p.uploader.final_seq,
+            GlobalFetcher(p.config, p.transport, p.logger, p.status, p.params),
+        )
+        deadline = time.monotonic() + self.wait_s()
+        while True:
+            fetcher.refresh()
+            ready = fetcher.ready
+            holds = ready is not None and last is not None and ready.own_seq >= last
+            if holds or not sent or last is None or not p.background:
+                return ready, holds
+            if p.status.fatal is not None or time.monotonic() >= deadline:
+                return ready, False
+            time.sleep(min(p.config.poll_interval, END_POLL_S))
+
+    def _say(self, ready: Ready | None, holds: bool, sent: bool, waited: float) -> None:
+        p, last = self.plugin, self.plugin.uploader.final_seq
+        where = p.transport.describe()
+        if ready is None:
+            p.logger.warn(f"diloco: no global weights in {where} at the end; nothing written")
+            self._event(None, last, False)
+            return
+        facts = {"own_seq": ready.own_seq, "last_seq": last, "holds_last_delta": holds}
+        if self.final_writer is not None:
+            self.final_path = str(self.final_writer(ready.weights, ready.outer_step, facts))
+        written = f"; written to {self.final_path}" if self.final_path else ""
+        glob = f"the global at outer step {ready.outer_step}"
+        if holds:
+            p.logger.notice(f"diloco: {glob} holds this node's last delta (seq {last}){written}")
+        elif not sent:
+            p.logger.warn(
+                f"diloco: deltas still unsent at the end ({where} did not take them): they are "
+                f"in this node's checkpoint, --resume sends them; {glob} holds this node's "
+                f"deltas to seq {ready.own_seq}{written}"
+            )
+        else:
+            p.logger.warn(
+                f"diloco: no global holds this node's last delta (seq {last}) after {waited:.0f}"
+                f" s; {glob} holds its deltas to seq {ready.own_seq}{written}; the rest waits "
+                "in the repo for the master"
+            )
+        self._event(ready, last, holds)
+
+    def _event(self, ready: Ready | None, last: int | None, holds: bool) -> None:
+        self.plugin.logger.log(
+            "diloco_final",
+            {
+                "outer_step": ready.outer_step if ready is not None else None,
+                "own_seq": ready.own_seq if ready is not None else None,
+                "last_seq": last,
+                "holds_last_delta": holds,
+                "path": self.final_path,
+            },
+        )
