@@ -14,7 +14,7 @@ Each file is rendered from the code itself, never written by hand:
     python scripts/generate_references.py           # rewrite what changed
     python scripts/generate_references.py --check   # exit 1 naming each stale file
 
-tests/test_references.py runs the same rendering, so a stale file fails the suite.
+tests/house/test_references.py runs the same rendering, so a stale file fails the suite.
 """
 
 from __future__ import annotations

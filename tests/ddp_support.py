@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
-from test_resume import StopAt
+from checkpoint.test_resume import StopAt
 
 
 def free_port() -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diloco.test_nodes import FakeTrainer, model
 from diloco_support import Log, settings
-from test_diloco_nodes import FakeTrainer, model
 
 from speedtronic.distributed.final_global import FinalGlobalWriter
 from speedtronic.distributed.master.loop import MasterLoop

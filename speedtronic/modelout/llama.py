@@ -1,6 +1,6 @@
 """The reference transformer as transformers' ``LlamaForCausalLM``: the exact mapping, its limits.
 
-Measured (issue 29, tests/test_export.py holds it): RoPE pairs (i, i + D/2) as Llama's
+Measured (issue 29, tests/modelout/test_export.py holds it): RoPE pairs (i, i + D/2) as Llama's
 ``rotate_half`` does, so q/k need no permutation; SwiGLU gate/up/down, GQA grouping, the
 1/sqrt(head_dim) scale, the final RMSNorm and the tied head all match, with no biases. Weights
 copied by name give equal logits. What a config must state explicitly, because transformers'

@@ -18,7 +18,7 @@ from speedtronic.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
 WARN_FRACTION = 0.8
 
 # What each operation costs without failures, as (Hub API calls, storage requests), measured
-# against the Hub emulator answering as the Hub does (tests/test_hub_lfs.py holds them to it).
+# against the Hub emulator answering as the Hub does (tests/hub/test_lfs.py holds them to it).
 # Every delta and global is a *.safetensors file, so it takes the Git LFS path.
 REQUESTS = {
     "idle_poll": (1, 0),  # head; a listing only when the head moved (+1 call)

@@ -3,7 +3,7 @@
 Stores bill per request and per byte out, and a gateway may rate-limit both, so ``validate``
 shows this for an ``s3://`` repo, and docs/storage.md and the fleet benchmark use the same
 arithmetic. The request counts per operation are the transport's, as its tests pin them down
-(tests/test_s3_transport.py): an idle worker poll is one GET of ``step_count.json`` (304 with no
+(tests/s3/test_transport.py): an idle worker poll is one GET of ``step_count.json`` (304 with no
 body while it is unchanged), an idle master poll one LIST; a delta is one PUT by its worker and
 one GET by the master; a publish is a PUT of the weights, a PUT of the pointer and one
 DeleteObjects; each worker fetches a new global with a GET of the pointer and one of the
