@@ -1,4 +1,4 @@
-"""The simulator behind ``diloco_convergence.py``: real DumbDiLoCo nodes, simulated time, latency.
+"""The simulator behind ``convergence.py``: real DumbDiLoCo nodes, simulated time, latency.
 
 Everything that decides what the model learns is the product's code: one ``MasterLoop`` over a
 ``LocalTransport`` on a temporary directory, and per worker a real Trainer (``build_runtime``)
@@ -13,7 +13,7 @@ same seconds for the same link):
 
 * **upload** f L: a delta is visible to the master f L after its upload starts. A node uploads
   one delta at a time, like the real ``Uploader``: deltas of boundaries that pass while it is
-  busy wait in the outbox and fold into one (``worker_upload.fold``).
+  busy wait in the outbox and fold into one (``worker/upload.fold``).
 * **publish** f L: a round's weights and ``step_count.json`` become visible together (atomic)
   f L after the master's poll ran the round; the master is busy meanwhile, as its poll thread
   is inside ``transport.publish``, and polls again f L after it returns.
@@ -514,7 +514,7 @@ class Scale:
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm, parsed from its name (``diloco_convergence`` docstring)."""
+    """One arm, parsed from its name (``convergence.py``'s docstring)."""
 
     name: str
     fleet: str  # "single" | "equal" | "uneven"

@@ -1,7 +1,7 @@
 """Time to quality: the wall-clock to a frozen target eval loss, candidates over tuned AdamW.
 
 The speedrun at this machine's scale (issue 30). Data: the Python standard library's sources as
-bytes (``examples/train_text.write_stdlib_corpus``, the corpus ``diloco_convergence.py`` uses),
+bytes (``examples/train_text.write_stdlib_corpus``, the corpus ``diloco/convergence.py`` uses),
 its last 5% held out; every evaluation reads the same 65,536 held-out tokens. Two sizes of the
 reference decoder: ``small`` (the pilot's 0.43M shape) and ``large`` (4.5M, ~10x). 32 x 128
 tokens a step, fp32, cosine schedule with 20 warmup steps, grad clip 1.

@@ -39,7 +39,7 @@ BATCH = 32  # sequences per step: 32 x 128 = 4,096 tokens, the pilot's batch (is
 # held-out batches of 32 x 128, the same ones every time: 65,536 tokens (large: 32,768, whose
 # evaluation would otherwise cost as much as its training at this cadence)
 EVAL_BATCHES = {"small": 16, "large": 8, "quick": 2}
-EVAL_FRACTION = 0.05  # the corpus tail held out (as diloco_convergence.py)
+EVAL_FRACTION = 0.05  # the corpus tail held out (as diloco/convergence.py)
 WARMUP = 20
 CADENCE = {"small": (25, 5), "large": (50, 10), "quick": (4, 2)}  # (coarse, fine) eval steps
 SIZES = {  # the pilot's 0.43M shape, and one about 10x larger

@@ -82,16 +82,16 @@ class Uploader:
         self.final_seq: int | None = None  # the seq of the run's last delta, once it is sent
         self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
         self.replayed_to = 0  # a resumed node's steps its previous process already sent
-        self.hello = Announcement(self)  # that this node's run has begun (worker_resume)
+        self.hello = Announcement(self)  # that this node's run has begun (worker/resume.py)
 
     def number_past_used(self, max_bytes: int = 1 << 40) -> None:
-        """New names start past every one this node used (``worker_resume``); after a resume,
+        """New names start past every one this node used (``worker/resume.py``); after a resume,
         what the process it resumes sent after the checkpoint is not sent again (I1)."""
         number_past_used(self, max_bytes)
         self.in_flight.tidy()
 
     def replayed(self, pending: Pending) -> bool:
-        """A boundary its previous process sent already (``worker_resume.replayed``)."""
+        """A boundary its previous process sent already (``worker/resume.replayed``)."""
         return replayed(pending, self.replayed_to, self.logger)
 
     def queue(self, pending: Pending) -> None:
