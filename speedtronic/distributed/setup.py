@@ -3,7 +3,7 @@
 ``coordinator_plugins`` returns the Trainer plug-ins for a node (the master's loop first, so
 its initial global exists before the local worker looks for one; then the worker), and
 ``coordinate_only`` runs a master that does not train (``train_locally: false``) until the
-run ends (``master_end.serve``) or a signal. Every node gets a ``FinalGlobalWriter`` for its
+run ends (``master/plugin.serve``) or a signal. Every node gets a ``FinalGlobalWriter`` for its
 output directory and a spill directory there for its in-flight deltas. Nothing here is read
 from the shared repo: the run's configuration comes only from the local config (the repo is
 data, never config).

@@ -7,8 +7,8 @@ the round committed and published with ``step_count.json``, deleting the consume
 round whose save fails never happened; while a saved step has not landed no other round runs,
 and staleness is counted from the step that landed (issue 27). At start it resumes the newest of
 its state, a checkpoint's copy and the repo. It runs in a background thread during training
-(``master_end.MasterPlugin``) or alone (``master_end.serve``, ``train_locally: false``); the end
-of a run (``master_end``) waits for every node's last delta and runs the final round.
+(``master/plugin.MasterPlugin``) or alone (``master/plugin.serve``, ``train_locally: false``);
+the end of a run (``master/plugin``) waits for every node's last delta and runs the final round.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def master_config(config: Any) -> MasterConfig:
 class MasterLoop:
     """Polls, aggregates and publishes; one thread calls ``poll_once`` at a time.
 
-    The intake (``master_intake``) fetches and validates deltas, the pure ``outer.Master``
-    runs rounds, the publisher (``master_publish``) saves and publishes them.
+    The intake (``master/intake``) fetches and validates deltas, the pure ``outer.Master``
+    runs rounds, the publisher (``master/publish``) saves and publishes them.
     """
 
     def __init__(

@@ -27,7 +27,7 @@ measured; DiLoCo's 0.7 / 0.9 was worse asynchronously (docs/benchmarks.md).
 I1: identity = ``node_id/seq/sha256(bytes)`` (restarted workers reuse names); every settled one
 (applied, stale, bad) is kept, across save/load too, and a repeat is a "duplicate". At ~100
 bytes each, memory and save size grow with deltas ever seen (10k ~ 1 MB); an idle poll costs
-nothing here. I3: see ``master_state``.
+nothing here. I3: see ``master/state``.
 """
 
 from __future__ import annotations

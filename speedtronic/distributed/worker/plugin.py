@@ -10,7 +10,7 @@ discarded). The training thread never touches the network (I5): a failed or hung
 its delta in the outbox, where the next boundary's delta is added to it (cumulative, never
 lost); the poller just keeps the last good global. The plug-in's state (base weights, the
 outbox, counters) goes into the run's checkpoints, so ``--resume`` continues exactly. The end
-of its run (``worker_end``): its last delta says so, it waits (bounded) for a global holding
+of its run (``worker/end``): its last delta says so, it waits (bounded) for a global holding
 it, and writes that global into its output directory.
 """
 
@@ -65,7 +65,7 @@ class WorkerPlugin:
     ):
         """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
         and ``fetcher.refresh`` itself (simulations with a virtual clock, e.g. the convergence
-        benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker_inflight``;
+        benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker/inflight``;
         None: a temporary directory)."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
@@ -129,7 +129,7 @@ class WorkerPlugin:
             self.install_eagerly(trainer)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
-        """The end of this node's run (``worker_end``): its last delta, marked so, sent
+        """The end of this node's run (``worker/end``): its last delta, marked so, sent
         (bounded); a bounded wait for a global holding it; that global in the output dir."""
         self.end.run_end(trainer, result)
 

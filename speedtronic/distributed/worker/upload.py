@@ -5,7 +5,7 @@ upload that did not land goes back into the outbox, where later deltas are added
 (``fold``: cumulative, never lost, I2); one that may have landed (its answer lost) is kept as
 ``exact`` and only ever resent byte for byte, under the same name, so the master counts it once
 (I1). Sequence numbers start past every one the node used. Every sent delta is kept, exactly,
-until a global includes it (``worker_inflight``); past its disk budget later inner loops wait
+until a global includes it (``worker/inflight``); past its disk budget later inner loops wait
 in the outbox. The last delta of a run says so (``final``; an end marker of 0 steps when the run
 ended with everything sent). The outbox is part of the node's checkpoint (``state_dict``), so
 ``--resume`` resends exactly what was unsent, and never an inner loop that the process it
