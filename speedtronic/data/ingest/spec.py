@@ -184,7 +184,7 @@ def local_inputs(source: str, avoid: tuple[str, ...] = ()) -> list[InputFile]:
         found = sorted(glob.glob(source, recursive=True))
         files = [Path(p) for p in found if os.path.isfile(p) and not _under(p, avoid)]
         if not files:
-            raise DataError(f"{source}: no file matches this glob (the output's own excluded)")
+            raise DataError(f"{source}: no file matches this glob")
         return [_local(p, file_format(p.name) or "text") for p in files]
     if path.is_dir():
         below = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p.name))
