@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import resource
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ingest_support import documents, expected_tokens, write_jsonl
+from ingest_support import documents, expected_tokens, train_bpe, write_jsonl
 from proc_support import quiet_env
 from typer.testing import CliRunner
 
@@ -235,3 +236,25 @@ def test_a_damaged_gz_fixed_after_a_commit_is_read_again_from_its_start(tmp_path
     doc = read_manifest(tmp_path / "out", "out")
     ids = [np.fromfile(tmp_path / "out" / s["file"], np.uint16) for s in doc["parts"]["train"]]
     assert np.concatenate(ids).tolist() == expected_tokens(docs, None, 3)
+
+
+def test_a_long_document_is_encoded_in_pieces_that_give_the_wholes_ids(tmp_path, monkeypatch):
+    """tokenizers holds ~150 bytes a token while it encodes (16 MB: 2.35 GB): long documents go
+    in pieces, cut where the byte-level pre-tokenizer splits anyway, "\\n\\n" and tabs included."""
+    from tokenizers import Tokenizer
+
+    from speedtronic.data.ingest import encode
+
+    bpe = train_bpe(tmp_path / "tokenizer.json", vocab_size=400, corpus_bytes=200_000)
+    rng = random.Random(1)
+    words = "the cat sat on a mat, while two dogs ran past the old red barn. It's 42!".split()
+    gaps = [" ", " ", " ", "\n", "\n\n", "  ", " \n", "\t"]
+    text = "".join(rng.choice(words) + rng.choice(gaps) for _ in range(20_000))
+    whole = Tokenizer.from_file(str(bpe)).encode(text, add_special_tokens=False).ids
+    monkeypatch.setattr(encode, "PIECE_CHARS", 2000)
+    assert len(encode.pieces(text, 2000)) > 20
+    encoder = encode.Encoder(str(bpe), encode.Separator((0,), (), ("s",), "r"), 0.0, "uint16")
+    assert encoder._pieces
+    got = encoder.documents([text, "a short one"])
+    assert got.train[1 : 1 + len(whole)].tolist() == whole
+    assert got.lengths.tolist()[0] == len(whole) + 1
