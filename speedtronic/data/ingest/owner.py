@@ -91,8 +91,8 @@ def check_input(name: str, real: str, out: Path, own: tuple[str, ...] | None = N
         if inside(real, mine) or inside(mine, real):
             how = "is" if real == mine else "holds" if inside(mine, real) else "lies inside"
             raise DataError(
-                f"{name}: a source that {how} the output {out} would be overwritten by its own "
-                "tokens; name an OUT outside the sources"
+                f"{name}: this source {how} the output {out} (its tokens would be written over "
+                "it or read back as text); name an OUT outside the sources"
             )
 
 
