@@ -193,3 +193,47 @@ def test_an_out_that_names_no_new_entry_is_one_line(tmp_path, out):
     result = tokenize(str(source), out)
     assert result.exit_code == 2
     assert f"OUT {out!r}: name a new folder" in one_error(result)
+
+
+def test_the_same_command_twice_at_once_ends_whole(tmp_path):
+    """The issue's run: one of two identical commands died in FileNotFoundError
+    progress.json.tmp. Now each either writes OUT, finds it done, or is refused by the lock."""
+    docs = documents(400)
+    source = write_jsonl(tmp_path / "a.jsonl", docs)
+    command = [sys.executable, "-m", "speedtronic", "data", "tokenize", str(source),
+               str(tmp_path / "out"), "--workers", "1", "--shard-tokens", "500"]  # fmt: skip
+    env = quiet_env({"SPEEDTRONIC_TOKENIZE_COMMIT_S": "0"})
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        for _ in range(2)
+    ]
+    results = [(wait(p), p.stderr.read().decode()) for p in procs]
+    for code, err in results:
+        assert code == 0 or (code == 2 and "another data tokenize is writing it" in err), err
+    assert any(code == 0 for code, _ in results)
+    again = tokenize(str(source), str(tmp_path / "out"), "--shard-tokens", "500")
+    assert again.exit_code == 0 and "already complete" in again.stdout
+    from speedtronic.data.manifest import read_manifest
+
+    assert read_manifest(tmp_path / "out", "out")["counts"]["documents"] == 400
+
+
+def test_an_unfinished_run_of_an_older_version_is_adopted_and_a_stray_file_refuses(tmp_path):
+    source = write_jsonl(tmp_path / "a.jsonl", documents(30))
+    request = Request((str(source),), shard_tokens=50)
+    seen = []
+
+    def stop(_):
+        seen.append(1)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_corpus(request, tmp_path / "out", workers=1, on_progress=stop)
+    partial = tmp_path / "out.partial"
+    (partial / owner.MARKER).unlink()  # as a tokenize before the marker left it
+    (partial / "notes.txt").write_text("mine")
+    refused = tokenize(str(source), str(tmp_path / "out"))
+    assert refused.exit_code == 2 and "not made by speedtronic data tokenize" in refused.stderr
+    (partial / "notes.txt").unlink()
+    adopted = tokenize(str(source), str(tmp_path / "out"), "--shard-tokens", "50")
+    assert adopted.exit_code == 0, adopted.stderr
