@@ -1,6 +1,8 @@
 """``tokenize_corpus``: sources in, a token-shard folder (or one flat token file) out, resumably.
 
-The one tokenize pipeline (``speedtronic data tokenize``). It resolves the request into a plan
+The one tokenize pipeline (``speedtronic data tokenize``). It takes OUT's lock and checks that
+OUT is its own to write (``owner``: no source at or under it, a marked staging folder), then
+resolves the request into a plan
 (``plan``), or takes the plan of an unfinished run from ``OUT.partial/progress.json``; then it
 walks the inputs in order: Hub files are downloaded a few ahead (``hub_source.Downloads``),
 each file is cut into units (``formats``), the units go through one process per core with the
