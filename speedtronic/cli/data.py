@@ -22,6 +22,7 @@ from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_op
 data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
 PLAIN_EVERY_S = 10.0
 SHARD_TOKENS = 100_000_000  # = speedtronic.data.ingest.plan.SHARD_TOKENS (not imported: numpy)
+MAX_DOCUMENT_BYTES = 64 << 20  # = speedtronic.data.ingest.formats.MAX_DOCUMENT_BYTES
 
 
 def tokenize(
@@ -68,6 +69,12 @@ def tokenize(
     shard_tokens: int = typer.Option(
         SHARD_TOKENS, "--shard-tokens", help="Tokens per shard file of a folder output (about)."
     ),
+    max_document_bytes: int = typer.Option(
+        MAX_DOCUMENT_BYTES,
+        "--max-document-bytes",
+        help="Refuse a JSON Lines line or Parquet value longer than this many bytes (naming "
+        "its file and place), so memory stays bounded whatever the input. Default 64 MiB.",
+    ),
     separator: str | None = typer.Option(
         None,
         "--separator",
@@ -96,7 +103,7 @@ def tokenize(
 
     request = Request(
         tuple(sources), tokenizer or "byte", column, val_fraction, max_tokens, dtype,
-        shard_tokens, separator, flat=out.endswith(".bin"),
+        shard_tokens, separator, flat=out.endswith(".bin"), max_document_bytes=max_document_bytes,
     )  # fmt: skip
     started = time.monotonic()
     with _Progress() as progress:

@@ -4,6 +4,7 @@
 job each: ``spec`` (SOURCE arguments -> input files), ``hub_source`` (Hub datasets and files
 through ``speedtronic.hub``), ``formats`` (one reader per format, cut into units), ``arrow`` (the
 only pyarrow importer), ``encode`` (separator, held-out rule, token ids), ``work`` and ``pool``
-(worker processes, order kept), ``writer`` (shards and the journal), ``plan`` (what a tokenize
-will do, checked again on resume). No torch anywhere here: workers start fast.
+(worker processes, order kept), ``writer`` (shards and the journal), ``owner`` (what a tokenize
+owns at OUT, and its lock), ``plan`` (what a tokenize will do, checked again on resume). No torch
+anywhere here: workers start fast.
 """

@@ -59,9 +59,7 @@ class ParquetText:
                 f"{name}: no column {column!r} (its columns: {there}); pass --column NAME"
             )
         kind = schema.field(column).type
-        textual = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
-        textual += (pa.types.is_large_binary, getattr(pa.types, "is_string_view", lambda t: False))
-        if not any(test(kind) for test in textual):
+        if not _textual(pa, kind):
             raise DataError(f"{name}: column {column!r} holds {kind}, not text; pass --column NAME")
         meta = self._file.metadata
         self.row_groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
@@ -78,19 +76,49 @@ class ParquetText:
         group = self.row_groups[index]
         return sum(group.column(i).total_compressed_size for i in range(group.num_columns))
 
-    def batches(self, index: int) -> Iterator[list]:
-        """Row group ``index``'s column values, ``BATCH_ROWS`` at a time (str, bytes or None)."""
+    def batches(self, index: int, limit: int | None = None) -> Iterator[list]:
+        """Row group ``index``'s column values, ``BATCH_ROWS`` at a time (str, bytes or None);
+        a value longer than ``limit`` bytes is refused, naming its row."""
         pa = _pyarrow()
+        row = sum(self.rows(g) for g in range(index))
         try:
             reader = self._file.iter_batches(
                 batch_size=BATCH_ROWS, row_groups=[index], columns=[self.column]
             )
             for batch in reader:
-                yield batch.column(0).to_pylist()
+                values = batch.column(0)
+                if pa.types.is_dictionary(values.type):  # text stored once per distinct value
+                    values = values.dictionary_decode()
+                self._check_lengths(pa, values, row, limit)
+                row += len(values)
+                yield values.to_pylist()
         except (pa.ArrowException, OSError) as exc:
             raise DataError(
                 f"{self.name}: row group {index} cannot be read (damaged?): {_line(exc)}"
             ) from None
+
+    def _check_lengths(self, pa: Any, values: Any, row: int, limit: int | None) -> None:
+        if limit is None or not len(values):
+            return
+        import pyarrow.compute as pc
+
+        lengths = pc.binary_length(values)
+        top = pc.max(lengths).as_py()
+        if top is not None and top > limit:
+            where = row + pc.index(lengths, top).as_py()
+            raise DataError(
+                f"{self.name}: row {where} of column {self.column!r} is {top:,} bytes, longer "
+                f"than {limit:,} (--max-document-bytes); split that document, or raise the limit"
+            )
+
+
+def _textual(pa: Any, kind: Any) -> bool:
+    """A string or binary type, or a dictionary of them (Arrow's categorical text)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    tests = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+    tests += (pa.types.is_large_binary, getattr(pa.types, "is_string_view", lambda t: False))
+    return any(test(kind) for test in tests)
 
 
 def zstd_stream(path: str, name: str) -> tuple[BinaryIO, Any]:

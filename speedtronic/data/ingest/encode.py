@@ -20,13 +20,19 @@ tokenizer, and exact duplicates never straddle the split. A text file is one doc
 by its first segment.
 
 ``Encoder`` runs in the workers (no torch): ``tokenizers``' batch encoding on one thread per
-process (the pipeline runs one process per core), ids assembled with NumPy.
+process (the pipeline runs one process per core), ids assembled with NumPy. A document longer
+than ``PIECE_CHARS`` is encoded piece by piece, cut only between a non-space character, a single
+newline and an ASCII non-space character, where GPT-2's and Llama 3's pre-tokenizers split
+anyway (so the ids equal the whole's): ``tokenizers`` keeps ~150 bytes a token while it encodes
+(a 16 MB document peaked at 2.35 GB whole), and the limit of ``--max-document-bytes`` is only a
+bound on memory if a long document costs a few times its size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import asdict, dataclass
 from itertools import chain
 from typing import Any
@@ -38,6 +44,39 @@ from speedtronic.errors import DataError
 BYTE_SEPARATOR = 0x03
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|eot|>")
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+PIECE_CHARS = 1 << 20  # a longer document is encoded in pieces of about this many characters
+# Where byte-level regex pre-tokenizers (GPT-2's, Llama 3's) split anyway: "x\n|a" (never in
+# "\n\n", which becomes one pre-token at a piece's end) and "x| y" (the space goes with "y")
+_CUT = re.compile(r"(?<=\S\n)(?=[!-~])|(?<=[A-Za-z])(?= [A-Za-z])")
+_CUT_SCAN = 1 << 18  # how far past a nominal cut to look for a safe one
+
+
+def pieces(text: str, size: int) -> list[str]:
+    """``text`` cut into pieces of about ``size`` characters at safe points. With none within
+    ``_CUT_SCAN`` of a nominal cut (a run of a quarter million characters without a space or
+    line break) the cut is made there anyway, as ``segments`` does for a text file: the one
+    place a merge could differ from the whole's, and the price of bounded memory."""
+    cuts = [0]
+    while cuts[-1] + size < len(text):
+        nominal = cuts[-1] + size
+        found = _CUT.search(text, nominal, nominal + _CUT_SCAN)
+        cuts.append(found.start() if found else min(nominal + _CUT_SCAN, len(text)))
+        if cuts[-1] >= len(text):
+            cuts.pop()
+            break
+    return [text[a:b] for a, b in _spans(cuts, text)]
+
+
+def splits_like_bytelevel(impl: Any) -> bool:
+    """Whether pieces cut at ``_CUT`` encode as the whole: a byte-level pre-tokenizer without
+    a prefix space (that would go before every piece) and no normalizer beyond NFC/NFKC."""
+    pre, norm = repr(impl.pre_tokenizer), impl.normalizer
+    plain = norm is None or type(norm).__name__ in ("NFC", "NFKC")
+    return "ByteLevel(" in pre and "add_prefix_space=True" not in pre and plain
+
+
+def _spans(cuts: list[int], text: str) -> list[tuple[int, int]]:
+    return list(zip(cuts, [*cuts[1:], len(text)], strict=True))
 
 
 @dataclass(frozen=True)
@@ -145,6 +184,7 @@ class Encoder:
             self._impl.no_padding()
             # the same ids without offsets (tokenizers >= 0.21), else the plain batch call
             self._encode_batch = getattr(self._impl, "encode_batch_fast", self._impl.encode_batch)
+        self._pieces = self._impl is not None and splits_like_bytelevel(self._impl)
 
     def documents(self, docs: list[str], skipped: int = 0) -> Encoded:
         flags = np.array([held_out(d, self.val_fraction) for d in docs], dtype=bool)
@@ -179,11 +219,22 @@ class Encoder:
         top = max((int(a.max()) for a in (train, val) if a.size), default=-1)
         return Encoded(train, val, lengths, flags, *documents, skipped, top)
 
-    def _ids(self, docs: list[str]) -> list[list[int]]:
+    def _ids(self, docs: list[str]) -> list:
+        """Each document's ids: a list, or for a long document an int64 array of its pieces'."""
         try:
-            return [e.ids for e in self._encode_batch(docs, add_special_tokens=False)]
+            if not self._pieces or all(len(d) <= PIECE_CHARS for d in docs):
+                return [e.ids for e in self._encode_batch(docs, add_special_tokens=False)]
+            return [self._long(d) if len(d) > PIECE_CHARS else self._ids([d])[0] for d in docs]
         except (UnicodeEncodeError, TypeError, ValueError) as exc:  # a lone surrogate escape
             raise DataError(f"a document cannot be tokenized: {exc}") from None
+
+    def _long(self, text: str) -> np.ndarray:
+        encode = self._encode_batch
+        parts = [  # each piece's ids to an array at once: a Python int costs 36 bytes
+            np.asarray(encode([p], add_special_tokens=False)[0].ids, np.int64)
+            for p in pieces(text, PIECE_CHARS)
+        ]
+        return np.concatenate(parts)
 
     def _join(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """``before + ids + after`` of every document, concatenated; and each one's length."""
@@ -198,8 +249,15 @@ class Encoder:
         ids = self._ids(docs)
         extra = len(sep.before) + len(sep.after)
         lengths = np.fromiter((len(i) + extra for i in ids), np.int64, len(ids))
-        pieces = chain.from_iterable((sep.before, one, sep.after) for one in ids)
-        flat = np.fromiter(chain.from_iterable(pieces), np.int64, int(lengths.sum()))
+        if any(isinstance(one, np.ndarray) for one in ids):  # a long document: no Python ints
+            bounds = (np.asarray(sep.before, np.int64), np.asarray(sep.after, np.int64))
+            parts = [(bounds[0], np.asarray(one, np.int64), bounds[1]) for one in ids]
+            return self._cast(np.concatenate(list(chain.from_iterable(parts)))), lengths
+        flat = np.fromiter(
+            chain.from_iterable(chain.from_iterable((sep.before, one, sep.after) for one in ids)),
+            np.int64,
+            int(lengths.sum()),
+        )
         return self._cast(flat), lengths
 
     def _cast(self, tokens: np.ndarray) -> np.ndarray:

@@ -13,9 +13,15 @@ bytes:
 - **Parquet**: one unit per row group, read by the worker (``arrow.ParquetText``).
 
 Bad input is one ``DataError`` line naming the file: invalid UTF-8 with its byte offset (of the
-decompressed text for ``.gz`` / ``.zst``), a line that is not JSON or not an object, a missing
-field (listing the fields there), a missing or non-text column. Blank lines and null values are
-skipped and counted, not errors.
+decompressed text for ``.gz`` / ``.zst``), a line that is not JSON or not an object (nested too
+deep for the parser included), a lone surrogate escape (``\\ud800``: no UTF-8 for it), a
+missing field (listing the fields there), a missing or non-text column. Blank lines and null
+values are skipped and counted, not errors.
+
+Memory is bounded whatever the input: a JSON Lines line (or a Parquet value) longer than
+``limit`` bytes (``--max-document-bytes``) is refused, naming the file and where; the end of a
+line is looked for ``limit`` bytes at most, in the main process (``line_bounds``, the stream
+cut) and in the workers, so a newline-free gzip member is never decompressed whole.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from speedtronic.data.segments import segment_bounds
 from speedtronic.errors import DataError
 
 UNIT_BYTES = 4 << 20  # bytes of JSON Lines per unit: big enough to amortise, small to keep order
+MAX_DOCUMENT_BYTES = 64 << 20  # the default --max-document-bytes
+_SCAN = 1 << 20  # bytes read at a time looking for the end of a line
 ICONV = "convert it first (e.g. iconv -f latin1 -t utf-8)"
 
 
@@ -50,7 +58,9 @@ class Unit:
     first: bool = False
 
 
-def units(fmt: str, path: str, name: str, file: int, column: str) -> Iterator[Unit]:
+def units(
+    fmt: str, path: str, name: str, file: int, column: str, limit: int = MAX_DOCUMENT_BYTES
+) -> Iterator[Unit]:
     """The units of one local file, in order (checks a Parquet file's column at once)."""
     if fmt == "parquet":
         from speedtronic.data.ingest.arrow import ParquetText
@@ -60,30 +70,56 @@ def units(fmt: str, path: str, name: str, file: int, column: str) -> Iterator[Un
             yield Unit(file, g, g, g + 1, table.stored_bytes(g))
         return
     if fmt in ("jsonl.gz", "jsonl.zst"):
-        yield from _stream_units(fmt, path, name, file)
+        yield from _stream_units(fmt, path, name, file, limit)
         return
-    bounds = segment_bounds(Path(path)) if fmt == "text" else line_bounds(path, UNIT_BYTES)
+    if fmt == "text":
+        bounds = segment_bounds(Path(path))
+    else:
+        bounds = line_bounds(path, UNIT_BYTES, limit, name)
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         yield Unit(file, i, start, end, end - start, first=fmt == "text" and i == 0)
 
 
-def line_bounds(path: str, unit_bytes: int) -> list[int]:
-    """Offsets cutting ``path`` into ranges of about ``unit_bytes``, each after a newline."""
+def line_bounds(
+    path: str, unit_bytes: int, limit: int = MAX_DOCUMENT_BYTES, name: str = ""
+) -> list[int]:
+    """Offsets cutting ``path`` into ranges of about ``unit_bytes``, each after a newline; a
+    line found longer than ``limit`` is refused (its end is looked for that far, no further)."""
     size = os.path.getsize(path)
     bounds = [0]
     with open(path, "rb") as f:
         while bounds[-1] + unit_bytes < size:
-            f.seek(bounds[-1] + unit_bytes)
-            f.readline()  # to the end of the line the nominal cut falls in
-            if f.tell() >= size:
+            cut = _line_end(f, bounds[-1] + unit_bytes, limit, name or path)
+            if cut >= size:
                 break
-            bounds.append(f.tell())
+            bounds.append(cut)
     if size:
         bounds.append(size)
     return bounds
 
 
-def _stream_units(fmt: str, path: str, name: str, file: int) -> Iterator[Unit]:
+def _line_end(f, start: int, limit: int, name: str) -> int:
+    """The offset just past the first newline at or after ``start`` (EOF if none)."""
+    f.seek(start)
+    seen = 0
+    while block := f.read(min(_SCAN, limit + 1 - seen)):
+        found = block.find(b"\n")
+        if found >= 0:
+            return start + seen + found + 1
+        seen += len(block)
+        if seen > limit:
+            raise too_long(name, f"the line holding byte {start:,}", limit)
+    return start + seen
+
+
+def too_long(name: str, where: str, limit: int) -> DataError:
+    return DataError(
+        f"{name}: {where} is longer than {limit:,} bytes (--max-document-bytes); split that "
+        "document, or raise the limit if this machine has the memory for it"
+    )
+
+
+def _stream_units(fmt: str, path: str, name: str, file: int, limit: int) -> Iterator[Unit]:
     if fmt == "jsonl.gz":
         raw = open(path, "rb")  # noqa: SIM115 - closed below, after the stream on it
         stream, errors = gzip.GzipFile(fileobj=raw), (OSError, EOFError, zlib.error)
@@ -98,7 +134,7 @@ def _stream_units(fmt: str, path: str, name: str, file: int) -> Iterator[Unit]:
             try:
                 chunk = stream.read(UNIT_BYTES)
                 if chunk and not chunk.endswith(b"\n"):
-                    chunk += stream.readline()  # whole lines only
+                    chunk += _rest_of_line(stream, chunk, offset, limit, name)  # whole lines
             except errors as exc:
                 kind = "gzip" if fmt == "jsonl.gz" else "zstd"
                 raise DataError(
@@ -113,14 +149,26 @@ def _stream_units(fmt: str, path: str, name: str, file: int) -> Iterator[Unit]:
         raw.close()
 
 
+def _rest_of_line(stream, chunk: bytes, offset: int, limit: int, name: str) -> bytes:
+    """The rest of ``chunk``'s last line, read ``limit`` bytes at most (a newline-free member
+    is not decompressed whole); a longer line is refused."""
+    begins = chunk.rfind(b"\n") + 1
+    room = limit + 1 - (len(chunk) - begins)
+    rest = stream.readline(room) if room > 0 else b""
+    if room <= 0 or (len(rest) == room and not rest.endswith(b"\n")):
+        where = f"the line at byte {offset + begins:,} of its decompressed text"
+        raise too_long(name, where, limit)
+    return rest
+
+
 # ---- worker side ---------------------------------------------------------------------------
 
 
 class Reader:
     """Reads units into documents in a worker; keeps the last Parquet file open."""
 
-    def __init__(self, column: str):
-        self.column = column
+    def __init__(self, column: str, limit: int = MAX_DOCUMENT_BYTES):
+        self.column, self.limit = column, limit
         self._parquet: tuple[str, object] | None = None
 
     def text(self, unit: Unit, path: str, name: str) -> str:
@@ -135,7 +183,7 @@ class Reader:
         if data is None:
             data = read_range(path, unit.start, unit.end, name)
         where = " of its decompressed text" if unit.payload is not None else ""
-        return json_lines(data, unit.start, self.column, name, where)
+        return json_lines(data, unit.start, self.column, name, where, self.limit)
 
     def _rows(self, unit: Unit, path: str, name: str) -> tuple[list[str], int]:
         from speedtronic.data.ingest.arrow import ParquetText
@@ -145,7 +193,7 @@ class Reader:
         table = self._parquet[1]
         row = sum(table.rows(g) for g in range(unit.start))
         docs, skipped = [], 0
-        for batch in table.batches(unit.start):
+        for batch in table.batches(unit.start, self.limit):
             for value in batch:
                 if isinstance(value, bytes):
                     value = _row_text(value, row, self.column, name)
@@ -187,7 +235,12 @@ def _row_text(value: bytes, row: int, column: str, name: str) -> str:
 
 
 def json_lines(
-    data: bytes, offset: int, column: str, name: str, where: str = ""
+    data: bytes,
+    offset: int,
+    column: str,
+    name: str,
+    where: str = "",
+    limit: int = MAX_DOCUMENT_BYTES,
 ) -> tuple[list[str], int]:
     """The ``column`` field of each JSON object line in ``data`` (which starts at ``offset``)."""
     docs, skipped, pos = [], 0, offset
@@ -199,22 +252,51 @@ def json_lines(
         if not line.strip():
             skipped += 1
             continue
-        try:
-            obj = json.loads(line)
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"{name}: not valid UTF-8 at byte {here + exc.start}{where}; {ICONV}"
-            ) from None
-        except ValueError as exc:
-            raise DataError(
-                f"{name}: the line at byte {here}{where} is not JSON ({_json_reason(exc)})"
-            ) from None
-        docs_or_skip = _field(obj, column, name, f"the line at byte {here}{where}")
-        if docs_or_skip is None:
+        if len(line) > limit:
+            raise too_long(name, f"the line at byte {here:,}{where}", limit)
+        value = _field(
+            _json(line, here, name, where), column, name, f"the line at byte {here}{where}"
+        )
+        if value is None:
             skipped += 1
         else:
-            docs.append(docs_or_skip)
+            docs.append(_no_surrogate(value, line, f"{name}: the line at byte {here}{where}"))
     return docs, skipped
+
+
+def _json(line: bytes, here: int, name: str, where: str) -> object:
+    try:
+        return json.loads(line)
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{name}: not valid UTF-8 at byte {here + exc.start}{where}; {ICONV}"
+        ) from None
+    except RecursionError:  # json's C parser recurses once per level: 100,000 '[' are too deep
+        raise DataError(
+            f"{name}: the line at byte {here}{where} is not JSON a parser can read (nested "
+            "too deep); a document is a JSON object with a text field"
+        ) from None
+    except ValueError as exc:
+        raise DataError(
+            f"{name}: the line at byte {here}{where} is not JSON ({_json_reason(exc)})"
+        ) from None
+
+
+def _no_surrogate(value: str, line: bytes, where: str) -> str:
+    """``value``, if it is text UTF-8 can hold: a ``\\ud800`` escape without its pair decodes to
+    a lone surrogate, which no tokenizer can encode. Only a line with such an escape is checked
+    (the raw bytes are valid UTF-8, so a surrogate can come from an escape alone)."""
+    if b"\\ud" not in line and b"\\uD" not in line:
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = f"\\u{ord(value[exc.start]):04x}"
+        raise DataError(
+            f"{where} holds the escape {bad}, half of a surrogate pair with no other half; "
+            "JSON text must encode whole characters (fix or drop that line)"
+        ) from None
+    return value
 
 
 def _field(obj: object, column: str, name: str, where: str) -> str | None:

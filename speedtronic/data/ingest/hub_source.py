@@ -23,7 +23,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from speedtronic.data.ingest.spec import InputFile, file_format, matches, parse_hub
+from speedtronic.data.ingest.spec import InputFile, check_repo, file_format, matches, parse_hub
 from speedtronic.errors import DataError
 
 AHEAD = 2  # files downloaded beyond the one being tokenized
@@ -132,7 +132,7 @@ def hub_file(source: str, dest: Path) -> dict:
     if len(parts) < 3 or parts[0] == "datasets":
         raise DataError(f"{source}: a Hub file is hf://OWNER/MODEL[@REVISION]/PATH")
     name, _, revision = parts[1].partition("@")
-    repo, path = f"{parts[0]}/{name}", _repo_path(source, parts[2:])
+    repo, path = check_repo(source, f"{parts[0]}/{name}"), _repo_path(source, parts[2:])
     client = _client(repo, "model")
     sha = client.resolve(revision or "main")
     listed = [f for f in client.list_files(sha, path.rpartition("/")[0]) if f.path == path]
@@ -151,7 +151,7 @@ def cached_hub_file(source: str, base: str | Path | None = None) -> Path:
     if len(parts) < 3 or parts[0] == "datasets":
         raise DataError(f"{source}: a Hub file is hf://OWNER/MODEL[@REVISION]/PATH")
     name, _, revision = parts[1].partition("@")
-    repo, path = f"{parts[0]}/{name}", _repo_path(source, parts[2:])
+    repo, path = check_repo(source, f"{parts[0]}/{name}"), _repo_path(source, parts[2:])
     sha = _client(repo, "model").resolve(revision or "main")
     root = Path(base or user_cache_dir("speedtronic"), "hub", "models", repo.replace("/", "--"))
     dest = root / sha / path

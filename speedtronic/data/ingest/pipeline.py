@@ -1,6 +1,8 @@
 """``tokenize_corpus``: sources in, a token-shard folder (or one flat token file) out, resumably.
 
-The one tokenize pipeline (``speedtronic data tokenize``). It resolves the request into a plan
+The one tokenize pipeline (``speedtronic data tokenize``). It takes OUT's lock and checks that
+OUT is its own to write (``owner``: no source at or under it, a marked staging folder), then
+resolves the request into a plan
 (``plan``), or takes the plan of an unfinished run from ``OUT.partial/progress.json``; then it
 walks the inputs in order: Hub files are downloaded a few ahead (``hub_source.Downloads``),
 each file is cut into units (``formats``), the units go through one process per core with the
@@ -30,13 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from speedtronic.data import manifest as manifests
-from speedtronic.data.ingest import formats
+from speedtronic.data.ingest import formats, owner, spec
 from speedtronic.data.ingest import plan as plans
 from speedtronic.data.ingest.encode import Encoded, held_out
 from speedtronic.data.ingest.pool import make_pool, ordered
+from speedtronic.data.ingest.spec import InputFile
 from speedtronic.data.ingest.work import Setup, Task
 from speedtronic.data.ingest.writer import JOURNAL, ShardWriter, write_json
-from speedtronic.errors import DataError, TrainingError
+from speedtronic.errors import DataError, OutputError, TrainingError
 
 # At most this much work is read again after a kill (the environment variable: for tests)
 COMMIT_S = float(os.environ.get("SPEEDTRONIC_TOKENIZE_COMMIT_S", "2.0"))
@@ -59,17 +62,27 @@ def tokenize_corpus(
 ) -> dict:
     """Run (or finish) one tokenize; the report (counts, shards, where) as a dict."""
     plans.check_request(request)
-    out = Path(out)
-    partial = out.with_name(out.name + ".partial")
-    done = _already_done(out, request)
-    if done is not None:
-        return done
-    partial.mkdir(parents=True, exist_ok=True)
-    try:
-        return _tokenize(request, out, partial, workers, cache_dir, on_progress, on_notice)
-    except BaseException:
-        _drop_if_empty(partial)
-        raise
+    workers = check_workers(workers)
+    out = owner.check_out(out)
+    owner.check_sources(request.sources, out)
+    with owner.OutLock(out):
+        done = owner.already_done(out, request.record())
+        if done is not None:
+            return done
+        partial = owner.open_staging(out)
+        try:
+            return _tokenize(request, out, partial, workers, cache_dir, on_progress, on_notice)
+        except BaseException:
+            _drop_if_empty(partial)
+            raise
+
+
+def check_workers(workers: int | None) -> int:
+    """``--workers`` in 1 .. 4 x the cores here (more processes than that only wait)."""
+    top = 4 * (os.cpu_count() or 1)
+    if workers is not None and not 1 <= workers <= top:
+        raise DataError(f"--workers: must be between 1 and {top} (got {workers})")
+    return workers or default_workers()
 
 
 def _drop_if_empty(partial: Path) -> None:
@@ -78,7 +91,7 @@ def _drop_if_empty(partial: Path) -> None:
     downloads = partial / "downloads"
     started = journal is not None and journal.get("next") != [0, 0]
     if not started and not (downloads.is_dir() and any(downloads.rglob("*"))):
-        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)  # marked ours by owner.open_staging
 
 
 def _tokenize(request, out, partial, workers, cache_dir, on_progress, on_notice) -> dict:
@@ -86,40 +99,37 @@ def _tokenize(request, out, partial, workers, cache_dir, on_progress, on_notice)
     if journal is not None and journal.get("next") == [0, 0]:
         journal = None  # nothing was written yet: start over, whatever it was started with
     if journal is not None:
+        journal = _rewound(journal)
         next_file, next_unit = journal["next"]
         unread = next_file + (1 if next_unit else 0)
         plan = plans.resumed(journal["plan"], request, partial, unread)
         _check_tokenizer_copy(partial, plan)
     else:
         _clear(partial)
-        plan = plans.resolve(request, partial)
-    run = _Run(plan, partial, out, journal, workers or default_workers(), cache_dir)
+        plan = plans.resolve(request, partial, owner.avoid(out))
+        for file in plan.inputs:
+            if not file.on_hub:
+                owner.check_input(file.name, os.path.realpath(file.path), out)
+    run = _Run(plan, partial, out, journal, workers, cache_dir)
     run.on_progress, run.on_notice = on_progress or (lambda _: None), on_notice or (lambda _: None)
     return run.execute()
 
 
-def _already_done(out: Path, request: plans.Request) -> dict | None:
-    """The report of a finished identical run at ``out``; None to go on; else an error. A flat
-    file is replaced as ``cp`` would (a device or FIFO never: the rename would replace it)."""
-    if not out.exists():
-        return None
-    if not out.is_file() and not out.is_dir():  # a FIFO, a device: never renamed over
-        raise DataError(f"{out} exists and is not a regular file or a folder; name a new one")
-    if request.flat:
-        if out.is_file() and not out.is_symlink():
-            return None
-        raise DataError(f"{out} exists and is not a regular file; name a new file")
-    if out.is_file():
-        raise DataError(
-            f"{out} is a file; a folder output needs a new name (or end OUT in .bin for one flat "
-            "token file)"
-        )
-    if out.is_dir() and (out / manifests.MANIFEST).is_file():
-        doc = manifests.read_manifest(out, "OUT")
-        if doc.get("plan", {}).get("request") == request.record():
-            report = {**doc["counts"], "out": str(out), "already_done": True}
-            return {**report, "shards": doc["parts"], "hub_calls": 0, "hub_storage_requests": 0}
-    raise DataError(f"{out} exists; remove it or name another output")
+def _rewound(journal: dict) -> dict:
+    """The journal, or, when the file it stopped inside changed since (a damaged file fixed, as
+    docs/data.md says to do), the journal as it was when that file began: it is read again."""
+    index, unit = journal["next"]
+    start = journal.get("file_start")
+    if not unit or start is None or index >= len(journal["plan"]["inputs"]):
+        return journal
+    before = InputFile.from_record(journal["plan"]["inputs"][index])
+    try:
+        now = None if before.on_hub else spec.local_inputs(before.path)[0]
+    except DataError:
+        return journal  # gone: plans.resumed names it
+    if now is None or not spec.changed(before, now):
+        return journal
+    return {**journal, **start, "next": [index, 0], "current": _fresh_file()}
 
 
 def _read_journal(partial: Path) -> dict | None:
@@ -137,9 +147,11 @@ def _read_journal(partial: Path) -> dict | None:
 
 
 def _clear(partial: Path) -> None:
-    """A .partial folder without a journal holds nothing committed: start it empty."""
+    """A .partial folder without a journal holds nothing committed: start it empty (but for
+    the marker that says it is ours)."""
     for child in partial.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if child.name != owner.MARKER:
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def _check_tokenizer_copy(partial: Path, plan: plans.Plan) -> None:
@@ -161,6 +173,7 @@ class _Run:
         self.current: dict = state.get("current") or _fresh_file()
         self.max_id, self.capped = state.get("max_id", -1), state.get("capped", False)
         self.skipped = state.get("skipped", 0)
+        self.file_start: dict | None = state.get("file_start")
         self.writer = ShardWriter(partial, plan.dtype, plan.request.shard_tokens, plan.request.flat)
         self.writer.resume(state.get("parts"))
         self.total_bytes = sum(f.size for f in plan.inputs)
@@ -179,7 +192,7 @@ class _Run:
         request = self.plan.request
         separator = self.plan.separator.record()
         setup = Setup(self._tokenizer_file(), separator, request.val_fraction, self.plan.dtype,
-                      request.column)  # fmt: skip
+                      request.column, request.max_document_bytes)  # fmt: skip
         pool = make_pool(setup, self.workers)
         finished = False
         try:
@@ -196,6 +209,8 @@ class _Run:
                 "committed is kept: run the same command again to continue (--workers 1 runs "
                 "in this process)"
             ) from None
+        except OutputError:
+            raise  # a write failed: the last commit is the consistent state, kept as it is
         except BaseException:
             self._commit()  # what was written is kept: a rerun continues from here
             raise
@@ -224,8 +239,9 @@ class _Run:
             self._digests[index] = digest
             val = file.format == "text" and self._text_held_out(path)
             skip = self.next_unit if index == self.next_file else 0
+            request = self.plan.request
             for unit in formats.units(
-                file.format, path, file.name, index, self.plan.request.column
+                file.format, path, file.name, index, request.column, request.max_document_bytes
             ):
                 if unit.index >= skip:
                     yield Task(unit, file.format, path, file.name, val)
@@ -302,7 +318,11 @@ class _Run:
 
     def _commit(self) -> None:
         parts = self.writer.sync()
+        if self.next_unit == 0:  # where the next file begins: a fixed file is read from here
+            kept = {n: {**v, "closed": list(v["closed"])} for n, v in parts.items()}  # no alias
+            self.file_start = {"parts": kept, "max_id": self.max_id, "skipped": self.skipped}
         state = {
+            "file_start": self.file_start,
             "plan": self.plan.record(),
             "next": [self.next_file, self.next_unit],
             "parts": parts,
@@ -348,11 +368,13 @@ class _Run:
         doc = manifests.build(self.plan.record(), parts, self.files, self._counts(counts))
         if self.plan.request.flat:
             os.replace(self.partial / parts["train"][0]["file"], self.out)
+            owner.record_flat(self.out, doc)  # the same command again: "already done"
             shutil.rmtree(self.partial)
         else:
             write_json(self.partial / manifests.MANIFEST, doc)  # last: it says "complete"
             (self.partial / JOURNAL).unlink()
             os.replace(self.partial, self.out)
+            (self.out / owner.MARKER).unlink(missing_ok=True)  # OUT is the manifest's now
         from speedtronic.data.ingest.hub_source import requests_made
 
         report = {**doc["counts"], "out": str(self.out), "already_done": False}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from speedtronic.data.ingest import spec
 from speedtronic.data.ingest.encode import Separator, choose_separator
+from speedtronic.data.ingest.formats import MAX_DOCUMENT_BYTES
 from speedtronic.data.ingest.spec import InputFile
 from speedtronic.errors import DataError
 
@@ -38,9 +39,14 @@ class Request:
     shard_tokens: int = SHARD_TOKENS
     separator: str | None = None
     flat: bool = False
+    max_document_bytes: int = MAX_DOCUMENT_BYTES
 
     def record(self) -> dict:
-        return {**asdict(self), "sources": list(self.sources), "format_version": FORMAT_VERSION}
+        """What the journal and manifest keep: what shapes the bytes written (the document
+        limit only decides whether a run is refused, so a resume may raise it)."""
+        doc = {**asdict(self), "sources": list(self.sources), "format_version": FORMAT_VERSION}
+        del doc["max_document_bytes"]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,8 @@ def check_request(request: Request) -> None:
         raise DataError(f"--val-fraction: must be in [0, 1) (got {request.val_fraction})")
     if request.max_tokens is not None and request.max_tokens < 1:
         raise DataError(f"--max-tokens: must be >= 1 (got {request.max_tokens})")
+    if request.max_document_bytes < 1:
+        raise DataError(f"--max-document-bytes: must be >= 1 (got {request.max_document_bytes})")
     if request.shard_tokens < 1:
         raise DataError(f"--shard-tokens: must be >= 1 (got {request.shard_tokens})")
     if request.dtype not in ("auto", "uint16", "uint32"):
@@ -91,8 +99,9 @@ def check_request(request: Request) -> None:
         )
 
 
-def resolve(request: Request, folder: Path) -> Plan:
-    """Resolve ``request`` into a plan; the tokenizer file lands in ``folder``."""
+def resolve(request: Request, folder: Path, avoid: tuple[str, ...] = ()) -> Plan:
+    """Resolve ``request`` into a plan; the tokenizer file lands in ``folder``; globs skip what
+    lies under the real paths ``avoid`` (the output's own)."""
     inputs: list[InputFile] = []
     for source in request.sources:
         if spec.is_hub(source):
@@ -100,7 +109,7 @@ def resolve(request: Request, folder: Path) -> Plan:
 
             inputs += hub_inputs(source)
         else:
-            inputs += spec.local_inputs(source)
+            inputs += spec.local_inputs(source, avoid)
     tokenizer, impl = _tokenizer(request.tokenizer, folder)
     separator = choose_separator(impl, request.separator, request.tokenizer)
     dtype = request.dtype
@@ -127,7 +136,12 @@ def _tokenizer(setting: str, folder: Path) -> tuple[dict, object]:
         path = Path(setting)
         if not path.is_file():
             raise DataError(f"--tokenizer: file not found: {setting} (or use 'byte')")
-        shutil.copyfile(path, dest)
+        try:
+            shutil.copyfile(path, dest)
+        except OSError as exc:
+            from speedtronic.data.ingest.writer import cannot_write
+
+            raise cannot_write(dest, exc) from None
         origin = {
             "source": str(path),
             "sha256": sha256_file(dest),

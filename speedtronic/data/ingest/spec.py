@@ -115,6 +115,11 @@ def is_hub(source: str) -> bool:
     return source.startswith("hf://")
 
 
+def is_glob(source: str) -> bool:
+    """A local SOURCE read as a glob: glob characters, and no file of that very name."""
+    return bool(_GLOB_CHARS.search(source)) and not Path(source).exists()
+
+
 def parse_hub(source: str) -> HubSpec:
     """A dataset source's repo, revision (default ``main``; ``%2F`` for a slash) and pattern."""
     if not source.startswith(HF_DATASETS):
@@ -129,7 +134,19 @@ def parse_hub(source: str) -> HubSpec:
     pattern = "/".join(p for p in parts[2:] if p)
     if {".", ".."} & set(pattern.split("/")):
         raise DataError(f"{source}: '.' and '..' are not repo paths")
-    return HubSpec(f"{parts[0]}/{name}", unquote(revision) or "main", pattern)
+    return HubSpec(check_repo(source, f"{parts[0]}/{name}"), unquote(revision) or "main", pattern)
+
+
+def check_repo(source: str, repo: str) -> str:
+    """``repo`` if the Hub could hold it (its naming rule), else one line naming both."""
+    from speedtronic.hub.names import is_hub_repo_id
+
+    if not is_hub_repo_id(repo):
+        raise DataError(
+            f"{source}: {repo!r} is not a Hub repo id: OWNER and NAME are 1-96 letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit, without '..' or '--'"
+        )
+    return repo
 
 
 def matches(pattern: str, path: str) -> bool:
@@ -159,12 +176,13 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile(out)
 
 
-def local_inputs(source: str) -> list[InputFile]:
-    """The files a local SOURCE names, in order; a one-line DataError when it names none."""
+def local_inputs(source: str, avoid: tuple[str, ...] = ()) -> list[InputFile]:
+    """The files a local SOURCE names, in order; a one-line DataError when it names none. A
+    glob's matches leave out what lies at or under the real paths ``avoid`` (the output's)."""
     path = Path(source)
-    if _GLOB_CHARS.search(source) and not path.exists():
+    if is_glob(source):
         found = sorted(glob.glob(source, recursive=True))
-        files = [Path(p) for p in found if os.path.isfile(p)]
+        files = [Path(p) for p in found if os.path.isfile(p) and not _under(p, avoid)]
         if not files:
             raise DataError(f"{source}: no file matches this glob")
         return [_local(p, file_format(p.name) or "text") for p in files]
@@ -179,6 +197,11 @@ def local_inputs(source: str) -> list[InputFile]:
     if not path.is_file():
         raise DataError(f"{source}: not a regular file or a directory")
     return [_local(path, file_format(path.name) or "text")]
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
 def _local(path: Path, fmt: str) -> InputFile:

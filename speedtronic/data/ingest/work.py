@@ -37,6 +37,7 @@ class Setup:
     val_fraction: float
     dtype: str
     column: str
+    max_document_bytes: int
 
 
 _STATE: dict = {}
@@ -50,7 +51,7 @@ def init(setup: Setup, parent: int | None = None) -> None:
         _exit_with_parent(parent)
     separator = Separator.from_record(setup.separator)
     _STATE["encoder"] = Encoder(setup.tokenizer_file, separator, setup.val_fraction, setup.dtype)
-    _STATE["reader"] = Reader(setup.column)
+    _STATE["reader"] = Reader(setup.column, setup.max_document_bytes)
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -8,6 +8,9 @@ sha256) and the length of each open one, and the counts so far. A commit fsyncs 
 then replaces the journal atomically (write, fsync, rename, fsync the folder): whatever was
 written after the last commit is cut off on resume (``ShardWriter.resume``), and the units after
 it are read again, so the result is byte-identical to a run never killed.
+
+A write that fails (a full disk, a quota, a file-size limit) is an ``OutputError`` naming the
+file (exit 1); the journal is left at its last commit, so a rerun after freeing space continues.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speedtronic.errors import DataError
+from speedtronic.errors import DataError, OutputError
 
 JOURNAL = "progress.json"
 PARTS = ("train", "val")
@@ -30,15 +33,26 @@ def shard_name(part: str, index: int) -> str:
     return f"{part}_{index:05d}.bin"
 
 
+def cannot_write(path: Path, exc: OSError) -> OutputError:
+    """The one line for a failed write: the file, the reason, what to do."""
+    return OutputError(
+        f"{path}: cannot write ({exc.strerror or exc}); what was committed is kept: free space "
+        "(or fix the folder) and run the same command again to continue"
+    )
+
+
 def write_json(path: Path, doc: dict) -> None:
     """``doc`` to ``path`` atomically and durably (a reader sees the old or the new file)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
     fsync_dir(path.parent)
 
 
@@ -65,6 +79,7 @@ class Part:
     documents: int = 0
     _file: object = None
     _hash: object = None
+    _path: Path | None = None
 
     @property
     def tokens(self) -> int:
@@ -112,6 +127,7 @@ class ShardWriter:
         keep = part.open_tokens * self.dtype.itemsize
         if keep and (not path.is_file() or path.stat().st_size < keep):
             raise DataError(f"{path}: shorter than its journal says; remove {self.root} and rerun")
+        part._path = path
         f = open(path, "r+b" if keep else "wb")  # noqa: SIM115 - held open across units
         f.truncate(keep)
         part._hash = hashlib.sha256()
@@ -125,7 +141,10 @@ class ShardWriter:
             return
         part = self.parts[name]
         data = tokens.astype(self.dtype, copy=False).tobytes()
-        part._file.write(data)
+        try:
+            part._file.write(data)
+        except OSError as exc:
+            raise cannot_write(part._path, exc) from None
         part._hash.update(data)
         part.open_tokens += tokens.size
         part.documents += documents
@@ -138,10 +157,8 @@ class ShardWriter:
                 self._open(part)
 
     def _close(self, part: Part) -> None:
-        f = part._file
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
+        self._flush(part)
+        part._file.close()
         part.closed.append(
             {
                 "file": shard_name(part.name, len(part.closed)),
@@ -154,9 +171,15 @@ class ShardWriter:
     def sync(self) -> dict:
         """Make the open shards durable; the state a journal records for them."""
         for part in self.parts.values():
+            self._flush(part)
+        return {name: part.state() for name, part in self.parts.items()}
+
+    def _flush(self, part: Part) -> None:
+        try:
             part._file.flush()
             os.fsync(part._file.fileno())
-        return {name: part.state() for name, part in self.parts.items()}
+        except OSError as exc:
+            raise cannot_write(part._path, exc) from None
 
     def finish(self) -> dict[str, list[dict]]:
         """Close every open shard that holds tokens (and drop empty ones); the shards per part."""
