@@ -16,6 +16,7 @@ source, ``data.tokenizer`` loaded; for synthetic data, None. Stdlib only (no tor
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,17 @@ def tokenizer_of(folder: str | Path, doc: dict) -> Any:
     name = record.get("file", "tokenizer.json")
     if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
         raise DataError(f"{Path(folder) / MANIFEST} names a bad tokenizer file {name!r}")
-    return HFTokenizer(Path(folder) / name)
+    path = Path(folder) / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise DataError(  # what a checkpoint records and generate decodes with: never a swap
+            f"{path} is not the tokenizer {Path(folder) / MANIFEST} records (sha256): restore "
+            "it or tokenize again"
+        )
+    return HFTokenizer(path, data)
 
 
 def data_tokenizer(config: Any) -> Any:
