@@ -1,4 +1,4 @@
-"""A token folder's manifest held to its word: every shard's size and sha256, the tokenizer's sha256.
+"""A token folder held to its manifest's word: each shard's size and sha256, the tokenizer's.
 
 ``verify_folder`` runs before a run's first step (the loader opens a folder through it), in
 ``validate`` and wherever a folder's tokenizer is read. A shard zero-filled at its size, a shard
@@ -59,7 +59,7 @@ class Verdict:
         return {
             "verified": True,
             "files": self.files,
-            "bytes": self.bytes,
+            "verified_bytes": self.bytes,
             "hashed_bytes": self.hashed_bytes,
             "cache": self.cache,
         }

@@ -107,6 +107,23 @@ def shards(folder: str | Path, doc: dict, part: str, key: str) -> list[tuple[Pat
     return out
 
 
+def summary(doc: dict) -> dict:
+    """What a checked manifest holds, for people: tokens, shards, bytes, dtype, tokenizer."""
+    records = [r for part in doc["parts"].values() for r in part or []]
+    tokens = sum(r["tokens"] for r in records)
+    tokenizer = doc.get("tokenizer") if isinstance(doc.get("tokenizer"), dict) else {}
+    return {
+        "tokens": tokens,
+        "shards": len(records),
+        "parts": {
+            name: sum(r["tokens"] for r in part or []) for name, part in doc["parts"].items()
+        },
+        "dtype": doc["dtype"],
+        "bytes": tokens * ITEMSIZE[doc["dtype"]],
+        "tokenizer": {k: tokenizer.get(k) for k in ("kind", "source", "vocab_size", "sha256")},
+    }
+
+
 def tokenizer_of(folder: str | Path, doc: dict) -> Any:
     """The manifest's tokenizer as an object (``ByteTokenizer`` or ``HFTokenizer``)."""
     from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer

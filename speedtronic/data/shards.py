@@ -10,8 +10,8 @@ Every id is checked once against the model's vocabulary at start, as for a flat 
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
 without one is an unfinished tokenize), every file it lists verified against its sha256
-(``data.integrity``: cached, so a second start hashes nothing), its dtype agreeing with ``data.token_dtype`` and its
-tokenizer's vocabulary fitting ``model.vocab_size``.
+(``data.integrity``: cached, so a second start hashes nothing), its dtype agreeing with
+``data.token_dtype`` and its tokenizer's vocabulary fitting ``model.vocab_size``.
 """
 
 from __future__ import annotations
