@@ -300,6 +300,12 @@ def _write_torch(path: Path, obj: dict, pool: ThreadPoolExecutor) -> tuple[int, 
         try:
             with _without_zip_crc32():
                 torch.save(obj, sink)
+        except RuntimeError:
+            if sink.error is None:
+                raise
+            # torch's zip writer swallows the OS's error and then fails on its own position
+            # check ("[enforce fail at inline_container.cc] unexpected pos"): say what happened
+            raise sink.error from None
         finally:
             hasher.close()
     return sink.size, hasher.future
@@ -331,15 +337,23 @@ class _Sink:
 
     def __init__(self, f, hasher: _TailHasher):
         self._f, self._hasher, self.size = f, hasher, 0
+        self.error: OSError | None = None  # the first write that failed (a full disk)
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         total = len(view)
         while view:  # raw writes may be partial
-            view = view[self._f.write(view) :]
+            view = view[self._write(view) :]
         self.size += total
         self._hasher.advance(self.size)
         return total
+
+    def _write(self, view: memoryview) -> int:
+        try:
+            return self._f.write(view)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
 
     def flush(self) -> None:
         pass  # unbuffered: every write() is already in the kernel
