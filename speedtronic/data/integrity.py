@@ -102,7 +102,11 @@ def verify_folder(folder: str | Path, doc: dict, key: str) -> Verdict:
     known = _load_verdicts(folder)
     stats = {f.name: _stat(folder, f, key) for f in files}
     todo = [f for f in files if known.get(f.name) != _entry(stats[f.name], f.sha256)]
-    found = hash_files([folder / f.name for f in todo])
+    try:
+        found = hash_files([folder / f.name for f in todo])
+    except OSError as exc:  # unreadable since the stat (permissions, an I/O error)
+        where = exc.filename or folder
+        raise DataError(f"{key}: {where} cannot be read ({exc.strerror or exc})") from None
     for f in todo:
         if found[folder / f.name] != f.sha256:
             raise _mismatch(folder, f, found[folder / f.name], key)

@@ -183,3 +183,15 @@ def test_train_names_the_folders_tokens_where_the_size_should_be(made, tmp_path,
     assert "a directory, not a file" not in first
     tokens = json.loads((folder / "manifest.json").read_text())["counts"]["tokens"]
     assert f"data: tokens {folder} (folder: {tokens:,} uint16 tokens in 2 shard(s)" in first
+
+
+def test_a_shard_that_cannot_be_read_is_one_line_naming_it(made, tmp_path, monkeypatch):
+    folder = copy(made, tmp_path)
+    shard = folder / train_shard(folder)
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(integrity, "sha256_file", unreadable)
+    with pytest.raises(DataError, match=f"data.token_path: {shard} cannot be read"):
+        integrity.verify_folder(folder, read_manifest(folder, "data.token_path"), "data.token_path")
