@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
 import json
 import math
@@ -24,7 +23,6 @@ import platform
 import shutil
 import struct
 import sys
-import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -48,7 +46,6 @@ from speedtronic.checkpoint.layout import (
     FORMAT_VERSION,
     META_FILE,
     MODEL_FILE,
-    READ_CHUNK_BYTES,
     SAFETENSORS_FORMAT,
     STATE_FILE,
     TMP_PREFIX,
@@ -61,6 +58,7 @@ from speedtronic.checkpoint.layout import (
     scan_checkpoint,
     step_dir_name,
 )
+from speedtronic.checkpoint.tail_hash import Sink, TailHasher
 from speedtronic.errors import CheckpointError
 
 # torch dtype -> safetensors dtype code, for the dtypes safetensors can load back into torch.
@@ -295,11 +293,13 @@ def _write_torch(path: Path, obj: dict, pool: ThreadPoolExecutor) -> tuple[int, 
     the hash costs little wall time.
     """
     with open(path, "wb", buffering=0) as f:
-        hasher = _TailHasher(path, pool)
-        sink = _Sink(f, hasher)
+        hasher = TailHasher(path, pool)
+        sink = Sink(f, hasher)
         try:
             with _without_zip_crc32():
                 torch.save(obj, sink)
+        except RuntimeError as exc:  # torch's zip writer swallows the OS's error (a full disk)
+            raise (sink.error or exc) from None  # and fails on its check: "unexpected pos"
         finally:
             hasher.close()
     return sink.size, hasher.future
@@ -324,63 +324,6 @@ def _without_zip_crc32():
         yield
     finally:
         set_(previous)
-
-
-class _Sink:
-    """Unbuffered file-like target for torch.save that tells the hasher what has landed."""
-
-    def __init__(self, f, hasher: _TailHasher):
-        self._f, self._hasher, self.size = f, hasher, 0
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        total = len(view)
-        while view:  # raw writes may be partial
-            view = view[self._f.write(view) :]
-        self.size += total
-        self._hasher.advance(self.size)
-        return total
-
-    def flush(self) -> None:
-        pass  # unbuffered: every write() is already in the kernel
-
-
-class _TailHasher:
-    """sha256 of a file that another thread is still appending to, read behind the writer."""
-
-    def __init__(self, path: Path, pool: ThreadPoolExecutor):
-        self._cond = threading.Condition()
-        self._written, self._closed = 0, False
-        self.future = pool.submit(self._run, path)
-
-    def advance(self, written: int) -> None:
-        with self._cond:
-            self._written = written
-            self._cond.notify()
-
-    def close(self) -> None:
-        """No more data: the future completes once everything written so far is hashed."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _run(self, path: Path) -> str:
-        sha, done = hashlib.sha256(), 0
-        buffer = memoryview(bytearray(READ_CHUNK_BYTES))
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                with self._cond:
-                    while self._written == done and not self._closed:
-                        self._cond.wait()
-                    target, closed = self._written, self._closed
-                while done < target:
-                    n = f.readinto(buffer[: min(len(buffer), target - done)])
-                    if not n:
-                        raise OSError(errno.EIO, f"{path} shrank while being hashed")
-                    sha.update(buffer[:n])
-                    done += n
-                if closed and done == target:
-                    return sha.hexdigest()
 
 
 def _full_meta(step: int, meta: dict) -> dict:

@@ -4,10 +4,11 @@
 reads and whether its files exist, bf16 being emulated on this CPU (a shrunk GPT-2 step took
 minutes), more DataLoader workers than cores, a model vocabulary far above what the data can
 use. ``data_facts`` names the source and each file with its size (a missing file is a
-problem: training would stop on it); ``precision_facts`` resolves the precision and runs the
-emulation probe only where it can matter, a low-precision mode on a CPU (tens of ms, cached
-for the process); ``machine_warnings`` gathers the rest. Engine imports live inside the
-functions, like the command bodies that call them.
+problem: training would stop on it), and each token folder with what its manifest holds, its
+files verified against it as training verifies them (``folder_facts``); ``precision_facts``
+resolves the precision and runs the emulation probe only where it can matter, a low-precision
+mode on a CPU (tens of ms, cached for the process); ``machine_warnings`` gathers the rest.
+Engine imports live inside the functions, like the command bodies that call them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,36 @@ def data_facts(cfg: SpeedtronicConfig) -> tuple[dict[str, Any], list[str]]:
     """``{"data": "text corpus.txt (1.2 MB, byte tokens)"}`` and the problems of its files."""
     from speedtronic.data.describe import source_line
 
-    return {"data": source_line(cfg)}, file_problems(cfg)
+    folders, problems = folder_facts(cfg)
+    facts = {"data": source_line(cfg), **({"token_folders": folders} if folders else {})}
+    return facts, file_problems(cfg) + problems
+
+
+def folder_facts(cfg: SpeedtronicConfig) -> tuple[dict[str, Any], list[str]]:
+    """Each token folder the run reads: what its manifest holds, and its files verified against
+    it as training would (hashed once, then cached: data.integrity); or why it cannot train."""
+    from speedtronic.data import manifest
+    from speedtronic.data.integrity import verify_folder
+    from speedtronic.errors import DataError
+
+    facts: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, path in _folders(cfg):
+        try:
+            doc = manifest.read_manifest(path, key)
+            found = {"path": path, **manifest.summary(doc)}
+            facts[key] = {**found, **verify_folder(path, doc, key).record()}
+        except DataError as exc:
+            problems.append(str(exc))
+    return facts, problems
+
+
+def _folders(cfg: SpeedtronicConfig) -> list[tuple[str, str]]:
+    data = cfg.data
+    if data.resolved_source != "tokens":
+        return []
+    keys = [("data.token_path", data.token_path), ("data.eval_path", data.eval_path)]
+    return [(key, path) for key, path in keys if path and Path(path).is_dir()]
 
 
 def file_problems(cfg: SpeedtronicConfig) -> list[str]:
@@ -46,7 +76,7 @@ def file_problems(cfg: SpeedtronicConfig) -> list[str]:
         except OSError as exc:
             problems.append(f"{key}: cannot read {path}: {exc.strerror or exc}")
             continue
-        if Path(path).is_dir():
+        if Path(path).is_dir() and (key, path) not in _folders(cfg):  # folders: folder_facts
             problems.append(f"{key}: {path} is a directory, not a file")
         elif size == 0:
             problems.append(f"{key}: {path} is empty")

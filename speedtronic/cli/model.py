@@ -82,8 +82,7 @@ def generate(
     Text streams to stdout as it is generated, the prompt first; tokens/s goes to stderr.
     """
     text = _prompt_text(prompt, prompt_file)
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"--top-p: must be in (0, 1] (got {top_p})")
+    check_generate_options(threads, top_p, seed, device)
     from speedtronic.modelout.generate import Sampling
 
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
@@ -92,6 +91,29 @@ def generate(
 
         torch.set_num_threads(threads)
     _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format)
+
+
+SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; the signed range is what every tool accepts
+
+
+def check_generate_options(
+    threads: int | None, top_p: float | None, seed: int | None, device: str
+) -> None:
+    """Values generate would only crash on later (a segfault, a library's RuntimeError): one
+    line naming the option, the value and the rule (exit 2), before a model is loaded."""
+    import os
+
+    from speedtronic.config.sections import DEVICE_RE
+
+    cores = os.cpu_count() or 1
+    if threads is not None and not 1 <= threads <= cores:
+        raise ConfigError(f"--threads: must be in 1..{cores}, this machine's cores (got {threads})")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"--top-p: must be in (0, 1] (got {top_p})")
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"--seed: must be in 0..{SEED_MAX} (2**63-1) (got {seed})")
+    if not DEVICE_RE.fullmatch(device):
+        raise ConfigError(f"--device: must be auto, cpu, cuda, cuda:N or mps (got {device!r})")
 
 
 def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:

@@ -253,7 +253,7 @@ def validate(
     print(cfg.to_yaml().rstrip())
     print("---")
     for key, value in facts.items():
-        print(f"# {key}: {value}")
+        print(f"# {key}: {json.dumps(value) if isinstance(value, dict) else value}")
 
 
 def derived_facts(

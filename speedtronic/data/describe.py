@@ -2,7 +2,8 @@
 
 A config could train on synthetic tokens while the user believed it read their file, and no
 line said which. ``source_line`` names the source and each file with its size, from the
-config and the file system alone (``validate`` prints it without building anything);
+config and the file system alone (``validate`` prints it without building anything), a
+token folder by what its manifest holds (``folder_text``);
 ``train`` adds the blocks the built dataset holds (``blocks_text``). ``vocab_warning`` says
 when the model's vocabulary is far larger than the ids the data can hold (a GPT-2 sized
 embedding for byte tokens: most rows never train). ``size_text`` is the one way sizes are
@@ -42,8 +43,26 @@ def file_text(path: str, *notes: str) -> str:
     except OSError as exc:
         return f"{path} (cannot be read: {exc.strerror or exc})"
     if Path(path).is_dir():
-        return f"{path} (a directory, not a file)"
+        return f"{path} ({folder_text(path)})"
     return f"{path} ({', '.join([size_text(info.st_size), *notes])})"
+
+
+def folder_text(path: str) -> str:
+    """A token folder in words, from its manifest (the sha256s are checked at start):
+    ``folder: 126,516 uint16 tokens in 2 shard(s), 247.1 KB, tokenizer bpe.json (vocab 300)``."""
+    from speedtronic.data import manifest
+    from speedtronic.errors import DataError
+
+    try:
+        found = manifest.summary(manifest.read_manifest(path, "data"))
+    except DataError:
+        return f"a folder that is not a finished tokenize: no valid {manifest.MANIFEST}"
+    tokenizer = found["tokenizer"]
+    named = "byte tokens" if tokenizer["kind"] == "byte" else f"tokenizer {tokenizer['source']}"
+    return (
+        f"folder: {found['tokens']:,} {found['dtype']} tokens in {found['shards']} shard(s), "
+        f"{size_text(found['bytes'])}, {named} (vocab {tokenizer['vocab_size']})"
+    )
 
 
 def source_line(config: SpeedtronicConfig, blocks: int | None = None) -> str:
@@ -52,7 +71,9 @@ def source_line(config: SpeedtronicConfig, blocks: int | None = None) -> str:
     if source == "synthetic":
         vocab = model_vocab(config) or BYTE_VOCAB
         return f"synthetic (learnable token sequences, no file; vocab {vocab:,})"
-    if source == "tokens":
+    if source == "tokens" and Path(data.token_path).is_dir():
+        line = f"tokens {file_text(data.token_path)}"
+    elif source == "tokens":
         line = f"tokens {file_text(data.token_path, f'{data.token_dtype} ids')}"
     else:
         tokens = "byte tokens" if data.tokenizer == "byte" else f"tokenizer {data.tokenizer}"

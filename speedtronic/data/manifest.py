@@ -16,6 +16,7 @@ source, ``data.tokenizer`` loaded; for synthetic data, None. Stdlib only (no tor
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,23 @@ def shards(folder: str | Path, doc: dict, part: str, key: str) -> list[tuple[Pat
     return out
 
 
+def summary(doc: dict) -> dict:
+    """What a checked manifest holds, for people: tokens, shards, bytes, dtype, tokenizer."""
+    records = [r for part in doc["parts"].values() for r in part or []]
+    tokens = sum(r["tokens"] for r in records)
+    tokenizer = doc.get("tokenizer") if isinstance(doc.get("tokenizer"), dict) else {}
+    return {
+        "tokens": tokens,
+        "shards": len(records),
+        "parts": {
+            name: sum(r["tokens"] for r in part or []) for name, part in doc["parts"].items()
+        },
+        "dtype": doc["dtype"],
+        "bytes": tokens * ITEMSIZE[doc["dtype"]],
+        "tokenizer": {k: tokenizer.get(k) for k in ("kind", "source", "vocab_size", "sha256")},
+    }
+
+
 def tokenizer_of(folder: str | Path, doc: dict) -> Any:
     """The manifest's tokenizer as an object (``ByteTokenizer`` or ``HFTokenizer``)."""
     from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer
@@ -116,7 +134,17 @@ def tokenizer_of(folder: str | Path, doc: dict) -> Any:
     name = record.get("file", "tokenizer.json")
     if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
         raise DataError(f"{Path(folder) / MANIFEST} names a bad tokenizer file {name!r}")
-    return HFTokenizer(Path(folder) / name)
+    path = Path(folder) / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise DataError(  # what a checkpoint records and generate decodes with: never a swap
+            f"{path} is not the tokenizer {Path(folder) / MANIFEST} records (sha256): restore "
+            "it or tokenize again"
+        )
+    return HFTokenizer(path, data)
 
 
 def data_tokenizer(config: Any) -> Any:

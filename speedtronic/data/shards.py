@@ -9,8 +9,9 @@ Every id is checked once against the model's vocabulary at start, as for a flat 
 
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
-without one is an unfinished tokenize), its dtype agreeing with ``data.token_dtype`` and its
-tokenizer's vocabulary fitting ``model.vocab_size``.
+without one is an unfinished tokenize), every file it lists verified against its sha256
+(``data.integrity``: cached, so a second start hashes nothing), its dtype agreeing with
+``data.token_dtype`` and its tokenizer's vocabulary fitting ``model.vocab_size``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from speedtronic.data import manifest as manifests
+from speedtronic.data.integrity import verify_folder
 from speedtronic.data.sources import (
     _TOKEN_DTYPES,
     TokenFileBlocks,
@@ -120,6 +122,7 @@ def open_token_path(
             dtype = "uint32" if vocab_size and vocab_size > 65536 else "uint16"
         return TokenFileBlocks(path, seq_len, dtype, vocab_size, key=key)
     doc = manifests.read_manifest(path, key)
+    verify_folder(path, doc, key)  # before the first step: the bytes are what it promises
     if dtype not in ("auto", doc["dtype"]):
         raise DataError(
             f"data.token_dtype: {dtype}, but {path} holds {doc['dtype']} tokens (set auto)"

@@ -6,7 +6,9 @@ files, the ``README.md`` model card and ``speedtronic_export.json`` (provenance,
 that says this directory is an export: the only kind of non-empty OUT it replaces; anything
 else there is refused, nothing touched). Everything is written and fsynced in a ``.tmp-*``
 sibling, checked with transformers there when asked (``--verify``), and only then renamed
-into place: an interrupted or refused export leaves OUT as it was.
+into place: an interrupted or refused export leaves OUT as it was. A file of an earlier export
+that was edited since (a hand-written README) is refused by name, never replaced; an OUT that is
+a link is the directory it points at; a full disk is one line naming OUT (exit 1).
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ def export_run(
         raise ConfigError(f"--dtype: must be one of {', '.join(llama.DTYPES)} (got {dtype!r})")
     config = llama.check_exportable(run.model, run.model_name)
     tokenizer = run.require_tokenizer()
-    out = Path(out)
+    given = Path(out)
+    out = link_target(given)
     replaced = check_out(out)
-    files = _small_files(run, config, dtype, repo_id or str(out), tokenizer)
+    files = _small_files(run, config, dtype, repo_id or str(given), tokenizer)
     tmp = out.parent / f"{TMP_PREFIX}export-{out.name}-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -76,10 +79,11 @@ def export_run(
         install_dir(tmp, out)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise OutputError(f"OUT: could not write {out}: {exc.strerror or exc}") from exc
-        raise
-    done = Export(out, written, replaced, verified if verify is not None else None)
+        written_error = _write_error(exc, out)
+        if written_error is None:
+            raise
+        raise written_error from exc
+    done = Export(given, written, replaced, verified if verify is not None else None)
     tokens = getattr(tokenizer, "vocab_size", None)
     if tokens is not None and tokens > config.vocab_size:
         done.notes.append(
@@ -88,6 +92,25 @@ def export_run(
             "(a run on synthetic data with a small vocabulary, say)"
         )
     return done
+
+
+def link_target(out: Path) -> Path:
+    """An OUT that is a link is the directory it points at: that is replaced, the link stays."""
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+def _write_error(exc: BaseException, out: Path) -> OutputError | None:
+    """A full disk or a refused write as one line naming OUT (exit 1); safetensors reports its
+    I/O errors as SafetensorError, not OSError."""
+    from safetensors import SafetensorError
+
+    if isinstance(exc, OSError):
+        reason = exc.strerror or exc
+    elif isinstance(exc, SafetensorError):
+        reason = str(exc).splitlines()[0] if str(exc) else "SafetensorError"
+    else:
+        return None
+    return OutputError(f"OUT: could not write {out} ({reason}); nothing there was changed")
 
 
 def check_out(out: Path) -> bool:
@@ -107,7 +130,21 @@ def check_out(out: Path) -> bool:
             f"OUT: {out} is not empty and was not written by speedtronic export; nothing was "
             "changed: export to a new or empty directory"
         )
+    for name in sorted(entries - {EXPORT_MARK}):
+        if not _as_written(out / name, mark["files"][name]):
+            raise ConfigError(
+                f"OUT: {out / name} is not the file speedtronic export wrote there (it was "
+                "edited or replaced since); nothing was changed: move it out of the way (or "
+                "export to another directory) and run again"
+            )
     return True
+
+
+def _as_written(path: Path, record: Any) -> bool:
+    """True when ``path`` still holds the bytes the export's mark records for it."""
+    if not isinstance(record, dict) or path.is_symlink() or not path.is_file():
+        return False
+    return path.stat().st_size == record.get("bytes") and sha256_file(path) == record.get("sha256")
 
 
 def _read_mark(out: Path) -> dict | None:

@@ -62,6 +62,7 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -
         probs = torch.softmax(ordered, dim=-1)
         # drop a token once the likelier ones already reach top_p (the first always stays)
         drop = torch.cumsum(probs, dim=-1) - probs >= sampling.top_p
+        drop[0] = False  # a top_p below float32's smallest (1e-300) would drop it too
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())

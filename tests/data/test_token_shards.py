@@ -5,6 +5,7 @@ tokenizer the data layer reports for a checkpoint, and the corpora ``data.text_p
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -118,6 +119,11 @@ def test_the_vocabulary_check_stays(shards, tmp_path):
     data = bytearray((folder / first).read_bytes())
     data[10:12] = (300).to_bytes(2, "little")  # an id the byte vocabulary cannot have
     (folder / first).write_bytes(bytes(data))
+    with pytest.raises(DataError, match=f"shard {folder / first} has sha256"):
+        build_datasets(config(folder))  # issue 35: the manifest's sha256 is checked first
+    doc = json.loads((folder / "manifest.json").read_text())
+    doc["parts"]["train"][1]["sha256"] = hashlib.sha256(data).hexdigest()  # a manifest that
+    (folder / "manifest.json").write_text(json.dumps(doc))  # agrees: the id check still runs
     with pytest.raises(DataError, match=f"{first} has token id 300 at position 5"):
         build_datasets(config(folder))
 
