@@ -68,9 +68,7 @@ def latest_step(run: Path) -> int | None:
     return load_checkpoint(run / "checkpoints" / record["path"]).meta["step"]
 
 
-def test_sigterm_saves_first_then_exits_within_the_grace_and_says_what_is_unsent(
-    tiny, tmp_path
-):
+def test_sigterm_saves_first_then_exits_within_the_grace_and_says_what_is_unsent(tiny, tmp_path):
     """Before: 'no global holds this node's last delta (seq 5) after 60 s', then the save."""
     config = worker_config(tiny, tmp_path, stop_grace_s=1.0)
     proc = start(config)
@@ -102,9 +100,7 @@ def test_a_second_signal_ends_the_grace_at_once(tiny, tmp_path):
     assert "diloco: stopped at step" in stderr and "Traceback" not in stderr
 
 
-def test_sigkill_10_s_after_sigterm_finds_the_checkpoint_of_the_last_completed_step(
-    tiny, tmp_path
-):
+def test_sigkill_10_s_after_sigterm_finds_the_checkpoint_of_the_last_completed_step(tiny, tmp_path):
     """A container's stop with the default grace: the checkpoint comes before any waiting."""
     config = worker_config(tiny, tmp_path)
     proc = start(config)
