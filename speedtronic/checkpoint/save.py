@@ -28,7 +28,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from speedtronic.checkpoint.files import (
     write_latest,
     write_small_files,
 )
+from speedtronic.checkpoint.helpers import Helpers
 from speedtronic.checkpoint.layout import (
     EXTRA_FILES,
     FORMAT_VERSION,
@@ -220,7 +221,7 @@ def _write_dir(
     """
     st_meta = {"format": SAFETENSORS_FORMAT, "aliases": json.dumps(aliases, sort_keys=True)}
     model_path, state_path = tmp / MODEL_FILE, tmp / STATE_FILE
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-io") as pool:
+    with Helpers(4) as pool:  # the calling thread works where no helper can start
         # Trainer state first: its hash (read back behind torch.save) is the longest chain,
         # while the model's hash works from memory and can run any time.
         state_bytes, state_sha = _write_torch(state_path, trainer_state, pool)
@@ -285,7 +286,7 @@ def _sha256_views(views: list[memoryview], _keepalive: object) -> str:
     return sha.hexdigest()
 
 
-def _write_torch(path: Path, obj: dict, pool: ThreadPoolExecutor) -> tuple[int, Future]:
+def _write_torch(path: Path, obj: dict, pool: Helpers) -> tuple[int, Future]:
     """torch.save ``obj`` to ``path``; returns (size, sha256 future).
 
     torch.save hands its writer memoryviews valid only during ``write()``: hashing them
@@ -348,7 +349,7 @@ class _Sink:
 class _TailHasher:
     """sha256 of a file that another thread is still appending to, read behind the writer."""
 
-    def __init__(self, path: Path, pool: ThreadPoolExecutor):
+    def __init__(self, path: Path, pool: Helpers):
         self._cond = threading.Condition()
         self._written, self._closed = 0, False
         self.future = pool.submit(self._run, path)
