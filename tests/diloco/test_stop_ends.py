@@ -1,0 +1,65 @@
+"""What a node says and keeps when it stops or ends short of a global (issue 36).
+
+A stop is not an end: the grace of a signalled node (``stopping.EndClock``); a worker whose
+deltas never went out says so, with the --resume that sends them, even with no global at all;
+a worker never creates the shared directory, the master does.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from diloco_support import Log, settings
+
+from diloco.test_nodes import FakeTrainer, FlakyTransport, model
+from speedtronic.distributed.stopping import EndClock, Signals
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker.plugin import WorkerPlugin
+from speedtronic.errors import ConfigError, TransportError
+
+
+def test_a_signal_cuts_the_end_to_its_grace_and_a_second_to_nothing():
+    signals = Signals()
+    clock = EndClock(signals, grace_s=5.0)  # a normal end: no limit of its own
+    assert clock.left() == float("inf") and not clock.stopping
+    signals.record(15)
+    assert clock.stopping and 0 < clock.left() <= 5.0
+    signals.record(15)
+    assert clock.left() == 0.0 and signals.stop_signal == 15
+
+
+def test_a_worker_with_no_global_and_unsent_deltas_says_so_and_how_to_send_them(tmp_path):
+    """Before: 'no global weights in ... at the end; nothing written', and nothing about the
+    deltas that waited in the checkpoint."""
+    transport, log = FlakyTransport(tmp_path, down=True), Log()
+    net = model(1.0)
+    plugin = WorkerPlugin(settings(upload_timeout_s=0.2), net, transport, log)
+    trainer, result = FakeTrainer(net, max_steps=4), SimpleNamespace(unsent=False)
+    plugin.on_train_start(trainer)
+    for _ in range(4):
+        trainer.train_step(plugin)
+    plugin.on_train_end(trainer, result)
+    [line] = [w for w in log.warnings if "at the end" in w]
+    assert "no global weights" in line and "deltas are unsent" in line, line
+    assert "--resume sends them" in line and result.unsent
+
+
+def test_a_worker_never_creates_the_shared_directory(tmp_path):
+    missing = tmp_path / "shared" / "run"
+    with pytest.raises(ConfigError, match="does not exist .*a worker never creates it"):
+        LocalTransport(missing).prepare(settings(role="worker", repo_id=str(missing)), Log())
+    assert not (tmp_path / "shared").exists()
+    LocalTransport(missing).prepare(settings(role="master", repo_id=str(missing)), Log())
+    assert missing.is_dir()  # the master does
+
+
+def test_a_workers_write_into_a_vanished_directory_recreates_nothing(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    transport = LocalTransport(root)
+    transport.prepare(settings(role="worker", repo_id=str(root)), Log())
+    root.rmdir()  # unmounted, or deleted
+    with pytest.raises(TransportError, match="is gone") as caught:
+        transport.upload("nodes/w/delta_1.safetensors", b"x")
+    assert caught.value.permanent and not root.exists()
