@@ -4,10 +4,9 @@ A checkpoint is a directory ``<root>/step_XXXXXXXXXX/`` holding ``model.safetens
 model state_dict, tied tensors stored once), ``trainer_state.pt`` (an opaque dict of plain data
 and tensors, later loaded only with ``torch.load(weights_only=True)``) and ``meta.json``
 (written last: step, counters, versions, the redacted config, and the size and sha256 of both
-files). Everything is written and fsynced in a ``.tmp-*`` sibling, renamed into place, and only
-then is ``<root>/latest.json`` atomically replaced. Extension point: ``trainer_state`` belongs
-to its producers, one key each (e.g. "optimizer", "rng", "data" from the trainer, "coordinator"
-from a plug-in); this module never looks inside.
+files). Everything is written and fsynced in a ``.tmp-*`` sibling, renamed into place, then
+``<root>/latest.json`` is replaced atomically. ``trainer_state`` belongs to its producers, one
+key each (the trainer's "optimizer", "rng", "data"; a plug-in's); this module never looks inside.
 """
 
 from __future__ import annotations
@@ -216,14 +215,14 @@ def _write_dir(
     """Write the data files and the extras, then meta.json (last, with their sizes and hashes).
 
     Hashing runs on helper threads (sha256 and file I/O both drop the GIL), and so do the
-    data fsyncs: they wait on the disk while the hashes finish on the CPU. All three files
-    and the dir are fsynced before this returns, i.e. before anything is renamed.
+    data fsyncs (this thread where none can start: ``Helpers``). All three files and the dir
+    are fsynced before this returns, i.e. before anything is renamed.
     """
     st_meta = {"format": SAFETENSORS_FORMAT, "aliases": json.dumps(aliases, sort_keys=True)}
     model_path, state_path = tmp / MODEL_FILE, tmp / STATE_FILE
-    with Helpers(4) as pool:  # the calling thread works where no helper can start
-        # Trainer state first: its hash (read back behind torch.save) is the longest chain,
-        # while the model's hash works from memory and can run any time.
+    with Helpers(4) as pool:
+        # Trainer state first: its hash (read back behind torch.save) is the longest chain;
+        # the model's hash works from memory and can run any time.
         state_bytes, state_sha = _write_torch(state_path, trainer_state, pool)
         synced = [pool.submit(fsync_file, state_path)]
         model_bytes, model_sha = _write_safetensors(model_path, tensors, st_meta, pool)

@@ -197,10 +197,10 @@ class RunEnd:
     def _later(self, where: str) -> str:
         """How to fetch the run's final global once the master has ended (it has not yet)."""
         out = getattr(self.final_writer, "output_dir", None)
-        into = f" --output-dir {out}" if out is not None else ""
+        command = f"speedtronic storage pull {out or '<output_dir>'} --repo {where}"
         return (
-            "; the master's run goes on: once it ends, `speedtronic storage pull "
-            f"{where}{into}` fetches the run's final global into final_global/"
+            f"; the run goes on at the master: once it has ended, `{command}` fetches the run's "
+            "final global into final_global/"
         )
 
     def _say_stopped(self, trainer: Any, ready: Ready | None, waited: float) -> None:
