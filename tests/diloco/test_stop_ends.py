@@ -63,3 +63,19 @@ def test_a_workers_write_into_a_vanished_directory_recreates_nothing(tmp_path):
     with pytest.raises(TransportError, match="is gone") as caught:
         transport.upload("nodes/w/delta_1.safetensors", b"x")
     assert caught.value.permanent and not root.exists()
+
+
+def test_the_card_of_a_final_global_counts_the_fleets_optimizer_steps_not_its_outer_steps():
+    """Before: 'optimizer steps 3' (the outer step) for 2 x 30 trained steps."""
+    from speedtronic.data.tokenizer import ByteTokenizer
+    from speedtronic.model import ReferenceConfig
+    from speedtronic.modelout.card import CardFacts, model_card
+
+    meta = {"step": 3, "optimizer_steps": 60, "tokens": 15360, "diloco": {"outer_step": 3}}
+    config = ReferenceConfig(vocab_size=256, seq_len=32, n_layer=1, n_head=2, d_model=64)
+    facts = CardFacts(
+        "m", "runs/b/final_global", config, 1000, "fp32", meta, {}, ByteTokenizer(), None
+    )
+    card = model_card(facts)
+    assert "| optimizer steps | 60 (the fleet's, added up) |" in card, card
+    assert "| tokens trained | 15,360 |" in card and "| DumbDiLoCo outer steps | 3 |" in card
