@@ -79,3 +79,43 @@ def test_the_card_of_a_final_global_counts_the_fleets_optimizer_steps_not_its_ou
     card = model_card(facts)
     assert "| optimizer steps | 60 (the fleet's, added up) |" in card, card
     assert "| tokens trained | 15,360 |" in card and "| DumbDiLoCo outer steps | 3 |" in card
+
+
+def test_a_resumed_node_does_not_resend_a_delta_in_flight_at_its_checkpoint_once_applied(
+    tmp_path,
+):
+    """Before: a --resume'd finished master uploaded its own last delta again (caught in flight
+    by the checkpoint of its last step), and it stayed in the repo of a run that had ended."""
+    import json
+    import threading
+
+    from diloco.test_nodes import wait_for
+    from speedtronic.distributed.protocol import STEP_COUNT
+
+    class Hanging(LocalTransport):
+        release = threading.Event()
+
+        def upload(self, path, data):
+            self.release.wait()
+            super().upload(path, data)
+
+    transport = Hanging(tmp_path / "repo")
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=-0.1)
+    trainer.train_step(worker, move=-0.1)
+    assert wait_for(lambda: worker.uploader.sending is not None)
+    state = worker.state_dict()  # the checkpoint: the delta is on its way
+    transport.release.set()
+    assert wait_for(lambda: worker.counters["uploads"] == 1)
+    worker.status.stop.set()
+    [ref] = transport.list_deltas()
+    (tmp_path / "repo" / ref.path).unlink()  # the master applied it, and said so
+    counted = {"outer_step": 1, "nodes": {"node-a": {"seq": 1, "chain": state["chain"]}}}
+    (tmp_path / "repo" / STEP_COUNT).parent.mkdir()
+    (tmp_path / "repo" / STEP_COUNT).write_text(json.dumps(counted))
+    resumed = WorkerPlugin(settings(), model(), transport, Log(), background=False)
+    resumed.load_state_dict(state)
+    resumed.uploader.number_past_used()
+    assert resumed.uploader.send_pending() and transport.list_deltas() == []
