@@ -114,3 +114,21 @@ def test_sigkill_10_s_after_sigterm_finds_the_checkpoint_of_the_last_completed_s
     step = latest_step(tmp_path / "run")
     assert step is not None, "no checkpoint 10 s after SIGTERM"
     assert step == max(steps_logged(tmp_path / "run"))
+
+
+def test_a_signal_during_a_normal_ends_drain_cuts_it_to_the_grace(tiny, tmp_path):
+    """The run ended (max_steps) and the worker waits for a global holding its last delta, for
+    drain_timeout_s (600 s here, no master): a SIGTERM then leaves it the grace, not the wait."""
+    config = worker_config(tiny, tmp_path, stop_grace_s=1.0)
+    tiny["run"]["max_steps"] = 4
+    config.write_text(yaml.safe_dump(tiny))
+    proc = start(config)
+    sent = tmp_path / "repo" / "nodes" / "w1"
+    wait_for(lambda: len(list(sent.glob("delta_*.safetensors"))) >= 2, proc)  # both went out
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = communicate(proc)
+    assert time.monotonic() - signalled < 300, "waited out drain_timeout_s"
+    # 0: the loop had ended; 143 if the signal came between the last boundary and its end
+    assert proc.returncode in (0, 143), stderr
+    assert latest_step(tmp_path / "run") == 4 and "Traceback" not in stderr
