@@ -119,3 +119,20 @@ def test_a_resumed_node_does_not_resend_a_delta_in_flight_at_its_checkpoint_once
     resumed.load_state_dict(state)
     resumed.uploader.number_past_used()
     assert resumed.uploader.send_pending() and transport.list_deltas() == []
+
+
+def test_a_completed_run_with_unsent_deltas_prints_the_resume_command_that_sends_them(
+    monkeypatch,
+):
+    from typer.testing import CliRunner
+
+    import speedtronic.runtime
+    from speedtronic.cli.app import app
+    from speedtronic.train.trainer import TrainResult
+
+    done = TrainResult(steps=4, final_loss=1.0, tokens=64, samples=4, elapsed_s=1.0, unsent=True)
+    monkeypatch.setattr(speedtronic.runtime, "train_from_config", lambda *a, **k: done)
+    monkeypatch.setattr("sys.argv", ["speedtronic", "train", "--max-steps", "4"])
+    result = CliRunner().invoke(app, ["train", "--max-steps", "4"])
+    assert result.exit_code == 0, result.output
+    assert "send them with: speedtronic train --max-steps 4 --resume" in result.output
