@@ -18,10 +18,11 @@ import os
 import re
 import shutil
 import struct
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedtronic.checkpoint.helpers import Helpers
 from speedtronic.errors import CheckpointError
 
 MODEL_FILE = "model.safetensors"
@@ -348,11 +349,11 @@ def verify_checkpoint(path: str | os.PathLike) -> tuple[str, str | None]:
 
 def verify_hashes(scan: CheckpointScan) -> str | None:
     """sha256 of the files of a checkpoint that scanned ok: the first mismatch, or None."""
-    with ThreadPoolExecutor(max_workers=len(recorded_files(scan.meta))) as pool:
+    with Helpers(len(recorded_files(scan.meta))) as pool:
         return hash_problem(start_hashes(scan.path, pool, scan.meta), scan.meta)
 
 
-def start_hashes(path: Path, pool: ThreadPoolExecutor, meta: dict) -> dict[str, Future]:
+def start_hashes(path: Path, pool: Helpers, meta: dict) -> dict[str, Future]:
     """sha256 of the files meta.json records on ``pool``, so a loader can read them meanwhile."""
     return {name: pool.submit(sha256_file, path / name) for name in recorded_files(meta)}
 

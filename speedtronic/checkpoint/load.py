@@ -16,7 +16,6 @@ import json
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from speedtronic.checkpoint.helpers import Helpers
 from speedtronic.checkpoint.layout import (
     CHECKPOINT_FILES,
     JSON_ERRORS,
@@ -106,7 +106,7 @@ def _read_checkpoint(path: Path) -> Checkpoint:
     if scan.status != "ok":
         raise _Unusable(scan.status, scan.problem)
     load_error = None
-    with ThreadPoolExecutor(max_workers=len(CHECKPOINT_FILES) + 1) as pool:
+    with Helpers(len(CHECKPOINT_FILES) + 1) as pool:
         hashes = start_hashes(path, pool, scan.meta)
         try:
             model_state = _load_model(path / MODEL_FILE, scan.header.get("__metadata__"))
@@ -154,7 +154,7 @@ def _read_weights(path: Path) -> Checkpoint:
     metadata = dict(header.get("__metadata__") or {})
     if metadata.get("format") != SAFETENSORS_FORMAT:
         metadata = {"format": SAFETENSORS_FORMAT}  # plain safetensors: no aliases to restore
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with Helpers(1) as pool:
         digest = pool.submit(sha256_file, path / MODEL_FILE) if record else None
         model_state = _load_model(path / MODEL_FILE, metadata)
         if digest is not None and digest.result() != record.get("sha256"):

@@ -1,11 +1,11 @@
 """Checkpoint policy of a run: when to save, what goes in, and how a run resumes.
 
 ``CheckpointPlugin`` is a Trainer plug-in: it saves every ``checkpoint.interval`` optimizer
-steps and once when training ends (completed, stopped or interrupted), with ``keep_last``
-retention. ``resume_run`` restores the newest good checkpoint into a built runtime and drops
-metrics logged after it, so the JSONL continues without gaps or duplicates; when checkpoints
-exist but none is usable it stops the run instead of starting over. The bytes on disk belong
-to ``save`` and ``load`` beside this module.
+steps and once when training ends (completed, stopped, or interrupted: then before any other
+plug-in's end waits), with ``keep_last`` retention. ``resume_run`` restores the newest good
+checkpoint into a built runtime and drops metrics logged after it, so the JSONL continues
+without gaps or duplicates; when checkpoints exist but none is usable it stops the run instead
+of starting over. The bytes on disk belong to ``save`` and ``load`` beside this module.
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ class CheckpointPlugin:
         interval = self.config.interval
         if interval and trainer.step % interval == 0:
             self.save(trainer)
+
+    def on_stop(self, trainer: Any, result: Any) -> None:
+        """A signal stopped the run: save now, before any plug-in waits (a container's SIGKILL
+        follows SIGTERM within seconds)."""
+        self.on_train_end(trainer, result)
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
         if self.saved_step != trainer.step:

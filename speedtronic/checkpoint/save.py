@@ -4,10 +4,9 @@ A checkpoint is a directory ``<root>/step_XXXXXXXXXX/`` holding ``model.safetens
 model state_dict, tied tensors stored once), ``trainer_state.pt`` (an opaque dict of plain data
 and tensors, later loaded only with ``torch.load(weights_only=True)``) and ``meta.json``
 (written last: step, counters, versions, the redacted config, and the size and sha256 of both
-files). Everything is written and fsynced in a ``.tmp-*`` sibling, renamed into place, and only
-then is ``<root>/latest.json`` atomically replaced. Extension point: ``trainer_state`` belongs
-to its producers, one key each (e.g. "optimizer", "rng", "data" from the trainer, "coordinator"
-from a plug-in); this module never looks inside.
+files). Everything is written and fsynced in a ``.tmp-*`` sibling, renamed into place, then
+``<root>/latest.json`` is replaced atomically. ``trainer_state`` belongs to its producers, one
+key each (the trainer's "optimizer", "rng", "data"; a plug-in's); this module never looks inside.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from speedtronic.checkpoint.files import (
     write_latest,
     write_small_files,
 )
+from speedtronic.checkpoint.helpers import Helpers
 from speedtronic.checkpoint.layout import (
     EXTRA_FILES,
     FORMAT_VERSION,
@@ -213,14 +213,14 @@ def _write_dir(
     """Write the data files and the extras, then meta.json (last, with their sizes and hashes).
 
     Hashing runs on helper threads (sha256 and file I/O both drop the GIL), and so do the
-    data fsyncs: they wait on the disk while the hashes finish on the CPU. All three files
-    and the dir are fsynced before this returns, i.e. before anything is renamed.
+    data fsyncs (this thread where none can start: ``Helpers``). All three files and the dir
+    are fsynced before this returns, i.e. before anything is renamed.
     """
     st_meta = {"format": SAFETENSORS_FORMAT, "aliases": json.dumps(aliases, sort_keys=True)}
     model_path, state_path = tmp / MODEL_FILE, tmp / STATE_FILE
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-io") as pool:
-        # Trainer state first: its hash (read back behind torch.save) is the longest chain,
-        # while the model's hash works from memory and can run any time.
+    with Helpers(4) as pool:
+        # Trainer state first: its hash (read back behind torch.save) is the longest chain;
+        # the model's hash works from memory and can run any time.
         state_bytes, state_sha = _write_torch(state_path, trainer_state, pool)
         synced = [pool.submit(fsync_file, state_path)]
         model_bytes, model_sha = _write_safetensors(model_path, tensors, st_meta, pool)
@@ -283,7 +283,7 @@ def _sha256_views(views: list[memoryview], _keepalive: object) -> str:
     return sha.hexdigest()
 
 
-def _write_torch(path: Path, obj: dict, pool: ThreadPoolExecutor) -> tuple[int, Future]:
+def _write_torch(path: Path, obj: dict, pool: Helpers) -> tuple[int, Future]:
     """torch.save ``obj`` to ``path``; returns (size, sha256 future).
 
     torch.save hands its writer memoryviews valid only during ``write()``: hashing them

@@ -3,9 +3,10 @@
 torch.save hands its writer memoryviews valid only during ``write()``: hashing them inline would
 add the whole hash time to a save, and handing them to a thread would need a copy. ``Sink`` is
 the unbuffered file-like target torch.save writes to; it tells a ``TailHasher`` how far the file
-has landed, and the hasher, on a pool thread, reads the file back behind the writer (from the
-page cache) in bounded memory. ``Sink.error`` keeps the first OS error a write raised (a full
-disk): torch's zip writer swallows it and fails later on a check of its own. Stdlib only.
+has landed, and the hasher, on a helper thread (or, where none can start, on the caller's once
+the file is whole), reads the file back behind the writer (from the page cache) in bounded
+memory. ``Sink.error`` keeps the first OS error a write raised (a full disk): torch's zip writer
+swallows it and fails later on a check of its own. Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from speedtronic.checkpoint.helpers import Helpers
 from speedtronic.checkpoint.layout import READ_CHUNK_BYTES
 
 
@@ -46,7 +47,7 @@ class Sink:
 class TailHasher:
     """sha256 of a file that another thread is still appending to, read behind the writer."""
 
-    def __init__(self, path: Path, pool: ThreadPoolExecutor):
+    def __init__(self, path: Path, pool: Helpers):
         self._cond = threading.Condition()
         self._written, self._closed = 0, False
         self.future = pool.submit(self._run, path)

@@ -1,4 +1,5 @@
-"""``speedtronic storage init``: set up a bucket for a DumbDiLoCo run, as ``hub init`` does a repo.
+"""``speedtronic storage init``: set up a bucket for a DumbDiLoCo run, as ``hub init`` does a repo;
+``storage pull``: a run's newest global into a node's output directory (any repo kind).
 
 The bucket side lives in ``speedtronic.distributed.s3.admin`` and is imported inside the
 command, so ``speedtronic --help`` never loads boto3 (an optional extra: ``[s3]``). Store
@@ -8,6 +9,7 @@ failures become one line naming the bucket and the store's answer; never a crede
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -88,8 +90,42 @@ def init(
     print("  speedtronic train -c run.yaml --role worker --node-id node-b")
 
 
+def pull(
+    run_dir: Path = typer.Argument(
+        ..., help="A node's output directory (its final_global/ or checkpoints/ name the model)."
+    ),
+    repo: str | None = typer.Option(
+        None,
+        "--repo",
+        help="The run's shared repo (directory, s3://bucket/prefix or Hub repo id); default: "
+        "the run's distributed.repo_id.",
+    ),
+    output_format: OutputFormat = format_option("what the fetched global holds"),
+) -> None:
+    """Fetch the run's newest global into RUN_DIR/final_global: what a worker that ended before
+    the master's final publish runs once the master has ended.
+
+    The weights are checked against the run's model (keys, shapes, finiteness) and written as
+    the node's end writes them, with the fleet's optimizer steps and tokens in meta.json.
+
+    Exit codes: 0 written, 1 the repo failed or holds no global, 2 bad usage.
+    """
+    from speedtronic.distributed.pull import pull_final_global
+
+    got = pull_final_global(run_dir, repo)
+    if output_format is OutputFormat.json:
+        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **got}, indent=2))
+        return
+    ended = "the run's final global" if got["ended"] else "the newest global (the run goes on)"
+    steps = got["optimizer_steps"]
+    fleet = f"; {steps:,} optimizer steps, {got['tokens']:,} tokens" if steps is not None else ""
+    print(f"{ended}: outer step {got['outer_step']}{fleet}; written to {got['path']}")
+
+
 def register(app: typer.Typer) -> None:
     # short_help: the line in `speedtronic storage --help`, where the docstring's is cut at 80
     short = "Create the bucket if missing; check these credentials can write."
     storage_app.command(short_help=short)(handle_errors(init))
+    short = "Fetch the run's newest global into a node's output dir (final_global/)."
+    storage_app.command(short_help=short)(handle_errors(pull))
     app.add_typer(storage_app, name="storage")

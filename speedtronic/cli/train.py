@@ -116,11 +116,14 @@ def train(
             result = train_from_config(cfg, hooks=[display], console=False)
         finally:
             display.close()
+    # the same command continues the run: --overwrite would now delete what it saved
+    kept = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
+    again = shlex.join(["speedtronic", *kept])
+    if result.status != "interrupted" and getattr(result, "unsent", False):
+        line = f"deltas not sent yet wait in the checkpoint; send them with: {again} --resume"
+        print(line, file=sys.stderr)
     if result.status == "interrupted":
         saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
-        # the same command continues the run: --overwrite would now delete what it saved
-        kept = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
-        again = shlex.join(["speedtronic", *kept])
         print(
             f"interrupted at step {result.steps}{saved}\nresume with: {again} --resume",
             file=sys.stderr,

@@ -128,6 +128,8 @@ DOCS: dict[str, str] = {
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
     "distributed.drain_timeout_s": "the end of a run: how long a silent node is waited for (and "
     "a worker waits for a global holding its last delta); null: from the fleet's pace",
+    "distributed.stop_grace_s": "on SIGTERM/Ctrl-C: after the checkpoint, how long a node still "
+    "sends and waits before it exits (a second signal: at once)",
     "distributed.in_flight_disk_bytes": "disk for sent deltas no global includes yet (past 3 in "
     "memory); past it, uploads wait in the outbox",
     "distributed.sync_wait_s": "> 0: wait up to this long for the global with this node's delta",

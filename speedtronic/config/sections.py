@@ -378,6 +378,9 @@ class DistributedConfig:
     # final round goes without its last delta, and how long a worker waits for a global that
     # holds its own; None: sized from the fleet's inner-loop time (60 s to an hour)
     drain_timeout_s: float | None = ranged(None, "[0, 604800]", "at most a week")
+    # A stop is not an end (SIGTERM, Ctrl-C): the node saves its checkpoint first, then sends
+    # and waits at most this long (a container's stop kills it 10 s after SIGTERM)
+    stop_grace_s: float = ranged(5.0, "[0, 3600]", "at most an hour")
     # Sent deltas no global includes yet: past 3 in memory they go to <output_dir> on disk, up
     # to this many bytes (8 GiB); past that, later inner loops wait in the outbox
     in_flight_disk_bytes: int = ranged(8 << 30, "[0, 2**50]")

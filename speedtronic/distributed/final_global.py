@@ -6,7 +6,8 @@ its last delta, when it came in time; on the master: the final round's) to
 ``checkpoint.save_checkpoint`` writes them (``model.safetensors`` with the whole model state:
 the global's parameters and the model's own buffers, tied weights once; ``trainer_state.pt``;
 ``meta.json`` last, with the run's redacted config, its tokenizer record (and its
-``tokenizer.json``, as every checkpoint of the run), ``step`` = the global's outer step and a
+``tokenizer.json``, as every checkpoint of the run), ``step`` = the global's outer step,
+``optimizer_steps`` and ``tokens`` = the fleet's, added up from the step count's ``nodes``, and a
 ``diloco`` entry saying what the global holds). Every tool that takes a checkpoint directory
 reads it (``ckpt inspect``, ``load_checkpoint``, ``generate``, ``export``). It lives beside the
 node's own checkpoints, never among them, so ``--resume`` is unchanged. Written crash-safely: a
@@ -27,6 +28,7 @@ from speedtronic.checkpoint.files import install_dir
 from speedtronic.checkpoint.layout import TMP_PREFIX, TOKENIZER_FILE
 from speedtronic.checkpoint.save import save_checkpoint
 from speedtronic.checkpoint.tokenizer import tokenizer_record
+from speedtronic.distributed.protocol import fleet_totals
 from speedtronic.errors import CheckpointError
 
 FINAL_DIR = "final_global"
@@ -55,11 +57,24 @@ class FinalGlobalWriter:
     def path(self) -> Path:
         return self.output_dir / FINAL_DIR
 
-    def __call__(self, weights: dict[str, torch.Tensor], outer_step: int, facts: dict) -> Path:
+    def __call__(
+        self,
+        weights: dict[str, torch.Tensor],
+        outer_step: int,
+        facts: dict,
+        nodes: dict | None = None,
+    ) -> Path:
+        """``nodes``: the global's step count summary, whose sums are the fleet's optimizer
+        steps and tokens in the global (``fleet_totals``)."""
         state = model_state(self.model, weights)
+        totals = fleet_totals(nodes)
         diloco = {**self.about, "outer_step": outer_step, **facts}
+        diloco["fleet_optimizer_steps"] = totals["optimizer_steps"]
+        diloco["run_ended"] = totals["ended"]
         meta = {
             "run_id": uuid.uuid4().hex[:12],
+            "tokens": totals["tokens"],
+            "optimizer_steps": totals["optimizer_steps"],
             "param_count": sum(p.numel() for p in self.model.parameters()),
             "config": self.config,
             "tokenizer": self.tokenizer_meta,

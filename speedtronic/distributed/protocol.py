@@ -362,7 +362,8 @@ def _checked_weights_key(key: object, checked: dict[str, Any]) -> str:
 
 
 def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
-    """``{node_id: {seq, base_outer_step, tokens, last_delta_at, end_step, chain, final}}``,
+    """``{node_id: {seq, base_outer_step, tokens, last_delta_at, end_step, chain, final,
+    steps_total, tokens_total}}``,
     each field checked (``final``: the node's last delta of its run is in this global, I6); a
     field of another name is refused, as in the rest of the file."""
     if not isinstance(nodes, dict) or len(nodes) > _MAX_NODES:
@@ -392,7 +393,8 @@ def check_nodes(nodes: object) -> dict[str, dict[str, Any]]:
     return checked
 
 
-_NODE_COUNTS = ("seq", "base_outer_step", "tokens", "end_step")
+# steps_total, tokens_total: every applied delta of the node, added up (what the global holds)
+_NODE_COUNTS = ("seq", "base_outer_step", "tokens", "end_step", "steps_total", "tokens_total")
 _NODE_FIELDS = (*_NODE_COUNTS, "last_delta_at", "final", "chain")
 
 
@@ -400,3 +402,16 @@ def _check_short_text(name: str, value: object) -> str:
     if not isinstance(value, str) or len(value) > 64 or not value.isprintable():
         raise ValueError(f"{name} {short_repr(value)}: must be printable text of at most 64 chars")
     return value
+
+
+def fleet_totals(nodes: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """What a global holds, from its step count's ``nodes``: the fleet's optimizer steps and
+    tokens (every applied delta, added up; None where a master of an earlier version did not
+    count them) and whether every node's run has ended (``ended``: the run's final global)."""
+    entries = list((nodes or {}).values())
+    counted = entries and all("steps_total" in e for e in entries)
+    return {
+        "optimizer_steps": sum(e["steps_total"] for e in entries) if counted else None,
+        "tokens": sum(e.get("tokens_total", 0) for e in entries) if counted else None,
+        "ended": bool(entries) and all(e.get("final") for e in entries),
+    }

@@ -25,6 +25,7 @@ from speedtronic.distributed.final_global import FinalGlobalWriter
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.plugin import MasterPlugin, serve
 from speedtronic.distributed.repos import open_transport
+from speedtronic.distributed.stopping import Signals
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.inflight import SPILL_DIR
 from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of, snapshot
@@ -101,17 +102,17 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
     transport = node_transport(node_settings(config), logger)
     loop = master_loop(config, model, logger, transport)
     loop.start()
-    stop, caught = threading.Event(), []
+    stop, caught = threading.Event(), Signals()
 
     def on_signal(signum: int, frame: Any) -> None:
-        caught.append(signum)
+        caught.record(signum)  # a second one ends the final round's retries at once
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
     try:
         writer = final_writer(config, model, transport, run_tokenizer(config, None))
-        path = serve(loop, config.distributed.outer_steps, stop, writer)
+        path = serve(loop, config.distributed.outer_steps, stop, writer, caught)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -119,5 +120,5 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
         "outer_step": loop.master.outer_step,
         "final_global": path,
         "elapsed_s": time.perf_counter() - start,
-        "signal": caught[0] if caught else None,
+        "signal": caught.stop_signal,
     }

@@ -31,7 +31,7 @@ from speedtronic.distributed.protocol import (
     delta_path_problem,
     parse_step_count,
 )
-from speedtronic.errors import DamagedRepoFile, TransportError
+from speedtronic.errors import ConfigError, DamagedRepoFile, TransportError
 
 MAX_STEP_COUNT_BYTES = 64 << 10  # step_count.json is a few hundred bytes
 # open() failures that mean the repo holds the wrong kind of entry, not a passing fault
@@ -91,12 +91,31 @@ class LocalTransport:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self.create_root = True  # a worker's (``prepare``): never; the master's: at the start
 
     def describe(self) -> str:
         return str(self.root)
 
     def prepare(self, settings: Any, logger: Any) -> None:
-        """Nothing to create ahead: directories appear with the first write."""
+        """The master creates the shared directory; a worker never does (a mistyped or unmounted
+        path would become a directory of its own, silently, that no master reads): a missing
+        one is a configuration error (exit 2)."""
+        if getattr(settings, "role", "worker") == "master":
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TransportError(f"cannot create {self.root}: {exc.strerror}") from exc
+            return
+        self.create_root = False
+        if not self.root.is_dir():
+            key = (
+                "distributed.repo_id" if getattr(settings, "repo_id", None) else "distributed.path"
+            )
+            raise ConfigError(
+                f"{key}: the shared directory {self.root} does not exist (a worker never creates "
+                "it: is the path right, and mounted on this machine?)",
+                hint="start the master first (it creates the directory), or create it yourself",
+            )
 
     def cadence_warnings(self, settings: Any, step_time_s: float | None) -> list[str]:
         return []  # a directory has no request budget
@@ -201,6 +220,10 @@ class LocalTransport:
         link, a folder named ``step_count.json``) is cleared first: writes never follow a link
         out of the repo, and a damaged ``global/`` is restored rather than failing forever."""
         *folders, name = self._parts(path)
+        if not self.create_root and not self.root.is_dir():  # unmounted, or deleted: not ours
+            error = TransportError(f"cannot write {path}: the shared directory {self.root} is gone")
+            error.permanent = True
+            raise error
         try:
             with repo_files.folder(self.root, tuple(folders), create=True) as fd:
                 repo_files.replace_in(fd, name, data)

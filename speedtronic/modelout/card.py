@@ -78,9 +78,16 @@ def model_card(facts: CardFacts) -> str:
         ("vocabulary", f"{cfg.vocab_size}; tokenizer {tokenizer}"),
         ("weights", facts.dtype),
     ]
+    diloco = meta.get("diloco") if isinstance(meta.get("diloco"), dict) else None
+    # a DumbDiLoCo final global: "step" is its outer step, the fleet's steps are counted apart
+    steps = meta.get("optimizer_steps") if diloco else meta.get("step")
     training = [
-        ("optimizer steps", _count(meta.get("step"))),
+        (
+            "optimizer steps",
+            _count(steps) + (" (the fleet's, added up)" if diloco and steps else ""),
+        ),
         ("tokens trained", _count(meta.get("tokens"))),
+        *([("DumbDiLoCo outer steps", _count(meta.get("step")))] if diloco else []),
         ("final training loss", _loss(meta.get("loss"))),
         (
             "eval loss",

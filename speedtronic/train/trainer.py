@@ -44,6 +44,7 @@ class TrainResult:
     skipped_steps: int = 0
     checkpoint: str | None = None  # the last checkpoint written, if any
     tokens_per_s: float = 0.0  # over the steps trained by this call (not a resumed total)
+    unsent: bool = False  # a DiLoCo node's deltas wait in its checkpoint: --resume sends them
 
 
 @dataclass
@@ -63,10 +64,11 @@ class Trainer:
 
     Plug-ins are objects with any of ``on_train_start(trainer)``,
     ``after_optimizer_step(trainer) -> "stop" | None``, ``on_train_end(trainer, result)``,
-    ``on_at_target(trainer, result)`` (training was done already, e.g. ``--resume`` at
-    max_steps), ``on_train_error(trainer, exc)`` (a step failed after others completed:
-    ``train/failure.py``) and ``state_dict()`` / ``load_state_dict(state)`` (stored under their
-    ``name``).
+    ``on_stop(trainer, result)`` (a signal stopped the loop: before any ``on_train_end``, so
+    that the checkpoint is written before anything waits), ``on_at_target(trainer, result)``
+    (training was done already, e.g. ``--resume`` at max_steps), ``on_train_error(trainer,
+    exc)`` (a step failed after others completed: ``train/failure.py``) and ``state_dict()`` /
+    ``load_state_dict(state)`` (stored under their ``name``).
     """
 
     def __init__(
@@ -92,6 +94,8 @@ class Trainer:
         self.skipped_steps = 0
         self._nonfinite_run = 0
         self._stop_signal: int | None = None
+        self.signals = 0  # stop signals received: a second one ends any wait at once
+        self.ending = False  # the loop is done: the plug-ins' end (saves, then waits) runs
         self._forward = _compiled(model, self.logger) if options.compile else model
         self._compiled_ok = False
         self.step_log = StepLog(self.logger, options, precision)
@@ -105,6 +109,7 @@ class Trainer:
         self.model.train()
         if self.step >= self.options.max_steps:  # e.g. --resume of a finished run
             result = _train_result(self, start, start_tokens, "at_target")
+            self.ending = True
             with self._signals():  # a plug-in may still finish (a DiLoCo node's end of run)
                 self._call_plugins("on_at_target", self, result)
             return result
@@ -118,6 +123,9 @@ class Trainer:
                     steps.end()
                     status = self._after_step(loss, grad_norm, guard)
             result = _train_result(self, start, start_tokens, status)
+            self.ending = True  # from now on a second signal cuts waits short, never a save
+            if status == "interrupted":  # a stop is not an end: save first, wait after
+                self._call_plugins("on_stop", self, result)
             self._call_plugins("on_train_end", self, result)
         return result
 
@@ -261,8 +269,11 @@ class Trainer:
         return self._stop_signal
 
     def request_stop(self, signum: int) -> None:
-        """Finish the current optimizer step, then stop (what the first Ctrl-C does)."""
-        self._stop_signal = signum
+        """Finish the current optimizer step, then stop (what the first Ctrl-C does); a second
+        call cuts the end's waits (``distributed/stopping.py``)."""
+        if self._stop_signal is None:
+            self._stop_signal = signum
+        self.signals += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run exactly (plain data and tensors)."""
@@ -320,7 +331,8 @@ def _compiled(model: nn.Module, logger: MetricLogger) -> Any:
 
 
 class _SignalGuard:
-    """First SIGINT/SIGTERM: stop after this step. Second SIGINT: abort at once.
+    """First SIGINT/SIGTERM: stop after this step. Second SIGINT: abort at once, while steps
+    run; once the loop is done (the end saves, then waits), any second signal ends the waits.
 
     The handler only records the signal; the loop announces it once the step is done. A
     handler runs between two bytecodes of the main thread, which may hold the logger's lock:
@@ -339,10 +351,11 @@ class _SignalGuard:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.trainer._stop_signal is not None and signum == signal.SIGINT:
+        trainer = self.trainer
+        if trainer._stop_signal is not None and signum == signal.SIGINT and not trainer.ending:
             raise KeyboardInterrupt
-        self.caught = signum
-        self.trainer.request_stop(signum)
+        self.caught = self.caught or signum
+        trainer.request_stop(signum)  # once ending: the waits end, the saves still complete
 
     def announce(self) -> None:
         """Say, once, which signal stops the run (from the loop, never from the handler)."""

@@ -190,3 +190,46 @@ def test_I6_a_master_finishing_first_ends_with_every_nodes_last_delta_on_a_direc
 
     counted = master_first_run(tmp_path, start_node, (repo / GLOBAL_WEIGHTS).exists, repo)
     assert counted["nodes"]["master"]["final"], counted
+
+
+@pytest.mark.slow
+def test_I6_a_worker_ending_after_the_master_leaves_the_runs_final_global_with_true_numbers(
+    tmp_path,
+):
+    """Issue 36: the worker's final_global was outer step 2, the master's 4; its meta.json said
+    tokens '-' and the card 'optimizer steps 3' for 2 x 30 trained steps. `storage pull` fetches
+    the run's final global into a node's output dir later."""
+    from speedtronic.checkpoint import load_checkpoint
+    from speedtronic.checkpoint.inspection import inspect_path
+
+    repo = tmp_path / "repo"
+    master = start(tmp_path, repo, "master", "master", steps=20, min_deltas=1)
+    assert wait_until(lambda: (repo / GLOBAL_WEIGHTS).exists(), watch=master)
+    worker = start(tmp_path, repo, "worker", "worker-1", steps=30, min_deltas=1)
+    assert proc_support.wait(master) == 0, log_of(tmp_path, "master")
+    assert proc_support.wait(worker) == 0, log_of(tmp_path, "worker-1")
+    counted = json.loads((repo / STEP_COUNT).read_text())
+    ours = load_checkpoint(tmp_path / "worker-1" / "final_global")
+    theirs = load_checkpoint(tmp_path / "master" / "final_global")
+    assert ours.meta["step"] == theirs.meta["step"] == counted["outer_step"]
+    for name, tensor in theirs.model_state.items():
+        assert torch.equal(ours.model_state[name], tensor), name
+    assert "the run's final global" in log_of(tmp_path, "worker-1")
+    trained = [load_checkpoint(tmp_path / n / "checkpoints" / f"step_{s:010d}") for n, s in
+               (("master", 20), ("worker-1", 30))]  # fmt: skip
+    assert ours.meta["optimizer_steps"] == 50, counted  # every delta applied: 20 + 30
+    assert ours.meta["tokens"] == sum(c.meta["tokens"] for c in trained)
+    [entry] = inspect_path(tmp_path / "worker-1" / "final_global")["checkpoints"]
+    assert entry["tokens"] == ours.meta["tokens"]
+
+    (tmp_path / "worker-1" / "final_global" / "meta.json").unlink()  # as if never fetched
+    pulled = proc_support.run(
+        [sys.executable, "-m", "speedtronic", "storage", "pull", str(tmp_path / "worker-1")],
+        env=proc_support.quiet_env(),
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    assert f"the run's final global: outer step {counted['outer_step']}" in pulled.stdout
+    again = load_checkpoint(tmp_path / "worker-1" / "final_global")
+    assert again.meta["optimizer_steps"] == 50
+    for name, tensor in theirs.model_state.items():
+        assert torch.equal(again.model_state[name], tensor), name

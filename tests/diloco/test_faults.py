@@ -588,6 +588,7 @@ def test_I3_a_restart_keeps_the_nodes_applied_seqs_and_the_fleets_pace_from_its_
     assert after["fleet_tokens_per_step"] == before["fleet_tokens_per_step"] == 10
     node = {"seq": 3, "base_outer_step": 2, "tokens": 20, "last_delta_at": "2026-01-01T00:00:00Z"}
     node.update({"final": False, "chain": "c0ffee00"})
+    node.update({"steps_total": 3 * 2, "tokens_total": 3 * 20})  # three deltas of 2 steps
     assert after["nodes"] == before["nodes"] == {"node-a": node}
 
 

@@ -78,6 +78,11 @@ class DeltaIntake:
             }
             if header.steps == 0:  # an end marker: the work is the previous delta's
                 entry.update({k: before[k] for k in ("base_outer_step", "tokens") if k in before})
+            applied = header.steps > 0  # a marker carries no work; counted when it is included
+            entry["steps_total"] = before.get("steps_total", 0) + (header.steps if applied else 0)
+            entry["tokens_total"] = before.get("tokens_total", 0) + (
+                header.tokens if applied else 0
+            )
             entry.update({"end_step": header.end_step} if header.end_step else {})
             entry.update({"chain": header.chain} if header.chain else {})
             nodes[header.node_id] = entry

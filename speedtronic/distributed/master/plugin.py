@@ -7,8 +7,9 @@ that sent a delta this run has sent its last one (``Roster``), or has been silen
 deadline. Then ``finish`` runs the final round on whatever is pending, never held back by
 publish pacing, and publishes it, retrying until it lands or ``upload_timeout_s`` has passed;
 one line says what the final global holds, and the ``final_writer`` writes it as a checkpoint.
-An interrupted master (Ctrl-C, SIGTERM) does not wait: it applies what is in, and says which
-nodes' last deltas it did not wait for (they stay in the repo for its next start).
+An interrupted master (Ctrl-C, SIGTERM) does not wait: after its checkpoint it applies what is
+in, publishing for at most ``stop_grace_s`` (a second signal: at once), and says which nodes'
+last deltas it did not wait for (they stay in the repo for its next start).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterState
+from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.errors import TransportError
 
 FinalWriter = Callable[[dict, int, dict], "Path | None"]  # (weights, outer step, nodes) -> path
@@ -71,9 +73,10 @@ def _say_once(loop: MasterLoop, said: set[str], key: str, line: str) -> None:
         loop.logger.notice(line)
 
 
-def finish(loop: MasterLoop, interrupted: bool = False) -> str:
-    """The final round, published (retried until it lands, for ``upload_timeout_s``); returns
-    the line saying what the final global holds. Polls run in this thread from now on."""
+def finish(loop: MasterLoop, interrupted: bool = False, clock: EndClock | None = None) -> str:
+    """The final round, published (retried until it lands, for ``upload_timeout_s``, or what a
+    stop's ``clock`` leaves); returns the line saying what the final global holds. Polls run in
+    this thread from now on."""
     if interrupted and (waiting := loop.roster.waiting_for()):
         loop.logger.warn(
             f"diloco master: interrupted, so not waiting for the last deltas of "
@@ -87,6 +90,8 @@ def finish(loop: MasterLoop, interrupted: bool = False) -> str:
         done = not loop.unpublished and not loop.master.pending
         if (done and not loop.summary_unpublished()) or time.monotonic() > deadline:
             break
+        if clock is not None and clock.left() <= 0:
+            break
         time.sleep(min(1.0, loop.config.poll_interval))
     if loop.master is None:
         return "final global: none (the repo never answered)"
@@ -99,11 +104,13 @@ def serve(
     outer_steps: int,
     stop: threading.Event,
     final_writer: FinalWriter | None = None,
+    signals: Any = None,
 ) -> str | None:
     """Coordinate only (no local training) until the run ends: ``outer_steps`` rounds or the
     whole fleet's last deltas, then every node's last delta or the drain deadline, and
     ``Roster.join_grace_s`` after a node joined (not one in the repo's backlog); or ``stop``
-    (a signal: the final round on what is in). Returns where the final global was written."""
+    (a signal: the final round on what is in, within ``stop_grace_s``; ``signals``: a
+    ``stopping.Signals``). Returns where the final global was written."""
     loop.start_sending()
     said = False
     try:
@@ -130,10 +137,11 @@ def serve(
                     )
             stop.wait(loop.config.poll_interval)
     finally:
-        loop.stop_sending(timeout=loop.config.upload_timeout_s)
+        clock = end_clock(signals, loop.config)
+        loop.stop_sending(timeout=clock.limit(loop.config.upload_timeout_s))
     if loop.fatal is not None:
         raise loop.fatal
-    return _ended(loop, finish(loop, interrupted=stop.is_set()), final_writer)
+    return _ended(loop, finish(loop, interrupted=stop.is_set(), clock=clock), final_writer)
 
 
 def _raise_if_unpublished(loop: MasterLoop) -> None:
@@ -155,7 +163,8 @@ def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str
     path = None
     if final_writer is not None and loop.publisher.last_step is not None:
         weights = loop.master.global_weights
-        path = final_writer(weights, loop.publisher.last_step, loop.publisher.landed_nodes or {})
+        landed = loop.publisher.landed_nodes or {}
+        path = final_writer(weights, loop.publisher.last_step, {"nodes": landed}, landed)
     where = f"; written to {path}" if path else ""
     say = loop.logger.warn if "; missing: " in line else loop.logger.notice
     say(f"diloco master: {line}{where}")
@@ -191,8 +200,9 @@ class MasterPlugin:
             raise self.loop.fatal
 
     def on_train_end(self, trainer: Any, result: Any) -> None:
+        clock = end_clock(trainer, self.loop.config)  # a stop: the grace, after the checkpoint
         if self.local_worker is not None:  # its last delta belongs in the final round
-            self.local_worker.finish_sending(trainer)
+            self.local_worker.finish_sending(trainer, clock)
         status = getattr(result, "status", None)
         interrupted = status == "interrupted"
         if not interrupted:
@@ -202,12 +212,12 @@ class MasterPlugin:
             drain(self.loop, stopped, self.drain_cap_s, stragglers)
             interrupted = stopped()
         self._stop.set()
-        self._thread.join(timeout=max(self.loop.config.poll_interval, 30.0))
+        self._thread.join(timeout=clock.limit(max(self.loop.config.poll_interval, 30.0)))
         if self._thread.is_alive():
             self.loop.logger.warn("diloco master: the poll thread is stuck; no final round")
             return
-        self.loop.stop_sending(timeout=self.loop.config.upload_timeout_s)
-        line = finish(self.loop, interrupted)
+        self.loop.stop_sending(timeout=clock.limit(self.loop.config.upload_timeout_s))
+        line = finish(self.loop, interrupted, clock)
         if self.loop.fatal is not None:
             raise self.loop.fatal
         if not self.loop.guard.checked:  # no round could run: the deltas were never applied

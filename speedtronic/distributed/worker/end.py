@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from speedtronic.distributed.protocol import fleet_totals
+from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.distributed.worker.fetch import GlobalFetcher, Ready
 
 WAIT_FLOOR_S, WAIT_CAP_S = 60.0, 3600.0  # the default wait for a global holding the last delta
@@ -42,18 +44,30 @@ class RunEnd:
         max_steps = getattr(getattr(trainer, "options", None), "max_steps", None)
         return max_steps is not None and trainer.step >= max_steps
 
-    def finish_sending(self, trainer: Any) -> bool:
-        """The last boundary for the steps since the previous one (or an end marker), then the
-        uploads, for ``upload_timeout_s``; whether everything went out."""
+    def stop(self, trainer: Any) -> None:
+        """A signal stopped the run: its last boundary (marked final), in memory and at once,
+        so that the checkpoint written next holds it; nothing is sent yet."""
+        self.plugin.status.raise_if_fatal()
+        self._last_boundary(trainer, wait=False)
+
+    def _last_boundary(self, trainer: Any, wait: bool) -> None:
         p = self.plugin
-        p.status.raise_if_fatal()
         if trainer.step > p.boundary_step:
-            p.boundary(trainer, final=True)
+            p.boundary(trainer, final=True, wait=wait)
         zeros = lambda: {k: torch.zeros(v.shape) for k, v in p.params.items()}  # noqa: E731
         p.uploader.end_run(zeros, max(p.base_outer_step, 0), trainer.step)
+
+    def finish_sending(self, trainer: Any, clock: EndClock | None = None) -> bool:
+        """The last boundary for the steps since the previous one (or an end marker), then the
+        uploads, for ``upload_timeout_s`` (a stop: its grace); whether everything went out."""
+        p = self.plugin
+        p.status.raise_if_fatal()
+        clock = clock or end_clock(trainer, p.config)
+        self._last_boundary(trainer, wait=not clock.stopping)
         if not p.background:
             return p.uploader.send_pending()
-        return p.uploader.drain(p.config.upload_timeout_s, waiting=self._free_records)
+        timeout = clock.limit(p.config.upload_timeout_s)
+        return p.uploader.drain(timeout, waiting=self._free_records, left=clock.left)
 
     def _free_records(self) -> None:
         """While the last uploads wait for room: a global the poller fetched frees records."""
@@ -66,14 +80,22 @@ class RunEnd:
         p.status.raise_if_fatal()
         if self.done or p.status.stop.is_set():
             return  # already ended, e.g. by the master plug-in of the same node
-        sent = self.finish_sending(trainer)
+        clock = end_clock(trainer, p.config)  # a stop: the grace, from now (after the save)
+        sent = self.finish_sending(trainer, clock)
         began = time.monotonic()
-        ready, holds = self._wait_for_global(sent)
+        ready, holds = self._wait_for_global(sent, clock)
         self.done = True
         p.status.stop.set()
         p.uploader.wake.set()
         p.status.raise_if_fatal()
-        self._say(ready, holds, sent, time.monotonic() - began)
+        if ready is not None:
+            p.uploader.included(ready.own_seq)
+        if p.uploader.unsent() and result is not None:
+            result.unsent = True  # the CLI prints the --resume command that sends them
+        if clock.stopping:
+            self._say_stopped(trainer, ready, time.monotonic() - began)
+        else:
+            self._say(ready, holds, sent, time.monotonic() - began)
 
     def at_target(self, trainer: Any, result: Any) -> None:
         """``--resume`` at max_steps: the run's end all the same, what is unsent sent first."""
@@ -108,40 +130,56 @@ class RunEnd:
             chosen = min(WAIT_CAP_S, max(WAIT_FLOOR_S, chosen))
         return chosen if self.wait_cap_s is None else min(chosen, self.wait_cap_s)
 
-    def _wait_for_global(self, sent: bool) -> tuple[Ready | None, bool]:
-        """The newest global, and whether it holds this node's last delta; waits (bounded) for
-        one that does when the last delta went out. A fresh fetcher: the installed global counts
-        too (the node's weights are not the global's)."""
+    def _wait_for_global(self, sent: bool, clock: EndClock) -> tuple[Ready | None, bool]:
+        """The newest global, and whether it holds this node's last delta; waits (bounded, and
+        cut by a stop) for one that does when the last delta went out. A fresh fetcher: the
+        installed global counts too (the node's weights are not the global's)."""
         p = self.plugin
         last, fetcher = (
             p.uploader.final_seq,
             GlobalFetcher(p.config, p.transport, p.logger, p.status, p.params),
         )
         deadline = time.monotonic() + self.wait_s()
-        while True:
+        ready, holds = None, False
+        while clock.left() > 0:
             fetcher.refresh()
-            ready = fetcher.ready
+            ready = fetcher.ready or ready
             holds = ready is not None and last is not None and ready.own_seq >= last
             if holds or not sent or last is None or not p.background:
                 return ready, holds
             if p.status.fatal is not None or time.monotonic() >= deadline:
                 return ready, False
-            time.sleep(min(p.config.poll_interval, END_POLL_S))
+            time.sleep(min(p.config.poll_interval, END_POLL_S, clock.left()))
+        return ready, holds
 
     def _say(self, ready: Ready | None, holds: bool, sent: bool, waited: float) -> None:
         p, last = self.plugin, self.plugin.uploader.final_seq
         where = p.transport.describe()
         if ready is None:
-            p.logger.warn(f"diloco: no global weights in {where} at the end; nothing written")
+            unsent = (
+                f", and this node's deltas are unsent ({where} did not take them): they are in "
+                "its checkpoint, --resume sends them"
+                if p.uploader.unsent()
+                else ""
+            )
+            line = f"diloco: no global weights in {where} at the end{unsent}; nothing written"
+            p.logger.warn(line)
             self._event(None, last, False)
             return
         facts = {"own_seq": ready.own_seq, "last_seq": last, "holds_last_delta": holds}
         if self.final_writer is not None:
-            self.final_path = str(self.final_writer(ready.weights, ready.outer_step, facts))
+            written = self.final_writer(ready.weights, ready.outer_step, facts, ready.nodes)
+            self.final_path = str(written)
         written = f"; written to {self.final_path}" if self.final_path else ""
-        glob = f"the global at outer step {ready.outer_step}"
+        ended = fleet_totals(ready.nodes)["ended"]
+        glob = ("the run's final global" if ended else "the global") + (
+            f" at outer step {ready.outer_step}"
+        )
         if holds:
-            p.logger.notice(f"diloco: {glob} holds this node's last delta (seq {last}){written}")
+            p.logger.notice(
+                f"diloco: {glob} holds this node's last delta (seq {last}){written}"
+                + ("" if ended else self._later(where))
+            )
         elif not sent:
             p.logger.warn(
                 f"diloco: deltas still unsent at the end ({where} did not take them): they are "
@@ -155,6 +193,40 @@ class RunEnd:
                 "in the repo for the master"
             )
         self._event(ready, last, holds)
+
+    def _later(self, where: str) -> str:
+        """How to fetch the run's final global once the master has ended (it has not yet)."""
+        out = getattr(self.final_writer, "output_dir", None)
+        command = f"speedtronic storage pull {out or '<output_dir>'} --repo {where}"
+        return (
+            f"; the run goes on at the master: once it has ended, `{command}` fetches the run's "
+            "final global into final_global/"
+        )
+
+    def _say_stopped(self, trainer: Any, ready: Ready | None, waited: float) -> None:
+        """A stop (a signal): what of this node's work is not in a global yet, and where it
+        waits; no final global is written (the run goes on with --resume)."""
+        p = self.plugin
+        unsent, out = p.uploader.unsent(), len(p.uploader.in_flight)
+        held = f"the global at outer step {ready.outer_step}" if ready else "no global"
+        if not unsent and not out:
+            p.logger.notice(
+                f"diloco: stopped at step {trainer.step}; {held} holds everything this node trained"
+            )
+        else:
+            parts = [f"{out} sent delta(s) wait in {p.transport.describe()} for the master"] * (
+                out > 0
+            )
+            if unsent:
+                parts.append(
+                    f"the unsent ones are in this node's checkpoint of step {trainer.step}, and "
+                    "--resume sends them"
+                )
+            p.logger.warn(
+                f"diloco: stopped at step {trainer.step} after {waited:.0f} s of grace; not yet "
+                f"in a global ({held} is the newest this node saw): {'; '.join(parts)}"
+            )
+        self._event(ready, p.uploader.final_seq, False)
 
     def _event(self, ready: Ready | None, last: int | None, holds: bool) -> None:
         self.plugin.logger.log(

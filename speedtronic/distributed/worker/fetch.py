@@ -19,7 +19,7 @@ before compounds (a global grown 9x per publish passes a 10x check every time).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ class Ready:
     fleet_rate: int
     own_seq: int = -1
     replaces: bool = False  # at or below the installed step: the repo went back, follow it
+    nodes: dict = field(default_factory=dict)  # step_count's summary of the fleet (I6 facts)
 
 
 class GlobalFetcher:
@@ -112,7 +113,8 @@ class GlobalFetcher:
         check_plausible_global(weights, self.anchor_norm, anchor, self.travelled())
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
         rate = counted.get("fleet_tokens_per_step", 0)
-        ready = Ready(outer_step, weights, rate, own_seq, replaces=went_back)
+        nodes = counted.get("nodes") or {}
+        ready = Ready(outer_step, weights, rate, own_seq, replaces=went_back, nodes=nodes)
         with self.lock:  # never replace a newer global already waiting, unless the repo went back
             if went_back or outer_step > max(self.installed_step, self._waiting_step()):
                 self.ready = ready

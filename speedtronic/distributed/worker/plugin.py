@@ -128,6 +128,11 @@ class WorkerPlugin:
         elif self.eager and since % self.install_every == 0 and self.fetcher.ready is not None:
             self.install_eagerly(trainer)
 
+    def on_stop(self, trainer: Any, result: Any) -> None:
+        """A signal stopped the run: the last boundary, in memory, before the checkpoint is
+        written (it holds the delta); the sending waits for ``on_train_end``, within the grace."""
+        self.end.stop(trainer)
+
     def on_train_end(self, trainer: Any, result: Any) -> None:
         """The end of this node's run (``worker/end``): its last delta, marked so, sent
         (bounded); a bounded wait for a global holding it; that global in the output dir."""
@@ -137,9 +142,10 @@ class WorkerPlugin:
         """``--resume`` of a node whose training is done: send what is unsent, all the same."""
         self.end.at_target(trainer, result)
 
-    def finish_sending(self, trainer: Any) -> bool:
-        """The last boundary (or an end marker) and its upload; whether everything went."""
-        return self.end.finish_sending(trainer)
+    def finish_sending(self, trainer: Any, clock: Any = None) -> bool:
+        """The last boundary (or an end marker) and its upload; whether everything went.
+        ``clock``: a stop's (``stopping.EndClock``)."""
+        return self.end.finish_sending(trainer, clock)
 
     def ended_by_master(self, path: str | None) -> None:
         """This node's master wrote the final global: nothing left for the worker to do."""
@@ -147,9 +153,10 @@ class WorkerPlugin:
 
     # ------------------------------------------------------------------ the boundary
 
-    def boundary(self, trainer: Any, final: bool = False) -> None:
+    def boundary(self, trainer: Any, final: bool = False, wait: bool = True) -> None:
         """Capture this inner loop's delta, queue it, and install a newer global if there is one.
-        ``final``: the last of this node's run (I6)."""
+        ``final``: the last of this node's run (I6); ``wait=False``: never ``sync_wait_s`` (a
+        stop)."""
         start = time.perf_counter()
         current = snapshot(self.params)
         delta = {k: self.base[k] - current[k] for k in current}  # base - current, fp32
@@ -161,7 +168,7 @@ class WorkerPlugin:
             self.uploader.queue(pending)
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base, self.rate = current, tokens / max(steps, 1)
-        if self.config.sync_wait_s > 0 and self.background:
+        if self.config.sync_wait_s > 0 and self.background and wait:
             self._wait_for_own_round()
         installed = self.install_ready(trainer)
         if self._started is not None:  # the first loop gives the step time: check the budgets

@@ -81,6 +81,7 @@ def number_past_used(up: Any, max_bytes: int) -> None:
     if up.resumed_seq is not None:
         later = [seq for seq in used if seq > up.resumed_seq]
         up.replayed_to = _reached(up, own, later, max_bytes)
+        _drop_landed_exact(up, own, used)
         if up.replayed_to:
             _drop_sent_outbox(up)
     up.seq = max([up.seq, *used, *([applied] if applied is not None else [])])
@@ -101,6 +102,18 @@ def _reached(up: Any, own: dict, later: list[int], max_bytes: int) -> int:
         if header is not None and header.chain == up.chain:
             reached.append(header.end_step)
     return max([0, *reached])
+
+
+def _drop_landed_exact(up: Any, own: dict, used: list[int]) -> None:
+    """A delta the checkpoint caught in flight (``exact``) that landed after all: in the repo
+    still, or applied (the master names it, or a later one of this chain). Sent again, it
+    would only stay in the repo of a master that has ended (a resumed finished master)."""
+    exact = up.exact
+    if exact is None or not exact.seq:
+        return
+    applied = own.get("chain") == up.chain and (own.get("seq") or 0) >= exact.seq
+    if applied or exact.seq in used:
+        up.exact = None
 
 
 def _drop_sent_outbox(up: Any) -> None:

@@ -149,12 +149,15 @@ class Uploader:
             pass
         return not self.unsent()
 
-    def drain(self, timeout: float, waiting: Any = None) -> bool:
+    def drain(self, timeout: float, waiting: Any = None, left: Any = None) -> bool:
         """Wait up to ``timeout`` for queued deltas to go out; whether all did (what stays is
-        kept in the checkpoint). ``waiting()`` is called meanwhile (about once a second)."""
+        kept in the checkpoint). ``waiting()`` is called meanwhile (about once a second);
+        ``left()``: the seconds a stop still allows (``stopping.EndClock``)."""
         deadline, looked = time.monotonic() + timeout, 0.0
         self.wake.set()
         while time.monotonic() < deadline and self.status.fatal is None:
+            if left is not None and left() <= 0:
+                break
             if self.all_sent():
                 return True
             if waiting is not None and time.monotonic() - looked >= 1.0:
