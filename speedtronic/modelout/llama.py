@@ -48,6 +48,10 @@ _TOP_NAMES = {
     "lm_head.weight": "lm_head.weight",
 }
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+# The same tables read the other way (import): a name added above maps both directions.
+_REFERENCE_BLOCK = {theirs: ours for ours, theirs in _BLOCK_NAMES.items()}
+_REFERENCE_TOP = {theirs: ours for ours, theirs in _TOP_NAMES.items()}
+_LLAMA_BLOCK_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 INSTEAD = (
@@ -100,6 +104,16 @@ def llama_name(key: str) -> str | None:
     match = _BLOCK_KEY.match(key)
     if match and match.group(2) in _BLOCK_NAMES:
         return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+    return None
+
+
+def reference_name(key: str) -> str | None:
+    """The ReferenceTransformer name of a LlamaForCausalLM key; None if it has none."""
+    if key in _REFERENCE_TOP:
+        return _REFERENCE_TOP[key]
+    match = _LLAMA_BLOCK_KEY.match(key)
+    if match and match.group(2) in _REFERENCE_BLOCK:
+        return f"blocks.{match.group(1)}.{_REFERENCE_BLOCK[match.group(2)]}"
     return None
 
 
