@@ -112,7 +112,8 @@ def open_source(src: str | os.PathLike, log=None) -> SourceModel:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"SRC: cannot read {where}: {getattr(exc, 'strerror', None) or exc}")
+        why = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"SRC: cannot read {where}: {why}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"SRC: {where} is not a JSON object")
     params = hf_config.reference_params(config, where)
