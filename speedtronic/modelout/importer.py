@@ -103,7 +103,7 @@ def _write(tmp: Path, out: Path, source: SourceModel) -> Imported:
         "tokens": 0,
         "samples": 0,
         "param_count": count,
-        "config": stored_config(source, out, tokenizer is not None),
+        "config": stored_config(source, out),
         "tokenizer": record,
         "imported_from": {"source": source.origin, "config": source.hf_config},
     }
@@ -121,14 +121,12 @@ def _tied(source: SourceModel) -> bool:
     return bool(source.params["tie_embeddings"])
 
 
-def stored_config(source: SourceModel, out: Path | None, has_tokenizer: bool) -> dict:
-    """The config meta.json records: the reference transformer with SRC's keys, and SRC's
-    tokenizer file (in OUT when imported, else where SRC lies)."""
+def stored_config(source: SourceModel, out: Path | None) -> dict:
+    """The config meta.json records: the reference transformer with SRC's keys. The tokenizer
+    is the checkpoint's record (data.tokenizer names a file only for text to tokenize)."""
     from speedtronic.config import SpeedtronicConfig
 
-    folder = source.folder if out is None else out / TOKENIZER_DIR
-    data = {"tokenizer": str(folder / "tokenizer.json") if has_tokenizer else "byte"}
-    raw = {"model": source.model_section(), "data": data}
+    raw: dict[str, Any] = {"model": source.model_section()}
     if out is not None:
         raw["run"] = {"output_dir": str(out)}
     return SpeedtronicConfig.load(raw).to_dict(redact=True)
