@@ -88,8 +88,11 @@ DOCS: dict[str, str] = {
     "checkpoint.overwrite": "delete the checkpoints of the run already in the directory and start "
     "fresh (as --overwrite); false: such a directory is refused",
     "checkpoint.init_from": "start this fresh run from the weights of a run (its output_dir), its "
-    "checkpoints/ dir or a step_* dir (as --init-from); optimizer, schedule, step count and RNG "
-    "start fresh",
+    "checkpoints/ dir or a step_* dir, or of a transformers model (its directory, an export's "
+    "included, or hf://OWNER/NAME[@REV]) (as --init-from); optimizer, schedule, step count and "
+    "RNG start fresh; a config naming no model takes the source's model and tokenizer",
+    "checkpoint.init_overrides": "model keys allowed to differ from init_from's source (as "
+    "--init-override KEY); any other key that changes what the weights compute is refused",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
@@ -170,8 +173,11 @@ CHECKED: dict[str, str] = {
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
-    "checkpoint.init_from": "a directory; unused when --resume finds a checkpoint; not inside "
-    "the directory --overwrite deletes; the weights must fit the model",
+    "checkpoint.init_from": "a directory or hf://OWNER/NAME[@REV]; unused when --resume finds a "
+    "checkpoint; not inside the directory --overwrite deletes; the weights must fit the model, "
+    "whose keys must equal the source's unless listed in init_overrides",
+    "checkpoint.init_overrides": "each one of vocab_size, n_layer, d_model, n_head, n_kv_head, "
+    "mlp_hidden, rope_theta, norm_eps, tie_embeddings, qk_norm",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
     "distributed.repo_id": "required when enabled; not with a different path; s3://: a bucket "
     "name of 3-63 letters, digits, . - _ and a prefix of safe folder names",
