@@ -198,3 +198,85 @@ def test_a_hub_model_repo_imports_like_the_same_directory(
     missing = invoke("import", "hf://alice/nope", tmp_path / "run2")
     assert missing.exit_code in (1, 2) and "alice/nope" in missing.stderr
     assert not (tmp_path / "run2").exists()
+
+
+def train_config(tmp_path, name: str, **model) -> str:
+    """A config for text in ``tmp_path``; ``model`` keys only when given (else it names none)."""
+    import yaml
+    from modelout_support import text_file
+
+    config = {
+        "run": {"max_steps": 12, "device": "cpu", "seed": 0, "output_dir": str(tmp_path / name)},
+        "data": {"text_path": str(text_file(tmp_path)), "seq_len": 32, "micro_batch_size": 8,
+                 "target_batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 3e-3},
+        "scheduler": {"warmup_steps": 2},
+        "logging": {"every_steps": 1, "json_file": "metrics.jsonl"},
+    }  # fmt: skip
+    if model:
+        config["model"] = {"name": "reference_transformer", **model}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def losses(tmp_path, name: str) -> list[float]:
+    lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return [r["loss"] for r in records if r.get("event") == "train_step"]
+
+
+@pytest.mark.parametrize("how", ["import", "directory", "export"])
+def test_a_run_from_a_pretrained_model_whose_config_names_no_model_learns(how, tmp_path):
+    src = llama_dir(tmp_path)
+    init = src
+    if how in ("import", "export"):
+        assert invoke("import", src, tmp_path / "imported").exit_code == 0
+        init = tmp_path / "imported"
+    if how == "export":  # the project's own export directory said "no usable checkpoint"
+        assert invoke("export", init, tmp_path / "exported").exit_code == 0
+        init = tmp_path / "exported"
+    result = invoke("train", "-c", train_config(tmp_path, "tuned"), "--init-from", init)
+    assert result.exit_code == 0, result.stderr
+    meta = json.loads((tmp_path / "tuned/checkpoints/step_0000000012/meta.json").read_text())
+    assert meta["config"]["model"]["n_kv_head"] == 2 and meta["config"]["model"]["d_model"] == 64
+    assert meta["tokenizer"]["vocab_size"] == 300  # the source's tokenizer, not bytes
+    first, *_, last = losses(tmp_path, "tuned")
+    assert last < first - 0.5  # it learns
+
+
+def test_a_model_key_that_changes_the_function_is_refused_unless_overridden(tmp_path):
+    """Issue 35: n_head 8 instead of 4 keeps every tensor's shape and loaded silently."""
+    src = llama_dir(tmp_path, num_key_value_heads=4)  # n_kv_head: None follows n_head
+    keys = dict(vocab_size=300, n_layer=2, d_model=64, mlp_hidden=96,
+                rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True)  # fmt: skip
+    same = invoke("train", "-c", train_config(tmp_path, "same", n_head=4, **keys),
+                  "--init-from", src, "--max-steps", "1")  # fmt: skip
+    assert same.exit_code == 0, same.stderr
+    config = train_config(tmp_path, "other", n_head=8, **keys)
+    result = invoke("train", "-c", config, "--init-from", src)
+    assert_one_line_error(result, "model.n_head is 8 here and 4 in", "--init-override n_head")
+    assert not (tmp_path / "other").exists()
+    for key, value in [("rope_theta", 10000.0), ("norm_eps", 1e-6), ("tie_embeddings", False)]:
+        changed = train_config(tmp_path, key, **{**keys, "n_head": 4, key: value})
+        refused = invoke("train", "-c", changed, "--init-from", src)
+        assert_one_line_error(refused, f"model.{key} is {value!r} here and")
+    allowed = invoke("train", "-c", config, "--init-from", src, "--init-override", "n_head",
+                     "--init-override", "n_kv_head", "--max-steps", "1")  # fmt: skip
+    assert allowed.exit_code == 0, allowed.stderr
+
+
+@pytest.mark.hub
+def test_init_from_a_hub_model(hub_emulator, tmp_path, monkeypatch, library_sleeps):
+    src = llama_dir(tmp_path)
+    hub_emulator.create_repo(
+        "alice/tiny-llama", files={p.name: p.read_bytes() for p in src.iterdir()}
+    )
+    monkeypatch.setenv("HF_ENDPOINT", hub_emulator.url)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = train_config(tmp_path, "tuned")
+    result = invoke(
+        "train", "-c", config, "--init-from", "hf://alice/tiny-llama", "--max-steps", "2"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "tuned/checkpoints/step_0000000002/tokenizer.json").is_file()
