@@ -1,13 +1,14 @@
 """A transformers ``config.json`` read as the reference transformer's ``model:`` keys. Stdlib only.
 
 Import's half of the config mapping (``llama.llama_config`` is export's): a Llama-shaped
-config becomes ``ReferenceConfig`` keyword arguments, every field transformers defaults when it
+config (Llama, or Qwen2: a q/k/v bias) becomes ``ReferenceConfig`` keyword arguments, an
+explicit ``head_dim`` and Llama-3 RoPE scaling included, every field transformers defaults when it
 is absent read with transformers' own default (Llama's ``rms_norm_eps`` 1e-6, untied head,
 2,048 positions). Anything the reference transformer would compute differently is refused in
 one line naming the field and its value, before anything is read or written: another
-architecture (GPT-2, ...), an activation other than SiLU, biases, a ``head_dim`` other than
-``hidden_size / num_attention_heads``, a RoPE scaling, a sliding window, experts (MoE), a
-quantized checkpoint.
+architecture (GPT-2, ...), an activation other than SiLU, a bias on the output or MLP
+projections, a RoPE scaling other than Llama-3's, a sliding window, experts (MoE), a quantized
+checkpoint.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 from speedtronic.errors import ConfigError
 
-MODEL_TYPES = ("llama",)
-SUPPORTED = "Llama-shaped decoders (model_type: llama, e.g. SmolLM2, TinyLlama)"
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED = "Llama-shaped decoders (model_type llama or qwen2: SmolLM2, TinyLlama, Qwen2.5, ...)"
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Fields a Mixture-of-Experts config carries (Mixtral, Qwen-MoE, DeepSeek, OLMoE).
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
@@ -46,18 +48,22 @@ def reference_params(config: dict[str, Any], where: str) -> dict[str, Any]:
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
     }
     head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim != hidden // heads:
-        _refuse(where, "head_dim", head_dim, "only hidden_size / num_attention_heads here")
+    if head_dim is not None and (hidden % heads or head_dim != hidden // heads):
+        params["head_dim"] = _int(config, "head_dim", where)
+    if config.get("model_type") == "qwen2":
+        params["qkv_bias"] = True  # Qwen2's q/k/v projections always carry one
+    if _rope_type(config) == "llama3":
+        params["rope_scaling"] = _llama3(config, where)
     return params
 
 
 def _check_architecture(config: dict[str, Any], where: str) -> None:
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if model_type not in ARCHITECTURES:
         _refuse(where, "model_type", model_type, f"import reads {SUPPORTED}")
-    archs = config.get("architectures") or ["LlamaForCausalLM"]
-    if archs != ["LlamaForCausalLM"]:
-        _refuse(where, "architectures", archs, "import reads LlamaForCausalLM")
+    archs = config.get("architectures") or [ARCHITECTURES[model_type]]
+    if archs != [ARCHITECTURES[model_type]]:
+        _refuse(where, "architectures", archs, f"import reads {ARCHITECTURES[model_type]}")
 
 
 def _check_features(config: dict[str, Any], where: str) -> None:
@@ -66,7 +72,9 @@ def _check_features(config: dict[str, Any], where: str) -> None:
     for name in ("attention_bias", "mlp_bias"):
         if config.get(name):
             _refuse(where, name, config[name], "the reference transformer has no biases")
-    if config.get("use_sliding_window") or config.get("sliding_window") is not None:
+    # Qwen2 configs name a window they do not use unless use_sliding_window says so
+    window = config.get("sliding_window") is not None and "use_sliding_window" not in config
+    if config.get("use_sliding_window") or window:
         value = config.get("sliding_window")
         _refuse(where, "sliding_window", value, "the reference attention sees the whole context")
     for name in _EXPERT_FIELDS:
@@ -75,8 +83,8 @@ def _check_features(config: dict[str, Any], where: str) -> None:
     if config.get("quantization_config"):
         _refuse(where, "quantization_config", "(set)", "import reads unquantized weights")
     kind = _rope_type(config)
-    if kind not in (None, "default"):
-        _refuse(where, "rope_scaling.rope_type", kind, "only unscaled RoPE (default) maps")
+    if kind not in (None, "default", "llama3"):
+        _refuse(where, "rope_scaling.rope_type", kind, "only default and llama3 RoPE map")
 
 
 def _rope_type(config: dict[str, Any]) -> Any:
@@ -88,6 +96,20 @@ def _rope_type(config: dict[str, Any]) -> Any:
         if value is not None and not isinstance(value, dict):
             return value
     return None
+
+
+def _llama3(config: dict[str, Any], where: str) -> list:
+    """Llama-3's four scaling numbers, as ReferenceConfig.rope_scaling holds them."""
+    scaling = next(
+        config[name]
+        for name in ("rope_scaling", "rope_parameters")
+        if isinstance(config.get(name), dict) and config[name].get("rope_type") == "llama3"
+    )
+    values = [_number(scaling, key, where, None) for key in _LLAMA3_KEYS]
+    values[3] = _int(scaling, "original_max_position_embeddings", where)
+    if not values[1] < values[2]:
+        _refuse(where, "rope_scaling", scaling, "low_freq_factor must be < high_freq_factor")
+    return values
 
 
 def _rope_theta(config: dict[str, Any]) -> Any:

@@ -9,6 +9,12 @@ defaults differ or moved: ``rope_theta`` at the top level (transformers 5 nests 
 1e-6, ours 1e-5), ``tie_word_embeddings``, and no BOS/EOS ids (Llama's defaults, 1 and 2, would
 stop generation at an ordinary token).
 
+The options pretrained models need map too: an untied head, an explicit ``head_dim``, Llama-3
+RoPE scaling (``rope_scaling``/``rope_parameters`` with ``rope_type: llama3``), and a q/k/v
+bias, written as ``Qwen2ForCausalLM`` (Llama's ``attention_bias`` would add one to the output
+projection as well). The name tables are read both ways: ``llama_name`` for export,
+``reference_name`` for ``speedtronic import``.
+
 ``check_exportable`` refuses, in one line, a model this mapping would get wrong: another
 class, a config field it does not map set away from its default (a new model option), or a
 tensor it has no name for. It reads the model, never guesses.
@@ -29,7 +35,7 @@ from speedtronic.model import ReferenceConfig, ReferenceTransformer
 # shape the initial weights, not the architecture).
 MAPPED_FIELDS = frozenset(
     "vocab_size seq_len n_layer n_head n_kv_head d_model mlp_hidden rope_theta norm_eps "
-    "init_std zero_init_projections tie_embeddings".split()
+    "init_std zero_init_projections tie_embeddings head_dim qkv_bias rope_scaling".split()
 )
 _BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -37,6 +43,9 @@ _BLOCK_NAMES = {
     "attn.wk.weight": "self_attn.k_proj.weight",
     "attn.wv.weight": "self_attn.v_proj.weight",
     "attn.wo.weight": "self_attn.o_proj.weight",
+    "attn.wq.bias": "self_attn.q_proj.bias",  # qkv_bias (Qwen2ForCausalLM)
+    "attn.wk.bias": "self_attn.k_proj.bias",
+    "attn.wv.bias": "self_attn.v_proj.bias",
     "mlp_norm.weight": "post_attention_layernorm.weight",
     "mlp.w_gate.weight": "mlp.gate_proj.weight",
     "mlp.w_up.weight": "mlp.up_proj.weight",
@@ -129,8 +138,13 @@ def llama_state(model: ReferenceTransformer, dtype: str) -> dict[str, torch.Tens
 
 
 def llama_config(config: ReferenceConfig, dtype: str) -> dict:
-    """``config.json`` for LlamaForCausalLM: every field explicit (see the module docstring)."""
-    return {
+    """``config.json`` for LlamaForCausalLM (Qwen2ForCausalLM with ``qkv_bias``: Llama's
+    attention_bias would put one on the output projection too): every field explicit (see the
+    module docstring)."""
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        rope = {"rope_theta": config.rope_theta, **llama3_scaling(config.rope_scaling)}
+    out = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": config.vocab_size,
@@ -145,8 +159,10 @@ def llama_config(config: ReferenceConfig, dtype: str) -> dict:
         "initializer_range": config.init_std,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_scaling": None
+        if config.rope_scaling is None
+        else llama3_scaling(config.rope_scaling),
+        "rope_parameters": rope,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -158,6 +174,24 @@ def llama_config(config: ReferenceConfig, dtype: str) -> dict:
         "use_cache": True,
         "torch_dtype": _TORCH_NAMES[dtype],
         "dtype": _TORCH_NAMES[dtype],
+    }
+    if config.qkv_bias:
+        for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
+            del out[key]
+        out.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer)
+    return out
+
+
+def llama3_scaling(scaling) -> dict:
+    """ReferenceConfig.rope_scaling as transformers writes Llama-3's ``rope_scaling``."""
+    factor, low, high, original = scaling
+    return {
+        "rope_type": "llama3",
+        "factor": float(factor),
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": int(original),
     }
 
 

@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 import transformers  # the oracle: a test dependency (the dev extra), never one of training
-from modelout_support import assert_one_line_error, invoke, write_bpe
+from modelout_support import assert_one_line_error, assert_same_tensors, invoke, tensors, write_bpe
 from safetensors.torch import load_file
 
 transformers.utils.logging.set_verbosity_error()
@@ -44,20 +44,6 @@ def llama_dir(tmp_path, name="src", tied=True, dtype=torch.float32, shard=None, 
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     shutil.copy(write_bpe(tmp_path), folder / "tokenizer.json")
     return folder
-
-
-def tensors(folder) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(str(path)))
-    return out
-
-
-def assert_same_tensors(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    for key in a:
-        assert a[key].dtype == b[key].dtype, key
-        assert torch.equal(a[key], b[key]), key  # bit for bit
 
 
 @pytest.mark.parametrize(
