@@ -6,8 +6,9 @@ Measured (issue 29, tests/modelout/test_export.py holds it): RoPE pairs (i, i + 
 copied by name give equal logits. What a config must state explicitly, because transformers'
 defaults differ or moved: ``rope_theta`` at the top level (transformers 5 nests it in
 ``rope_parameters`` and 4.x reads only the top level), ``rms_norm_eps`` (Llama's default is
-1e-6, ours 1e-5), ``tie_word_embeddings``, and no BOS/EOS ids (Llama's defaults, 1 and 2, would
-stop generation at an ordinary token).
+1e-6, ours 1e-5), ``tie_word_embeddings``, and the BOS/EOS ids of the run's own tokenizer and
+data separator (``modelout.stops``), never Llama's defaults (1 and 2 would stop at an ordinary
+token).
 
 The options pretrained models need map too: an untied head, an explicit ``head_dim``, Llama-3
 RoPE scaling (``rope_scaling``/``rope_parameters`` with ``rope_type: llama3``), and a q/k/v
@@ -137,7 +138,9 @@ def llama_state(model: ReferenceTransformer, dtype: str) -> dict[str, torch.Tens
     }
 
 
-def llama_config(config: ReferenceConfig, dtype: str) -> dict:
+def llama_config(
+    config: ReferenceConfig, dtype: str, eos: list[int] | None = None, bos: int | None = None
+) -> dict:
     """``config.json`` for LlamaForCausalLM (Qwen2ForCausalLM with ``qkv_bias``: Llama's
     attention_bias would put one on the output projection too): every field explicit (see the
     module docstring)."""
@@ -168,8 +171,8 @@ def llama_config(config: ReferenceConfig, dtype: str) -> dict:
         "mlp_bias": False,
         "pretraining_tp": 1,
         "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": None,
-        "eos_token_id": None,
+        "bos_token_id": bos,
+        "eos_token_id": _one_or_list(eos),
         "pad_token_id": None,
         "use_cache": True,
         "torch_dtype": _TORCH_NAMES[dtype],
@@ -195,12 +198,25 @@ def llama3_scaling(scaling) -> dict:
     }
 
 
-def generation_config(config: ReferenceConfig, temperature: float, top_k: int | None) -> dict:
-    """``generation_config.json``: the defaults of ``speedtronic generate``, and no EOS."""
-    out = {"max_length": config.seq_len, "bos_token_id": None, "eos_token_id": None}
-    out["pad_token_id"] = None
+def generation_config(
+    config: ReferenceConfig,
+    temperature: float,
+    top_k: int | None,
+    eos: list[int] | None = None,
+    bos: int | None = None,
+) -> dict:
+    """``generation_config.json``: the defaults of ``speedtronic generate``, the run's
+    end-of-document tokens as EOS (``modelout.stops``), and no ``max_length`` (transformers
+    warns on every ``generate(max_new_tokens=...)`` beside one)."""
+    out: dict = {"bos_token_id": bos, "eos_token_id": _one_or_list(eos), "pad_token_id": None}
     if temperature > 0:
         out.update(do_sample=True, temperature=temperature, top_k=top_k or 0)
     else:
         out["do_sample"] = False
     return out
+
+
+def _one_or_list(ids: list[int] | None) -> int | list[int] | None:
+    if not ids:
+        return None
+    return ids[0] if len(ids) == 1 else sorted(ids)
