@@ -165,7 +165,8 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
             )
         if output_format is OutputFormat.json:
             record = _sample_json(run, text, tok, sample, index, seed)
-            record.update(completion=stopper.cut(record["completion"]), stop=sample.stop_reason)
+            shown = sample.ids[:-1] if sample.stop_reason == "eos" else sample.ids  # as streamed
+            record.update(completion=stopper.cut(tok.decode(shown)), stop=sample.stop_reason)
             print(json.dumps(record), flush=True)
 
 
