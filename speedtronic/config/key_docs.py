@@ -192,7 +192,7 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     "vocab_size": ("> 0", "vocabulary size; must cover the tokenizer's ids"),
     "seq_len": ("in [1, 2**20]", "context length (alias max_seq_len); RoPE tables are this long"),
     "n_layer": ("> 0", "transformer blocks"),
-    "n_head": ("> 0, divides d_model", "attention heads"),
+    "n_head": ("> 0, divides d_model (unless head_dim is set)", "attention heads"),
     "n_kv_head": ("> 0, divides n_head", "key/value heads (grouped-query); null: n_head"),
     "d_model": ("> 0, d_model / n_head even", "width of the residual stream"),
     "mlp_hidden": ("> 0", "SwiGLU hidden width; null: 8/3 d_model, rounded up to 64"),
@@ -206,6 +206,13 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
         "architecture: measured, docs/benchmarks.md, Time to quality)",
     ),
     "zero_init_projections": ("-", "start the attention and MLP output projections at zero"),
+    "head_dim": ("> 0, even", "width of one attention head; null: d_model / n_head"),
+    "qkv_bias": ("-", "a bias on the query, key and value projections (Qwen2)"),
+    "rope_scaling": (
+        "4 numbers > 0, low < high",
+        "Llama-3 RoPE scaling: [factor, low_freq_factor, high_freq_factor, original context]; "
+        "null: none",
+    ),
 }
 
 # Prose after a section's table in docs/config.md: section -> lines of Markdown
