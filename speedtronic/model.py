@@ -3,13 +3,14 @@
 This module owns the model architecture and nothing else: ``ReferenceConfig`` (sizes,
 validated on construction), ``ReferenceTransformer`` (token embedding, pre-norm blocks of
 RMSNorm + causal grouped-query attention with RoPE + SwiGLU MLP, final RMSNorm, LM head tied
-to the embedding by default), its weight init, its loss (mean cross-entropy over labels that
-are not -100, computed in float32), optional per-block activation checkpointing, and the
-parameter / FLOP counts used for throughput and MFU reporting, and incremental decoding for
-generation (``new_cache`` / ``forward_cached`` over a ``KVCache``, beside the training forward,
-which it leaves as it is). It imports only torch and the
-standard library so it can be read, copied and tested on its own; it must run eagerly, under
-``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
+to the embedding by default; what pretrained models need as options: an untied head, a q/k/v
+bias as Qwen2's, a head width of its own, Llama-3's RoPE scaling), its weight init, its loss
+(mean cross-entropy over labels that are not -100, computed in float32), optional per-block
+activation checkpointing, the parameter / FLOP counts used for throughput and MFU reporting,
+and incremental decoding for generation (``new_cache`` / ``forward_cached`` over a
+``KVCache``, beside the training forward, which it leaves as it is). It imports only torch and
+the standard library so it can be read, copied and tested on its own; it must run eagerly,
+under ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class ReferenceConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = True
+    # What common pretrained models need (``speedtronic import``); the defaults are Llama's.
+    head_dim: int | None = None  # None -> d_model / n_head; else queries are n_head x head_dim
+    qkv_bias: bool = False  # a bias on the query, key and value projections (Qwen2)
+    # Llama-3 RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context length)
+    rope_scaling: tuple[float, float, float, int] | None = None
     # Options measured by benchmarks/optim/time_to_quality.py (docs/benchmarks.md), off by default.
     # qk_norm changes the architecture (RMSNorm of each head's queries and keys before RoPE,
     # as Qwen3/OLMo 2 do): a checkpoint with it is no longer a LlamaForCausalLM.
@@ -47,26 +53,28 @@ class ReferenceConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model"):
             _check_positive_int(name, getattr(self, name))
-        for name in ("n_kv_head", "mlp_hidden"):
+        for name in ("n_kv_head", "mlp_hidden", "head_dim"):
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
         for name in ("rope_theta", "norm_eps", "init_std"):
             _check_positive_float(name, getattr(self, name))
-        if self.d_model % self.n_head != 0:
+        if self.head_dim is None and self.d_model % self.n_head != 0:
             raise ValueError(
                 f"d_model: must be divisible by n_head={self.n_head} (got {self.d_model})"
             )
-        if self.head_dim % 2 != 0:
+        if self.head_dim is not None and self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim: must be even for RoPE (got {self.head_dim})")
+        if self.head_dim is None and (self.d_model // self.n_head) % 2 != 0:
             raise ValueError(
-                f"d_model: head_dim = d_model / n_head must be even for RoPE "
-                f"(got d_model={self.d_model}, n_head={self.n_head} -> head_dim={self.head_dim})"
+                f"d_model: head_dim = d_model / n_head must be even for RoPE (got d_model="
+                f"{self.d_model}, n_head={self.n_head} -> head_dim={self.d_model // self.n_head})"
             )
+        if self.head_dim is None:  # resolved here: every reader sees the width in use
+            self.head_dim = self.d_model // self.n_head
+        if self.rope_scaling is not None:
+            _check_llama3_scaling(self.rope_scaling)
         if self.n_head % self.kv_heads != 0:
             raise ValueError(f"n_kv_head: must divide n_head={self.n_head} (got {self.n_kv_head})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
 
     @property
     def kv_heads(self) -> int:
@@ -84,8 +92,9 @@ class ReferenceConfig:
     def parameter_count(self) -> int:
         """``ReferenceTransformer(self).num_parameters()`` from the sizes alone (tied weights
         once), without building the model: ``validate`` answers at once for any size."""
-        d, kv = self.d_model, self.kv_heads * self.head_dim
-        block = 2 * d * d + 2 * d * kv + 3 * d * self.mlp_dim + 2 * d  # attention, MLP, norms
+        d, kv, q = self.d_model, self.kv_heads * self.head_dim, self.n_head * self.head_dim
+        block = 2 * d * q + 2 * d * kv + 3 * d * self.mlp_dim + 2 * d  # attention, MLP, norms
+        block += q + 2 * kv if self.qkv_bias else 0
         block += 2 * self.head_dim if self.qk_norm else 0  # the query and key norms' gains
         head = 0 if self.tie_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.n_layer * block + d + head
@@ -102,11 +111,36 @@ def _check_positive_float(name: str, value: object) -> None:
         raise ValueError(f"{name}: must be a positive number (got {value!r})")
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device=None):
-    """Return float32 ``(cos, sin)``, each ``(seq_len, head_dim // 2)``, for rotary embeddings."""
+def _check_llama3_scaling(scaling) -> None:
+    if len(scaling) != 4 or not all(isinstance(v, (int, float)) and v > 0 for v in scaling):
+        raise ValueError(
+            "rope_scaling: must be 4 positive numbers (factor, low_freq_factor, "
+            f"high_freq_factor, original context length) (got {scaling!r})"
+        )
+    if not scaling[1] < scaling[2]:
+        raise ValueError(f"rope_scaling: low_freq_factor must be < high_freq_factor ({scaling})")
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, scaling) -> torch.Tensor:
+    """Llama-3's RoPE scaling: long wavelengths slowed by ``factor``, short ones kept, a smooth
+    blend between (as Meta's reference code and transformers' ``rope_type: llama3``)."""
+    factor, low, high, original = (float(v) for v in scaling)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device=None, scaling=None):
+    """Return float32 ``(cos, sin)``, each ``(seq_len, head_dim // 2)``, for rotary embeddings;
+    ``scaling``: ReferenceConfig.rope_scaling (Llama-3's), None for plain RoPE."""
     inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
     )
+    if scaling is not None:
+        inv_freq = llama3_frequencies(inv_freq, scaling)
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     angles = torch.outer(positions, inv_freq)  # (seq_len, head_dim // 2)
     return angles.cos(), angles.sin()
@@ -158,11 +192,12 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.kv_heads
         self.head_dim = config.head_dim
-        kv_dim = self.n_kv_head * self.head_dim
-        self.wq = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.wk = nn.Linear(config.d_model, kv_dim, bias=False)
-        self.wv = nn.Linear(config.d_model, kv_dim, bias=False)
-        self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        bias = config.qkv_bias
+        self.wq = nn.Linear(config.d_model, q_dim, bias=bias)
+        self.wk = nn.Linear(config.d_model, kv_dim, bias=bias)
+        self.wv = nn.Linear(config.d_model, kv_dim, bias=bias)
+        self.wo = nn.Linear(q_dim, config.d_model, bias=False)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
@@ -186,7 +221,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)  # (B, H, T, D)
             v = v.repeat_interleave(groups, dim=1)  # (B, H, T, D)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
     def forward_cached(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
         """``forward`` for ``x`` at positions ``cache.length ...``, attending to the cache too.
@@ -213,7 +248,7 @@ class Attention(nn.Module):
             mask = None if T == 1 else torch.ones(T, end, dtype=torch.bool, device=x.device)
             mask = None if mask is None else mask.tril(diagonal=start)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)  # (B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -255,7 +290,9 @@ class ReferenceTransformer(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._tie_weights()
         # Non-persistent: derived from the config, so checkpoints hold only parameters.
-        cos, sin = rope_tables(config.seq_len, config.head_dim, config.rope_theta)
+        cos, sin = rope_tables(
+            config.seq_len, config.head_dim, config.rope_theta, scaling=config.rope_scaling
+        )
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -268,6 +305,8 @@ class ReferenceTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         # GPT-2: each block adds two residual branches; scaling keeps the stream's variance flat.
@@ -278,7 +317,9 @@ class ReferenceTransformer(nn.Module):
                     nn.init.zeros_(proj.weight)
                 else:
                     nn.init.normal_(proj.weight, mean=0.0, std=residual_std)
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, self.rope_cos.device)
+        cos, sin = rope_tables(
+            cfg.seq_len, cfg.head_dim, cfg.rope_theta, self.rope_cos.device, cfg.rope_scaling
+        )
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 

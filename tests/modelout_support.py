@@ -133,3 +133,23 @@ class TinyLM(nn.Module):
 class NeedsLabels(TinyLM):
     def forward(self, input_ids, labels):
         return super().forward(input_ids, labels)
+
+
+def tensors(folder: Path) -> dict:
+    """Every tensor of a transformers directory's safetensors files (shards included)."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    """The same names, dtypes and bits."""
+    import torch
+
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), key

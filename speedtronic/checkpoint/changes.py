@@ -36,6 +36,7 @@ IGNORED = {
     "checkpoint.resume",
     "checkpoint.overwrite",
     "checkpoint.init_from",
+    "checkpoint.init_overrides",
     "distributed.token",
 }
 _DATA = "the saved data position indexes the data the run was reading"

@@ -218,7 +218,8 @@ def load_init_weights(
     if not path.is_dir():
         raise ConfigError(
             f"checkpoint.init_from: {path} is not a directory (a run's output "
-            "directory, its checkpoints/ directory or a step_* directory)"
+            "directory, its checkpoints/ directory or a step_* directory; or a transformers "
+            "model: its directory, or hf://OWNER/NAME[@REV])"
         )
     try:
         if (path / META_FILE).is_file():

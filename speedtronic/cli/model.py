@@ -75,11 +75,25 @@ def generate(
         "work keeps busy, 1 is often several times faster at batch 1 (docs/benchmarks.md).",
     ),
     tokenizer: str | None = TokenizerOpt,
+    stop: list[str] | None = typer.Option(
+        None,
+        "--stop",
+        metavar="TEXT",
+        help="Also stop a sample once its text contains TEXT (left out of the completion); "
+        "repeatable.",
+    ),
+    no_stop: bool = typer.Option(
+        False,
+        "--no-stop",
+        help="Do not stop at the run's end-of-document tokens (its tokenizer's end-of-text, "
+        "the data's separator); by default a sample ends there.",
+    ),
     output_format: OutputFormat = format_option("the text as it is generated"),
 ) -> None:
     """Sample text from a trained run's model (KV cache; the run's tokenizer and precision).
 
-    Text streams to stdout as it is generated, the prompt first; tokens/s goes to stderr.
+    Text streams to stdout as it is generated, the prompt first; tokens/s goes to stderr. A
+    sample ends at the run's end-of-document token, a --stop text or --max-new-tokens.
     """
     text = _prompt_text(prompt, prompt_file)
     check_generate_options(threads, top_p, seed, device)
@@ -90,7 +104,8 @@ def generate(
         import torch
 
         torch.set_num_threads(threads)
-    _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format)
+    stops = (tuple(stop or ()), not no_stop)
+    _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format, stops)
 
 
 SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; the signed range is what every tool accepts
@@ -130,7 +145,7 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
         ) from None
 
 
-def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, output_format):
+def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, output_format, stops):
     import torch
 
     from speedtronic.modelout.generate import Decoder, check_prompt, generate, vocab_size
@@ -146,6 +161,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
     seed = secrets.randbelow(2**31) if seed is None else seed
     generator = torch.Generator().manual_seed(seed)
     how = "KV cache" if callable(getattr(model, "forward_cached", None)) else "no KV cache"
+    stopper = _stopper(run, tok, *stops)
     for index in range(num_samples):
         decoder = Decoder(model, window, precision)
         on_token = None
@@ -154,7 +170,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
                 print("\n---", flush=True)
             print(text, end="", flush=True)
             on_token = _streamer(tok.decode_stream(prompt_ids))
-        sample = generate(decoder, prompt_ids, sampling, generator, on_token)
+        sample = generate(decoder, prompt_ids, sampling, generator, on_token, stopper)
         if output_format is OutputFormat.text:
             print(flush=True)
         where = f"{precision.device.type}, {precision.mode}, {how}"
@@ -162,6 +178,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
             f"sample {index + 1} of {num_samples}: {len(sample.ids)} tokens in "
             f"{sample.seconds:.2f} s, {sample.tokens_per_s:.1f} tokens/s "
             f"(step {run.step}, {where}, seed {seed})"
+            + ("" if sample.stop_reason == "max_tokens" else f"; stopped: {sample.stop_reason}")
         )
         if sample.slid:
             _note(
@@ -169,7 +186,19 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
                 f"time generation went on from its newest {window // 2 or 1} tokens"
             )
         if output_format is OutputFormat.json:
-            print(json.dumps(_sample_json(run, text, tok, sample, index, seed)), flush=True)
+            record = _sample_json(run, text, tok, sample, index, seed)
+            shown = sample.ids[:-1] if sample.stop_reason == "eos" else sample.ids  # as streamed
+            record.update(completion=stopper.cut(tok.decode(shown)), stop=sample.stop_reason)
+            print(json.dumps(record), flush=True)
+
+
+def _stopper(run: Any, tok: Any, texts: tuple[str, ...], at_tokens: bool) -> Any:
+    from speedtronic.modelout.stops import Stopper, stop_tokens
+
+    if any(not t for t in texts):
+        raise ConfigError("--stop: an empty text would stop at once; give the text to stop at")
+    tokens = stop_tokens(tok, run.config) if at_tokens else {}
+    return Stopper(tokens, texts, tok.decode)
 
 
 def _precision(run: Any, device: str) -> Any:

@@ -53,12 +53,21 @@ def train(
         help="Start fresh where another run is: delete its checkpoints and logs first "
         "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
     ),
-    init_from: Path | None = typer.Option(
+    init_from: str | None = typer.Option(
         None,
         "--init-from",
         help="Start a new run from the weights of another: its output directory, its "
-        "checkpoints/ directory or one step_* directory (checkpoint.init_from). The optimizer, "
-        "LR schedule, step count and random streams start fresh; the model settings must match.",
+        "checkpoints/ directory or one step_* directory, or a transformers model (a directory "
+        "such as speedtronic export's, or hf://OWNER/NAME[@REV]) (checkpoint.init_from). The "
+        "optimizer, LR schedule, step count and random streams start fresh; a config naming no "
+        "model (or no config) takes the source's model and tokenizer.",
+    ),
+    init_overrides: list[str] | None = typer.Option(
+        None,
+        "--init-override",
+        metavar="KEY",
+        help="Let this model key (e.g. rope_theta) differ from the --init-from source's, which "
+        "is otherwise refused (checkpoint.init_overrides); repeatable.",
     ),
     role: str | None = typer.Option(
         None,
@@ -101,7 +110,9 @@ def train(
         sets.append("checkpoint.overwrite=true")
     if init_from is not None:
         sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
-    cfg = load_config(config, sets + list(overrides or []))
+    if init_overrides:
+        sets.append(f"checkpoint.init_overrides={json.dumps(list(init_overrides))}")
+    cfg = _load(config, sets + list(overrides or []), init_from is not None)
 
     from speedtronic.cli.display import make_display
     from speedtronic.runtime import train_from_config
@@ -129,6 +140,20 @@ def train(
             file=sys.stderr,
         )
         raise typer.Exit(128 + (result.signal or signal.SIGINT))
+
+
+def _load(config: Path | None, sets: list[str], init: bool) -> SpeedtronicConfig:
+    """The run's config; with --init-from and no --config, the smoke run without its model, so
+    that the source's model and tokenizer are taken."""
+    if config is not None or not init:
+        return load_config(config, sets)
+    import yaml
+
+    from speedtronic.config import SpeedtronicConfig, default_config_text
+
+    raw = yaml.safe_load(default_config_text())
+    raw.pop("model", None)
+    return SpeedtronicConfig.from_yaml(yaml.safe_dump(raw), sets)
 
 
 def exec_torchrun(nproc: int) -> None:

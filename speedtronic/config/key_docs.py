@@ -88,8 +88,11 @@ DOCS: dict[str, str] = {
     "checkpoint.overwrite": "delete the checkpoints of the run already in the directory and start "
     "fresh (as --overwrite); false: such a directory is refused",
     "checkpoint.init_from": "start this fresh run from the weights of a run (its output_dir), its "
-    "checkpoints/ dir or a step_* dir (as --init-from); optimizer, schedule, step count and RNG "
-    "start fresh",
+    "checkpoints/ dir or a step_* dir, or of a transformers model (its directory, an export's "
+    "included, or hf://OWNER/NAME[@REV]) (as --init-from); optimizer, schedule, step count and "
+    "RNG start fresh; a config naming no model takes the source's model and tokenizer",
+    "checkpoint.init_overrides": "model keys allowed to differ from init_from's source (as "
+    "--init-override KEY); any other key that changes what the weights compute is refused",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",
@@ -172,8 +175,11 @@ CHECKED: dict[str, str] = {
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
-    "checkpoint.init_from": "a directory; unused when --resume finds a checkpoint; not inside "
-    "the directory --overwrite deletes; the weights must fit the model",
+    "checkpoint.init_from": "a directory or hf://OWNER/NAME[@REV]; unused when --resume finds a "
+    "checkpoint; not inside the directory --overwrite deletes; the weights must fit the model, "
+    "whose keys must equal the source's unless listed in init_overrides",
+    "checkpoint.init_overrides": "each one of vocab_size, n_layer, d_model, n_head, n_kv_head, "
+    "mlp_hidden, rope_theta, norm_eps, tie_embeddings, qk_norm",
     "distributed.node_id": "1-64 letters, digits, _ . -, starting with a letter or digit",
     "distributed.repo_id": "required when enabled; not with a different path; s3://: a bucket "
     "name of 3-63 letters, digits, . - _ and a prefix of safe folder names",
@@ -188,7 +194,7 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
     "vocab_size": ("> 0", "vocabulary size; must cover the tokenizer's ids"),
     "seq_len": ("in [1, 2**20]", "context length (alias max_seq_len); RoPE tables are this long"),
     "n_layer": ("> 0", "transformer blocks"),
-    "n_head": ("> 0, divides d_model", "attention heads"),
+    "n_head": ("> 0, divides d_model (unless head_dim is set)", "attention heads"),
     "n_kv_head": ("> 0, divides n_head", "key/value heads (grouped-query); null: n_head"),
     "d_model": ("> 0, d_model / n_head even", "width of the residual stream"),
     "mlp_hidden": ("> 0", "SwiGLU hidden width; null: 8/3 d_model, rounded up to 64"),
@@ -202,6 +208,13 @@ REFERENCE_DOCS: dict[str, tuple[str, str]] = {
         "architecture: measured, docs/benchmarks.md, Time to quality)",
     ),
     "zero_init_projections": ("-", "start the attention and MLP output projections at zero"),
+    "head_dim": ("> 0, even", "width of one attention head; null: d_model / n_head"),
+    "qkv_bias": ("-", "a bias on the query, key and value projections (Qwen2)"),
+    "rope_scaling": (
+        "4 numbers > 0, low < high",
+        "Llama-3 RoPE scaling: [factor, low_freq_factor, high_freq_factor, original context]; "
+        "null: none",
+    ),
 }
 
 # Prose after a section's table in docs/config.md: section -> lines of Markdown

@@ -286,6 +286,15 @@ class PrecisionConfig:
     mode: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
 
 
+# Keys of the reference transformer whose value changes the function its weights compute
+# (seq_len only sizes the RoPE tables; init_std and zero_init_projections only the initial
+# weights, which an init_from source replaces).
+INIT_OVERRIDE_KEYS = (
+    "vocab_size n_layer d_model n_head n_kv_head mlp_hidden rope_theta norm_eps "
+    "tie_embeddings qk_norm".split()
+)
+
+
 @dataclass
 class CheckpointConfig:
     directory: str | None = None  # None -> <output_dir>/checkpoints
@@ -298,6 +307,9 @@ class CheckpointConfig:
     # A fresh run starts from this run's (or checkpoint's) weights: a new optimizer, schedule,
     # step count and RNG (issue 31: fine-tuning had no way but --resume)
     init_from: str | None = None
+    # Model keys allowed to differ from init_from's (issue 35: a key that changes what the
+    # weights compute is refused unless named here)
+    init_overrides: list[str] = field(default_factory=list)
 
     def check(self) -> list[str]:
         problems = []
@@ -308,6 +320,12 @@ class CheckpointConfig:
             )
         if self.init_from is not None and not self.init_from.strip():
             problems.append("checkpoint.init_from: must be a run or checkpoint directory (got '')")
+        problems += [
+            f"checkpoint.init_overrides: {key!r} is not a model key that changes the function "
+            f"(one of {', '.join(INIT_OVERRIDE_KEYS)})"
+            for key in self.init_overrides
+            if key not in INIT_OVERRIDE_KEYS
+        ]
         return problems
 
 

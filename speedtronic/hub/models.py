@@ -6,6 +6,11 @@ the export goes up in a single commit through ``HubClient``, under the request p
 retries, error classes, budget and token handling every Hub feature shares; the weights
 travel the Git LFS path, read from disk as they upload, and the commit lands exactly once
 (``commits.Commits``). Files of the repo that the export does not have are left alone.
+
+``download_model`` is ``speedtronic import``'s reading side: a model repo's revision pinned to
+its commit, and the files import reads (config, safetensors weights and their index, tokenizer
+files; never a pickle) fetched through ``RepoFiles`` into ``<cache>/<sha>/``, where a second
+import finds them without a download.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from speedtronic.errors import ConfigError
 from speedtronic.hub.client import HubClient
+from speedtronic.hub.datasets import RepoFiles
 from speedtronic.hub.names import is_hub_repo_id
 
 
@@ -56,3 +62,29 @@ def push_folder(
         visibility = private
     sha = client.commit({name: folder / name for name in files}, [], message)
     return Pushed(repo_id, f"{client.endpoint}/{repo_id}", sha, created, visibility)
+
+
+# What import reads from a model repo; pickled weights (*.bin, *.pt) are never fetched.
+WANTED_FILES = frozenset(
+    "config.json generation_config.json model.safetensors.index.json tokenizer.json "
+    "tokenizer_config.json special_tokens_map.json chat_template.jinja".split()
+)
+
+
+def wanted(path: str) -> bool:
+    return path in WANTED_FILES or ("/" not in path and path.endswith(".safetensors"))
+
+
+def download_model(
+    repo_id: str, revision: str, cache: Path, endpoint: str | None = None
+) -> tuple[Path, str, list[str]]:
+    """The files import reads of ``repo_id`` at ``revision``, in ``cache/<sha>/``: (folder,
+    sha, every file the repo holds at that commit, for the caller's messages)."""
+    files = RepoFiles(repo_id, "model", endpoint=endpoint)
+    sha = files.resolve(revision)
+    listed = files.list_files(sha)
+    folder = Path(cache) / sha
+    for file in listed:
+        if wanted(file.path):
+            files.download(file, sha, folder / file.path)
+    return folder, sha, [f.path for f in listed]

@@ -5,6 +5,8 @@ as its model, weights, config and tokenizer; ``generate`` samples text from it w
 ``llama`` maps the reference transformer onto transformers' ``LlamaForCausalLM`` (and refuses
 what does not map); ``export`` writes the directory transformers loads, with ``tokenizer_files``
 and the model card of ``card``; ``verify`` is the only module that imports transformers (the
-optional ``--verify``). Pushing an export is ``speedtronic.hub.models``'. Training never
-imports this package.
+optional ``--verify``). ``importer`` is export's mirror (``speedtronic import``): ``source_model``
+opens a transformers directory or Hub model, ``hf_config`` maps its ``config.json``; ``stops``
+says where generation ends. Pushing an export is ``speedtronic.hub.models``'. Training imports
+this package only for ``--init-from`` a transformers model (``train.init_source``).
 """

@@ -64,11 +64,7 @@ def model_card(facts: CardFacts) -> str:
     )
     evaluated = facts.eval_loss
     rows = [
-        (
-            "architecture",
-            "LlamaForCausalLM (Speedtronic's reference decoder: RoPE, grouped-query"
-            " attention, SwiGLU, RMSNorm, no biases)",
-        ),
+        ("architecture", _architecture(cfg)),
         ("parameters", f"{facts.params:,}"),
         ("layers / heads / key-value heads", f"{cfg.n_layer} / {cfg.n_head} / {cfg.kv_heads}"),
         ("hidden size / MLP size / head size", f"{cfg.d_model} / {cfg.mlp_dim} / {cfg.head_dim}"),
@@ -144,6 +140,18 @@ def model_card(facts: CardFacts) -> str:
             "`speedtronic_export.json`.",
             "",
         ]
+    )
+
+
+def _architecture(cfg: ReferenceConfig) -> str:
+    if cfg.qkv_bias:  # exported as Qwen2ForCausalLM (modelout.llama)
+        return (
+            "Qwen2ForCausalLM (Speedtronic's reference decoder: RoPE, grouped-query attention "
+            "with a bias on q/k/v, SwiGLU, RMSNorm)"
+        )
+    return (
+        "LlamaForCausalLM (Speedtronic's reference decoder: RoPE, grouped-query attention, "
+        "SwiGLU, RMSNorm, no biases)"
     )
 
 

@@ -30,6 +30,7 @@ from speedtronic.errors import ConfigError, OutputError
 from speedtronic.modelout import llama
 from speedtronic.modelout.card import CardFacts, json_bytes, last_eval_loss, model_card
 from speedtronic.modelout.source import RunModel
+from speedtronic.modelout.stops import separator_bos, stop_tokens
 from speedtronic.modelout.tokenizer_files import tokenizer_files
 
 EXPORT_MARK = "speedtronic_export.json"
@@ -169,9 +170,12 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
         tokenizer=tokenizer,
         eval_loss=last_eval_loss(run.checkpoint, run.meta),
     )
-    generation = llama.generation_config(config, DEFAULT_TEMPERATURE, DEFAULT_TOP_K)
+    eos = sorted(stop_tokens(tokenizer, run.config))  # where speedtronic generate stops
+    eos = [i for i in eos if i < config.vocab_size]
+    bos = separator_bos(tokenizer)
+    generation = llama.generation_config(config, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, eos, bos)
     return {
-        "config.json": json_bytes(llama.llama_config(config, dtype)),
+        "config.json": json_bytes(llama.llama_config(config, dtype, eos, bos)),
         "generation_config.json": json_bytes(generation),
         **tokenizer_files(tokenizer, config.seq_len),
         "README.md": model_card(facts).encode("utf-8"),

@@ -6,7 +6,7 @@ per step against its cache; any other model works too if its forward gives logit
 every step. When the context window (the model's training length) fills up, the newest half of
 it is kept and decoding goes on. Sampling draws on a CPU generator, so a seed gives the same
 text on every device for the same logits. Streaming is the caller's: ``on_token`` sees each
-new id as soon as it is chosen.
+new id as soon as it is chosen; so is stopping early (``stop``: ``modelout.stops.Stopper``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Sample:
     ids: list[int] = field(default_factory=list)  # the new tokens
     seconds: float = 0.0
     slid: int = 0  # how often the context window was full and slid on
+    stop_reason: str = "max_tokens"  # or "eos", "stop_text" (modelout.stops)
 
     @property
     def tokens_per_s(self) -> float:
@@ -162,17 +163,23 @@ def generate(
     sampling: Sampling,
     generator: torch.Generator,
     on_token: Callable[[int], None] | None = None,
+    stop: Callable[[list[int]], str | None] | None = None,
 ) -> Sample:
-    """Sample ``sampling.max_new_tokens`` tokens after ``prompt_ids``; timed from the prompt's
-    forward to the last token (what tokens/s reports)."""
+    """Sample up to ``sampling.max_new_tokens`` tokens after ``prompt_ids``, fewer when
+    ``stop(new ids)`` gives a reason (an end-of-document token is kept in ``ids`` but not
+    streamed); timed from the prompt's forward to the last token (what tokens/s reports)."""
     sample = Sample(list(prompt_ids))
     started = time.perf_counter()
     logits = decoder.start(prompt_ids)
     for n in range(sampling.max_new_tokens):
         token = pick(logits, sampling, generator)
         sample.ids.append(token)
-        if on_token is not None:
+        reason = stop(sample.ids) if stop is not None else None
+        if on_token is not None and reason != "eos":
             on_token(token)
+        if reason is not None:
+            sample.stop_reason = reason
+            break
         if n + 1 < sampling.max_new_tokens:
             logits = decoder.step(token)
     _sync(decoder.device)

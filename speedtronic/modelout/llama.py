@@ -6,8 +6,15 @@ Measured (issue 29, tests/modelout/test_export.py holds it): RoPE pairs (i, i + 
 copied by name give equal logits. What a config must state explicitly, because transformers'
 defaults differ or moved: ``rope_theta`` at the top level (transformers 5 nests it in
 ``rope_parameters`` and 4.x reads only the top level), ``rms_norm_eps`` (Llama's default is
-1e-6, ours 1e-5), ``tie_word_embeddings``, and no BOS/EOS ids (Llama's defaults, 1 and 2, would
-stop generation at an ordinary token).
+1e-6, ours 1e-5), ``tie_word_embeddings``, and the BOS/EOS ids of the run's own tokenizer and
+data separator (``modelout.stops``), never Llama's defaults (1 and 2 would stop at an ordinary
+token).
+
+The options pretrained models need map too: an untied head, an explicit ``head_dim``, Llama-3
+RoPE scaling (``rope_scaling``/``rope_parameters`` with ``rope_type: llama3``), and a q/k/v
+bias, written as ``Qwen2ForCausalLM`` (Llama's ``attention_bias`` would add one to the output
+projection as well). The name tables are read both ways: ``llama_name`` for export,
+``reference_name`` for ``speedtronic import``.
 
 ``check_exportable`` refuses, in one line, a model this mapping would get wrong: another
 class, a config field it does not map set away from its default (a new model option), or a
@@ -29,7 +36,7 @@ from speedtronic.model import ReferenceConfig, ReferenceTransformer
 # shape the initial weights, not the architecture).
 MAPPED_FIELDS = frozenset(
     "vocab_size seq_len n_layer n_head n_kv_head d_model mlp_hidden rope_theta norm_eps "
-    "init_std zero_init_projections tie_embeddings".split()
+    "init_std zero_init_projections tie_embeddings head_dim qkv_bias rope_scaling".split()
 )
 _BLOCK_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -37,6 +44,9 @@ _BLOCK_NAMES = {
     "attn.wk.weight": "self_attn.k_proj.weight",
     "attn.wv.weight": "self_attn.v_proj.weight",
     "attn.wo.weight": "self_attn.o_proj.weight",
+    "attn.wq.bias": "self_attn.q_proj.bias",  # qkv_bias (Qwen2ForCausalLM)
+    "attn.wk.bias": "self_attn.k_proj.bias",
+    "attn.wv.bias": "self_attn.v_proj.bias",
     "mlp_norm.weight": "post_attention_layernorm.weight",
     "mlp.w_gate.weight": "mlp.gate_proj.weight",
     "mlp.w_up.weight": "mlp.up_proj.weight",
@@ -48,6 +58,10 @@ _TOP_NAMES = {
     "lm_head.weight": "lm_head.weight",
 }
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+# The same tables read the other way (import): a name added above maps both directions.
+_REFERENCE_BLOCK = {theirs: ours for ours, theirs in _BLOCK_NAMES.items()}
+_REFERENCE_TOP = {theirs: ours for ours, theirs in _TOP_NAMES.items()}
+_LLAMA_BLOCK_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 INSTEAD = (
@@ -103,6 +117,16 @@ def llama_name(key: str) -> str | None:
     return None
 
 
+def reference_name(key: str) -> str | None:
+    """The ReferenceTransformer name of a LlamaForCausalLM key; None if it has none."""
+    if key in _REFERENCE_TOP:
+        return _REFERENCE_TOP[key]
+    match = _LLAMA_BLOCK_KEY.match(key)
+    if match and match.group(2) in _REFERENCE_BLOCK:
+        return f"blocks.{match.group(1)}.{_REFERENCE_BLOCK[match.group(2)]}"
+    return None
+
+
 def llama_state(model: ReferenceTransformer, dtype: str) -> dict[str, torch.Tensor]:
     """The weights under Llama's names in ``dtype`` (fp32 or bf16), CPU and contiguous; the
     tied head is stored once (as the embedding), the way transformers saves a tied model."""
@@ -114,9 +138,16 @@ def llama_state(model: ReferenceTransformer, dtype: str) -> dict[str, torch.Tens
     }
 
 
-def llama_config(config: ReferenceConfig, dtype: str) -> dict:
-    """``config.json`` for LlamaForCausalLM: every field explicit (see the module docstring)."""
-    return {
+def llama_config(
+    config: ReferenceConfig, dtype: str, eos: list[int] | None = None, bos: int | None = None
+) -> dict:
+    """``config.json`` for LlamaForCausalLM (Qwen2ForCausalLM with ``qkv_bias``: Llama's
+    attention_bias would put one on the output projection too): every field explicit (see the
+    module docstring)."""
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        rope = {"rope_theta": config.rope_theta, **llama3_scaling(config.rope_scaling)}
+    out = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": config.vocab_size,
@@ -131,28 +162,61 @@ def llama_config(config: ReferenceConfig, dtype: str) -> dict:
         "initializer_range": config.init_std,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_scaling": None
+        if config.rope_scaling is None
+        else llama3_scaling(config.rope_scaling),
+        "rope_parameters": rope,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "pretraining_tp": 1,
         "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": None,
-        "eos_token_id": None,
+        "bos_token_id": bos,
+        "eos_token_id": _one_or_list(eos),
         "pad_token_id": None,
         "use_cache": True,
         "torch_dtype": _TORCH_NAMES[dtype],
         "dtype": _TORCH_NAMES[dtype],
     }
+    if config.qkv_bias:
+        for key in ("attention_bias", "mlp_bias", "pretraining_tp"):
+            del out[key]
+        out.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer)
+    return out
 
 
-def generation_config(config: ReferenceConfig, temperature: float, top_k: int | None) -> dict:
-    """``generation_config.json``: the defaults of ``speedtronic generate``, and no EOS."""
-    out = {"max_length": config.seq_len, "bos_token_id": None, "eos_token_id": None}
-    out["pad_token_id"] = None
+def llama3_scaling(scaling) -> dict:
+    """ReferenceConfig.rope_scaling as transformers writes Llama-3's ``rope_scaling``."""
+    factor, low, high, original = scaling
+    return {
+        "rope_type": "llama3",
+        "factor": float(factor),
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": int(original),
+    }
+
+
+def generation_config(
+    config: ReferenceConfig,
+    temperature: float,
+    top_k: int | None,
+    eos: list[int] | None = None,
+    bos: int | None = None,
+) -> dict:
+    """``generation_config.json``: the defaults of ``speedtronic generate``, the run's
+    end-of-document tokens as EOS (``modelout.stops``), and no ``max_length`` (transformers
+    warns on every ``generate(max_new_tokens=...)`` beside one)."""
+    out: dict = {"bos_token_id": bos, "eos_token_id": _one_or_list(eos), "pad_token_id": None}
     if temperature > 0:
         out.update(do_sample=True, temperature=temperature, top_k=top_k or 0)
     else:
         out["do_sample"] = False
     return out
+
+
+def _one_or_list(ids: list[int] | None) -> int | list[int] | None:
+    if not ids:
+        return None
+    return ids[0] if len(ids) == 1 else sorted(ids)

@@ -24,6 +24,7 @@ from speedtronic.modelout.source import RunModel
 from speedtronic.train.precision import Precision
 
 TOLERANCE = 1e-4  # max |logit difference| in float32; measured: 0.0 (docs/benchmarks.md)
+IMPORT_TOLERANCE = 1e-5  # import: the same weights on both sides, nothing rounded
 TEXT = "Speedtronic, überall: 1 + 1 = 2 🙂\n\tthe end."
 GREEDY_TOKENS = 16
 
@@ -70,6 +71,28 @@ def verify_export(folder: Path, run: RunModel, dtype: str) -> Verified:
         )
     greedy = _greedy_agrees(ours, theirs, ids[0, :8].tolist())
     _tokenizer_agrees(transformers, folder, run)
+    return Verified(diff, ids.numel(), greedy, transformers.__version__)
+
+
+def verify_import(run_dir: Path, source_folder: Path) -> Verified:
+    """``import --verify``: the imported run's model against transformers' own reading of the
+    source directory, both in float32: logits on a fixed batch and greedy tokens."""
+    from speedtronic.modelout.source import open_run
+
+    transformers = load_transformers()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(source_folder, dtype=torch.float32)
+    theirs.eval()
+    ours = open_run(run_dir).model.float().eval()
+    cfg = ours.config
+    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.seq_len)), generator=_seeded())
+    with torch.inference_mode():
+        diff = (ours(ids) - theirs(ids).logits).abs().max().item()
+    if not diff <= IMPORT_TOLERANCE:  # NaN fails too
+        raise VerifyError(
+            f"--verify: transformers' logits differ from the imported model's by {diff:.3g} "
+            f"(over {IMPORT_TOLERANCE:g}); nothing was written"
+        )
+    greedy = _greedy_agrees(ours, theirs, ids[0, :8].tolist())
     return Verified(diff, ids.numel(), greedy, transformers.__version__)
 
 

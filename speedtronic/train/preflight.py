@@ -12,7 +12,9 @@ problem a run could meet before its first step:
   on the meta device (allocating nothing), or for real when it cannot be (the RNG untouched);
 - the data: the datasets are built (files exist, are regular, UTF-8 all through, token ids
   fit the vocabulary), and handed on to ``build_runtime`` so nothing is read twice;
-- ``--init-from``: the weights are loaded and their shapes checked against the model's.
+- ``--init-from``: the source (a run or a transformers model, ``init_source``) gives its model
+  and tokenizer to a config that names none, or is held to the config's model keys; its
+  weights are loaded and their shapes checked against the model's.
 
 Facts for the start-up lines are collected too (``notices``, ``warnings``): the DataLoader
 workers clamped to this machine's cores (``data.num_workers``; only where the batches stay the
@@ -31,7 +33,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from speedtronic.checkpoint.changes import reconcile, with_value
-from speedtronic.checkpoint.load import Checkpoint, load_init_weights
+from speedtronic.checkpoint.load import Checkpoint
 from speedtronic.checkpoint.plugin import find_resume_checkpoint, state_mismatch
 from speedtronic.checkpoint.start import held_run
 from speedtronic.config import SpeedtronicConfig
@@ -39,6 +41,12 @@ from speedtronic.data import build_datasets
 from speedtronic.data.describe import vocab_warning
 from speedtronic.errors import ConfigError
 from speedtronic.registry import build_model, reference_config
+from speedtronic.train.init_source import (
+    InitSource,
+    adopt,
+    check_same_function,
+    open_init_source,
+)
 
 
 @dataclass
@@ -71,12 +79,16 @@ def plan_start(
         _plan_resume(plan)
     config = plan.config
     init = config.checkpoint.init_from if plan.resume is None else None
+    source = None
+    if init is not None:  # before the model and data: a config naming none takes the source's
+        source = open_init_source(init, plan.warnings.append)
+        config = plan.config = adopt(config, source, plan.notices, own_model=model is not None)
     shapes = model
     if model is None:  # another model is built only where a run could be lost: see check_model
         shapes = check_model(config, build=init is not None, others=_run_at_stake(config))
     plan.datasets = build_datasets(config, tokenizer) if dataset is None else None
-    if init is not None:
-        plan.init = _load_init(config, init, shapes, plan.warnings)
+    if source is not None:
+        plan.init = _load_init(config, source, shapes, own_model=model is not None)
     plan.warnings += [w for w in [vocab_warning(config)] if w and dataset is None]
     return plan
 
@@ -171,17 +183,20 @@ def _streamed(config: SpeedtronicConfig, dataset: Any) -> bool:
 
 
 def _load_init(
-    config: SpeedtronicConfig, source: str, model: nn.Module | None, warnings: list[str]
+    config: SpeedtronicConfig, source: InitSource, model: nn.Module | None, own_model: bool
 ) -> Checkpoint:
     """``checkpoint.init_from``'s weights, refused unless they fit the model exactly."""
-    if config.checkpoint.overwrite and _inside(Path(source), config.checkpoint_dir):
+    where = config.checkpoint.init_from or source.where
+    if config.checkpoint.overwrite and _inside(Path(where), config.checkpoint_dir):
         raise ConfigError(
-            f"checkpoint.init_from: {source} overlaps {config.checkpoint_dir}, which --overwrite "
+            f"checkpoint.init_from: {where} overlaps {config.checkpoint_dir}, which --overwrite "
             "deletes; copy that checkpoint elsewhere first, or train into another --output-dir"
         )
-    weights = load_init_weights(source, warnings.append)
+    weights = source.load()
     assert model is not None  # check_model(build=True) or the caller's model
     why = state_mismatch(model.state_dict(), weights.model_state)
+    if own_model is False:
+        check_same_function(config, source, why)  # the key, both values, and how it misfits
     if why:
         raise ConfigError(
             f"checkpoint.init_from: {weights.path} does not fit this model: {why}",

@@ -154,7 +154,8 @@ def test_config_json_states_every_field_transformers_would_default_otherwise(byt
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["rope_theta"] == 10000.0
     assert config["rms_norm_eps"] == 1e-5 and config["tie_word_embeddings"] is True
-    assert config["bos_token_id"] is None and config["eos_token_id"] is None
+    # issue 37: the byte tokenizer's document separator (ETX) is the EOS; no BOS is added
+    assert config["bos_token_id"] is None and config["eos_token_id"] == 3
     from speedtronic.checkpoint.layout import read_safetensors_header
 
     header = read_safetensors_header(out / "model.safetensors")
@@ -163,7 +164,9 @@ def test_config_json_states_every_field_transformers_would_default_otherwise(byt
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
     generation = transformers.GenerationConfig.from_pretrained(out)
-    assert generation.eos_token_id is None and generation.max_length == 16
+    assert generation.eos_token_id == 3
+    # no max_length: transformers warns on every generate(max_new_tokens=...) beside one
+    assert "max_length" not in json.loads((out / "generation_config.json").read_text())
 
 
 TEXTS = ["It was the best of times", "naïve café 🙂\n\tend", "", " leading  spaces "]
@@ -211,8 +214,8 @@ def test_verify_and_bf16(byte_run, tmp_path):
 def test_a_failed_verify_writes_nothing(byte_run, tmp_path, monkeypatch):
     wrong = llama.llama_config
 
-    def drifted(config, dtype):
-        return {**wrong(config, dtype), "rope_theta": 500.0, "rope_parameters": None}
+    def drifted(config, dtype, *ids):
+        return {**wrong(config, dtype, *ids), "rope_theta": 500.0, "rope_parameters": None}
 
     monkeypatch.setattr(llama, "llama_config", drifted)
     out = tmp_path / "hf"

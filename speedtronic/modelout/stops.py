@@ -1,0 +1,102 @@
+"""Where generation stops: the run's end-of-document tokens, a stop text, or the token budget.
+
+A model trained on documents joined by a separator ends a document by emitting it (issue 37:
+an export with ``eos_token_id: null`` never stopped in transformers). ``stop_tokens`` finds
+those tokens for a run as tokenize chose them (``data.ingest.encode.choose_separator``): the
+byte tokenizer's ETX (0x03); a tokenizers file's post-processor specials (a BOS template: the
+next document starting) or its end-of-text token (``<|endoftext|>``, ``</s>``, ...); and the
+separator the run's token data recorded in its manifest. ``export`` writes the same ids as
+``eos_token_id``, so transformers' ``generate`` stops where ``speedtronic generate`` does.
+``Stopper`` is what ``generate`` asks after each token; the reason is ``eos``, ``stop_text``
+or ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer
+from speedtronic.errors import DataError
+
+STOP_EOS, STOP_TEXT, STOP_MAX = "eos", "stop_text", "max_tokens"
+
+
+def stop_tokens(tokenizer: Any, config: dict | None = None) -> dict[int, str]:
+    """id -> token text of the run's end-of-document tokens (see the module docstring)."""
+    from speedtronic.data.ingest.encode import BYTE_SEPARATOR, EOT_NAMES, choose_separator
+
+    found: dict[int, str] = _manifest_separator(config)
+    if isinstance(tokenizer, ByteTokenizer):
+        found.setdefault(BYTE_SEPARATOR, "\\x03")
+    elif isinstance(tokenizer, HFTokenizer):
+        from tokenizers import Tokenizer
+
+        impl = Tokenizer.from_str(tokenizer.data.decode("utf-8"))
+        try:
+            separator = choose_separator(impl, None, tokenizer.name)
+            found.update(zip(separator.before + separator.after, separator.tokens, strict=True))
+        except DataError:  # a tokenizer that defines no document token: nothing to stop at
+            pass
+        for name in EOT_NAMES:
+            token = impl.token_to_id(name)
+            if token is not None:
+                found.setdefault(token, name)
+    return found
+
+
+def separator_bos(tokenizer: Any) -> int | None:
+    """The token a tokenizers file's template puts before each document (a BOS), if any."""
+    if not isinstance(tokenizer, HFTokenizer):
+        return None
+    from tokenizers import Tokenizer
+
+    from speedtronic.data.ingest.encode import choose_separator
+
+    try:
+        chosen = choose_separator(Tokenizer.from_str(tokenizer.data.decode("utf-8")), None, "")
+    except DataError:
+        return None
+    templated = "template" in chosen.rule  # a BOS template, not an end-of-text token
+    return chosen.before[0] if templated and chosen.before else None
+
+
+def _manifest_separator(config: dict | None) -> dict[int, str]:
+    """The separator the run's token data was written with (data.token_path's manifest)."""
+    data = (config or {}).get("data") if isinstance(config, dict) else None
+    where = data.get("token_path") if isinstance(data, dict) else None
+    if not isinstance(where, str):
+        return {}
+    try:
+        manifest = json.loads((Path(where) / "manifest.json").read_text(encoding="utf-8"))
+        record = manifest["separator"]
+        ids = [*record["before"], *record["after"]]
+        return {int(i): str(t) for i, t in zip(ids, record["tokens"], strict=True)}
+    except (OSError, ValueError, KeyError, TypeError):  # moved or other data: the tokenizer's
+        return {}
+
+
+@dataclass
+class Stopper:
+    """Asked after each new token: why generation stops there, or None to go on."""
+
+    tokens: dict[int, str]
+    texts: tuple[str, ...] = ()
+    decode: Callable[[list[int]], str] | None = None
+
+    def __call__(self, ids: list[int]) -> str | None:
+        if ids and ids[-1] in self.tokens:
+            return STOP_EOS
+        if self.texts and self.decode is not None:
+            text = self.decode(ids)
+            if any(stop in text for stop in self.texts):
+                return STOP_TEXT
+        return None
+
+    def cut(self, text: str) -> str:
+        """``text`` up to the first stop text in it (the stop text left out)."""
+        ends = [text.find(stop) for stop in self.texts if stop in text]
+        return text[: min(ends)] if ends else text
