@@ -42,6 +42,7 @@ from speedtronic.config.sections import (
     CheckpointConfig,
     DataConfig,
     DistributedConfig,
+    EvalConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
@@ -64,6 +65,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
+    "EvalConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -97,6 +99,7 @@ class SpeedtronicConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod

@@ -446,6 +446,31 @@ class DistributedConfig:
         return problems
 
 
+SET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass
+class EvalConfig:
+    sets: list[str] = field(default_factory=list)  # NAME=PATH each (speedtronic.evaluate.sets)
+    every: int = ranged(0, "[0, 2**40]")  # optimizer steps between scorings; 0: data.eval_every
+    max_tokens: int = ranged(8192, "[1, 2**31]")  # tokens scored per set per evaluation
+    batch_size: int | None = ranged(None, "[1, 2**20]")  # None: data.micro_batch_size
+
+    def check(self) -> list[str]:
+        problems, seen = [], set()
+        for entry in self.sets:
+            name, _, path = entry.partition("=")
+            if not path or not SET_NAME_RE.fullmatch(name):
+                problems.append(
+                    f"eval.sets: {brief(entry)} must be NAME=PATH, NAME of letters, digits, "
+                    "'_', '.', '-' (at most 64)"
+                )
+            elif name in seen:
+                problems.append(f"eval.sets: the name {name!r} is given twice")
+            seen.add(name)
+        return problems
+
+
 def is_hub_user_name(name: str) -> bool:
     """A name the Hub could have given a user or org (its repo-id namespace rule)."""
     return bool(HUB_USER_RE.fullmatch(name)) and "--" not in name and ".." not in name
@@ -461,6 +486,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
     "distributed": DistributedConfig,
+    "eval": EvalConfig,
 }
 SCALARS = {"compile": False, "gradient_checkpointing": False}
 RUN_ALIASES = ("name", "max_steps", "output_dir", "seed", "device")
