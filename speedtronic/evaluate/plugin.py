@@ -38,7 +38,7 @@ class HeldOutSetsPlugin:
         self.sets, self.every, self.window, self.batch_size = sets, every, window, batch_size
         self.rank, self.world = shard
         self.sum_across = sum_across
-        self.last: dict[str, dict[str, float]] = {}  # set name -> its last figures
+        self.last: dict[str, dict[str, float]] = {}  # set name -> its last figures (meta.json)
 
     def after_optimizer_step(self, trainer: Any) -> None:
         if trainer.step % self.every == 0 or trainer.step == trainer.options.max_steps:
@@ -80,7 +80,11 @@ class HeldOutSetsPlugin:
             "eval_s": time.perf_counter() - started,
         }
         trainer.logger.log("eval_set", payload)
-        self.last[held.name] = {"loss": figures.loss, "bits_per_byte": figures.bits_per_byte}
+        self.last[held.name] = {
+            "step": trainer.step,
+            "loss": figures.loss,
+            "bits_per_byte": figures.bits_per_byte,
+        }
 
 
 def plain_module(model: torch.nn.Module) -> torch.nn.Module:

@@ -58,6 +58,11 @@ def test_each_set_is_reported_at_the_cadence_and_equals_speedtronic_eval(tmp_pat
     assert last["docs"]["bits_per_byte"] == pytest.approx(
         eval_text(run, joined)["bits_per_byte"], rel=1e-6
     )
+    inspected = invoke("ckpt", "inspect", run, "--format", "json")
+    recorded = json.loads(inspected.stdout)["checkpoints"][-1]["eval_sets"]
+    assert recorded["docs"] == {k: last["docs"][k] for k in ("step", "loss", "bits_per_byte")}
+    shown = invoke("ckpt", "inspect", run).stdout
+    assert f"held-out set short: bits/byte {cli['bits_per_byte']:.4f}" in shown
     line = format_event("eval_set", last["short"])
     assert "set short" in line and f"bits/byte {cli['bits_per_byte']:.4f}" in line
     step, tags = scalars("eval_set", last["docs"])
