@@ -44,10 +44,12 @@ def evaluate(
     task: str | None = typer.Option(
         None, "--task", help="A multiple-choice task to score: hellaswag (needs --data)."
     ),
-    data: Path | None = typer.Option(
+    data: str | None = typer.Option(
         None,
         "--data",
-        help="The task's file: JSONL, one object per line with ctx, endings and label.",
+        help="The task's file: JSONL, one object per line with ctx, endings and label; or "
+        "hf://datasets/OWNER/NAME[@REVISION]/PATH of such a file, downloaded once into the user "
+        "cache (pin @SHA to work offline afterwards).",
     ),
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="Score only the task file's first N items."
@@ -76,7 +78,7 @@ def evaluate(
     _check_usage(text, task, data)
     from speedtronic.evaluate.tasks import read_task
 
-    items = read_task(task, data, limit) if task is not None else None  # bad files fail first
+    items = read_task(task, _task_file(data), limit) if task is not None else None  # fail first
     texts = [(path, _read_text(path)) for path in text]
     report = _run(run, texts, stride, task, items, batch_size, device, tokenizer)
     if output_format is OutputFormat.json:
@@ -87,13 +89,23 @@ def evaluate(
     _print_text(report, per_example)
 
 
-def _check_usage(text: list[Path], task: str | None, data: Path | None) -> None:
+def _check_usage(text: list[Path], task: str | None, data: str | None) -> None:
     if not text and task is None:
         raise ConfigError("nothing to evaluate: give --text FILE and/or --task hellaswag --data")
     if task is not None and data is None:
         raise ConfigError(f"--task {task}: needs --data FILE (the task's JSONL file)")
     if data is not None and task is None:
         raise ConfigError("--data: needs --task NAME saying what the file holds")
+
+
+def _task_file(data: str | None) -> Path:
+    if data is None or not data.startswith("hf://"):
+        return Path(str(data))
+    from speedtronic.data.ingest.hub_source import cached_dataset_file
+
+    path, pinned = cached_dataset_file(data)
+    _note(f"--data: {pinned} (cached at {path})")
+    return path
 
 
 def _read_text(path: Path) -> str:
