@@ -90,6 +90,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for index in range(args.rounds):
         with_sets.append(run_once(config(args, scratch, f"sets{index}", sets)))
         without.append(run_once(config(args, scratch, f"plain{index}", [])))
+        print(f"round {index}: with sets {with_sets[-1]}, without {without[-1]}", file=sys.stderr)
     share = [r["eval_s"] / (r["elapsed"] - r["eval_s"]) for r in with_sets]
     per_eval = [r["eval_s"] / (r["evaluations"] / 2) for r in with_sets]  # two sets each
     cost_steps = [p / r["step_s"] for p, r in zip(per_eval, with_sets, strict=True)]
