@@ -32,6 +32,7 @@ def evaluate(
     text: list[Path] = typer.Option(
         [],
         "--text",
+        metavar="FILE",
         help="A UTF-8 text file to report loss and bits per byte over; repeat for several.",
     ),
     stride: int | None = typer.Option(
