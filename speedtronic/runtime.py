@@ -126,6 +126,7 @@ def build_runtime(
     datasets = start.datasets or (dataset, None)
     run_tok = run_tokenizer(config, datasets[0], tokenizer, from_config=dataset is None)
     data, evaluation = _build_data(config, datasets, device, logger, world)
+    evaluation += _held_out_sets(config, start.eval_sets, world)
     plugins = [*evaluation, *(plugins or [])]
     options = TrainerOptions(
         max_steps=config.run.max_steps,
@@ -178,6 +179,19 @@ def _build_data(
     every, batches = config.data.eval_every, config.data.eval_batches
     reduce = parallel.sum_across if world.active else None
     return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)]
+
+
+def _held_out_sets(config: SpeedtronicConfig, sets: list[Any], world: parallel.World) -> list:
+    """The plug-in that scores ``eval.sets`` at the eval cadence, when there are any."""
+    if not sets:
+        return []
+    from speedtronic.evaluate.plugin import HeldOutSetsPlugin
+
+    every = config.eval.every or config.data.eval_every
+    batch = config.eval.batch_size or config.data.micro_batch_size
+    reduce = parallel.sum_across if world.active else None
+    shard = (world.rank, world.size)
+    return [HeldOutSetsPlugin(sets, every, config.seq_len, batch, shard, reduce)]
 
 
 def train_from_config(config: Any, **kwargs: Any) -> TrainResult:

@@ -160,6 +160,7 @@ def inspect_checkpoint(path: str | os.PathLike, verify: bool = False) -> dict:
         "is_latest": _latest_or_none(scan.path.parent) == scan.path.name,
         "config_facts": config_facts(meta.get("config")),
         "tokenizer": meta.get("tokenizer"),  # the run's tokenizer record (checkpoint.tokenizer)
+        "eval_sets": meta.get("eval_sets"),  # eval.sets' newest figures, per set name
     }
 
 

@@ -105,6 +105,7 @@ class CheckpointPlugin:
             "config": runtime.config.to_dict(redact=True),
             "tokenizer": self.tokenizer_meta,
             "eval_loss": _last_eval(trainer),
+            "eval_sets": _last_sets(trainer),
         }
         try:
             self.last_path = save_checkpoint(
@@ -135,6 +136,12 @@ def _last_eval(trainer: Any) -> dict | None:
     if last is None or not math.isfinite(last[1]):
         return None
     return {"step": last[0], "loss": last[1]}
+
+
+def _last_sets(trainer: Any) -> dict | None:
+    """The newest figures of each ``eval.sets`` set, ``{name: {step, loss, bits_per_byte}}``."""
+    found = [p.last for p in trainer.plugins if getattr(p, "name", "") == "eval_sets"]
+    return dict(found[0]) if found and found[0] else None
 
 
 def state_mismatch(model: dict[str, Any], saved: dict[str, Any]) -> str:

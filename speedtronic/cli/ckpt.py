@@ -68,6 +68,25 @@ def inspect(
         console.print(f"{chosen['name']}: dtypes {dtypes}", highlight=False)
         console.print(f"config: {facts or 'not recorded'}", highlight=False)
         console.print(f"tokenizer: {tokenizer_text(chosen)}", highlight=False)
+        for line in _sets_lines(chosen.get("eval_sets")):
+            console.print(line, highlight=False)
+
+
+def _sets_lines(sets: object) -> list[str]:
+    """One line per held-out set the checkpoint recorded (eval.sets); meta.json is data."""
+    if not isinstance(sets, dict):
+        return []
+    lines = []
+    for name, f in sets.items():
+        if isinstance(f, dict) and all(isinstance(f.get(k), (int, float)) for k in _SET_KEYS):
+            lines.append(
+                f"held-out set {name}: bits/byte {f['bits_per_byte']:.4f}, loss "
+                f"{f['loss']:.4f} (step {f['step']})"
+            )
+    return lines
+
+
+_SET_KEYS = ("step", "loss", "bits_per_byte")
 
 
 def prune(

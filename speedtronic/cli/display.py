@@ -153,6 +153,8 @@ class LiveTable:
                     row["eval_loss"] = payload["eval_loss"]
             if self.live:
                 self.live.update(self._render())
+        elif event == "eval_set":  # a line per held-out set above the table: sets vary in number
+            self.console.print(format_event(event, payload), style="green", highlight=False)
         elif event in ("diloco_boundary", "diloco_round"):
             self.diloco.update(payload if event == "diloco_boundary" else {})
             self.console.print(format_event(event, payload), style="magenta", highlight=False)

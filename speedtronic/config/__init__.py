@@ -34,19 +34,19 @@ from speedtronic.config.loader import (
     read_config_file,
 )
 from speedtronic.config.messages import summary
+from speedtronic.config.rules import NODE_ID_RE, Range
 from speedtronic.config.sections import (
-    NODE_ID_RE,
     RUN_ALIASES,
     SCALARS,
     SECTIONS,
     CheckpointConfig,
     DataConfig,
     DistributedConfig,
+    EvalConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     PrecisionConfig,
-    Range,
     RunConfig,
     SchedulerConfig,
 )
@@ -64,6 +64,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
+    "EvalConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -97,6 +98,7 @@ class SpeedtronicConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod

@@ -17,12 +17,12 @@ import typing
 from typing import Any, Literal, Union
 
 from speedtronic.config.messages import brief, describe, key_text, summary, unknown
+from speedtronic.config.rules import Range
 from speedtronic.config.sections import (
     RUN_ALIASES,
     SCALARS,
     SECTIONS,
     ModelConfig,
-    Range,
 )
 from speedtronic.errors import ConfigError
 
@@ -75,7 +75,7 @@ def check_sections(config: Any) -> list[str]:
         problems.extend(_range_problems(name, section))
         check = getattr(section, "check", None)
         problems.extend(check() if check else [])
-    return problems + _check_context_length(config)
+    return problems + _check_context_length(config) + _check_eval_cadence(config)
 
 
 def _range_problems(name: str, section: Any) -> list[str]:
@@ -103,6 +103,12 @@ def _check_context_length(config: Any) -> list[str]:
         f"data.seq_len: must be <= model.seq_len={model_len}, the reference model's context "
         f"length (got {data_len})"
     ]
+
+
+def _check_eval_cadence(config: Any) -> list[str]:
+    if config.eval.sets and not (config.eval.every or config.data.eval_every):
+        return ["eval.sets: needs eval.every or data.eval_every > 0 (when to score them)"]
+    return []
 
 
 # ---- sections -----------------------------------------------------------------------------

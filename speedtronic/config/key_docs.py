@@ -141,6 +141,13 @@ DOCS: dict[str, str] = {
     "distributed.squash_every": "Hub only: squash the repo's history every N publishes; 0: never",
     "distributed.collaborators": "Hub only: users the master tries to grant write access at start",
     "distributed.cache_dir": "Hub only: cache of downloaded globals; null: the user cache dir",
+    "eval.sets": "named held-out sets, each NAME=PATH: a UTF-8 text file, a .jsonl/.parquet "
+    "corpus (its text column), or a data tokenize folder (its val part); scored for loss and "
+    "bits per byte (docs/evaluation.md)",
+    "eval.every": "optimizer steps between scorings of eval.sets (and one at the end); "
+    "0: data.eval_every",
+    "eval.max_tokens": "tokens scored per set per evaluation (its first ones, the same each time)",
+    "eval.batch_size": "windows per forward pass; null: data.micro_batch_size",
 }
 
 # Rules a range or a choice cannot say, checked by the sections' ``check`` methods or build
@@ -187,6 +194,7 @@ CHECKED: dict[str, str] = {
     "distributed.train_locally": "false only for a master",
     "distributed.outer_steps": "required when train_locally is false",
     "distributed.collaborators": "Hugging Face user names",
+    "eval.sets": "unique names of 1-64 letters, digits, _ . -; needs every or data.eval_every",
 }
 
 # reference_transformer's own keys (model.<key>): (rule, meaning)

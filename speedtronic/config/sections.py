@@ -10,66 +10,18 @@ method; docs/config.md is generated from those and the fields (a test wants both
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from speedtronic.config.distributed import DistributedConfig
 from speedtronic.config.messages import brief
-from speedtronic.config.storage import endpoint_url_problem, is_s3_url, parse_s3_url
+from speedtronic.config.rules import STEPS, ranged
 
-NODE_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "abc\n" does not match
 DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,3})?")
 HOOK_RE = re.compile(r"[\w.]+:[\w.]+")
-HUB_USER_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?")
-STEPS = "[1, 2**40]"  # counts of steps: far beyond any run, small enough for float arithmetic
 MAX_NAME_BYTES = 255  # the longest file name on common file systems
-
-
-@dataclass(frozen=True)
-class Range:
-    """An interval such as ``[0, 1)`` or ``(0, inf)``, shown as users read it: ``> 0``."""
-
-    text: str
-    low: float
-    high: float
-    low_open: bool
-    high_open: bool
-    why: str = ""
-
-    @classmethod
-    def parse(cls, text: str, why: str = "") -> Range:
-        match = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", text)
-        if not match:
-            raise ValueError(f"bad range {text!r}")  # internal: a typo in a field declaration
-        opening, low, high, closing = match.groups()
-        return cls(text, _number(low), _number(high), opening == "(", closing == ")", why)
-
-    def __contains__(self, value: float) -> bool:
-        # Written as "is inside" so that NaN, which compares false to everything, is outside
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def rule(self, nullable: bool = False) -> str:
-        low = self.text[1:-1].split(", ")[0]
-        if self.high == float("inf"):
-            text = f"{'>' if self.low_open else '>='} {low}"
-        else:
-            text = f"in {self.text}"
-        return text + (" or null" if nullable else "") + (f", {self.why}" if self.why else "")
-
-
-def _number(text: str) -> float:
-    if text.startswith("2**"):
-        return 2 ** int(text[3:])
-    return float(text) if any(c in text for c in ".en") else int(text)
-
-
-def ranged(default: Any, interval: str, why: str = "") -> Any:
-    """A dataclass field whose value (when not None) must lie in ``interval``."""
-    return field(default=default, metadata={"range": Range.parse(interval, why)})
 
 
 @dataclass
@@ -346,130 +298,29 @@ class LoggingConfig:
         ]
 
 
+SET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 @dataclass
-class DistributedConfig:
-    """DumbDiLoCo settings (docs/diloco.md). The behaviour lives in ``speedtronic.distributed``.
-
-    ``repo_id`` is a Hugging Face Hub repo id, an object-storage bucket (``s3://bucket/prefix``,
-    with ``endpoint_url`` for stores other than AWS) or a shared directory (a path or ``file://``
-    URL); ``path`` is an alias for a directory. ``node_id`` defaults to ``$HF_USERNAME``, then
-    ``$USER``, then ``local``; it names the node's folder in the repo, so it must be path-safe.
-    """
-
-    enabled: bool = False
-    mode: Literal["dumb_diloco"] = "dumb_diloco"
-    role: Literal["worker", "master"] = "worker"
-    node_id: str | None = None
-    repo_id: str | None = None
-    path: str | None = None  # alias: a shared directory
-    endpoint_url: str | None = None  # s3:// repos: the store's URL; None: $AWS_ENDPOINT_URL, AWS
-    token: str | None = field(default=None, repr=False)
-    inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
-    poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
-    # false: AdamW moments carry across installs; a reset measured 4-5 points worse over 12 and
-    # 48 rounds (docs/diloco.md, "Why the defaults"), though upstream DiLoCo resets
-    reset_inner_optimizer: bool = False
-    # install the global minus this node's deltas it lacks, at the master's share, so the node
-    # does not train on from weights that lack its own work
-    reapply_own_delta: bool = True
-    # eager: install a newer global as soon as it is downloaded, carrying the progress since the
-    # last boundary (the best measured at equal wall-clock); boundary: only at an inner loop's end
-    install: Literal["eager", "boundary"] = "eager"
-    train_locally: bool = True  # false: a master that only coordinates
-    outer_steps: int | None = ranged(None, STEPS)  # a coordinating-only master stops here
-    state_dir: str | None = None  # master state; default <output_dir>/diloco_master
-    # Plain averaging: the best asynchronous setting measured (docs/benchmarks.md, DumbDiLoCo);
-    # the DiLoCo paper's 0.7 / 0.9 needs synchronous rounds
-    outer_lr: float = ranged(1.0, "(0, inf)")
-    outer_momentum: float = ranged(0.0, "[0, 1)")
-    min_deltas: int = ranged(2, "[1, 2**20]")  # quorum of deltas per round
-    # Timeouts feed sleeps and lock waits, which overflow past ~292 years; a week is plenty
-    max_wait_s: float = ranged(600.0, "[0, 604800]", "at most a week")  # or a partial round
-    max_staleness: int = ranged(4, "[0, 2**20]")  # outer steps behind: older deltas are dropped
-    staleness_discount: float = ranged(0.5, "(0, 1]")  # weight x discount ** staleness
-    # fleet: each round counts as its share of the fleet's work, momentum once per fleet loop;
-    # naive: every round's mean in full with momentum (diverges with uneven workers)
-    outer_policy: Literal["fleet", "naive"] = "fleet"
-    delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
-    upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
-    # The end of a run (docs/diloco.md): how long a node may stay silent before the master's
-    # final round goes without its last delta, and how long a worker waits for a global that
-    # holds its own; None: sized from the fleet's inner-loop time (60 s to an hour)
-    drain_timeout_s: float | None = ranged(None, "[0, 604800]", "at most a week")
-    # A stop is not an end (SIGTERM, Ctrl-C): the node saves its checkpoint first, then sends
-    # and waits at most this long (a container's stop kills it 10 s after SIGTERM)
-    stop_grace_s: float = ranged(5.0, "[0, 3600]", "at most an hour")
-    # Sent deltas no global includes yet: past 3 in memory they go to <output_dir> on disk, up
-    # to this many bytes (8 GiB); past that, later inner loops wait in the outbox
-    in_flight_disk_bytes: int = ranged(8 << 30, "[0, 2**50]")
-    # > 0: at each boundary wait up to this long for the global holding this node's delta
-    # (synchronous DiLoCo when min_deltas = the number of nodes); 0: never wait
-    sync_wait_s: float = ranged(0.0, "[0, 604800]", "at most a week")
-    # The Hub limits commits per repo (~128/hour): the master publishes at most this often
-    min_publish_interval_s: float = ranged(60.0, "[0, 86400]", "at most a day")  # seconds
-    # Squash the Hub repo's history every this many publishes so storage stays bounded; 0: never
-    squash_every: int = ranged(0, "[0, 2**40]")
-    collaborators: list[str] = field(default_factory=list)  # Hub users the master grants write
-    cache_dir: str | None = None  # Hub downloads; None -> the platformdirs user cache dir
-
-    @property
-    def repo(self) -> str | None:
-        return self.repo_id or self.path
-
-    @property
-    def resolved_node_id(self) -> str:
-        return self.node_id or os.environ.get("HF_USERNAME") or os.environ.get("USER") or "local"
+class EvalConfig:
+    sets: list[str] = field(default_factory=list)  # NAME=PATH each (speedtronic.evaluate.sets)
+    every: int = ranged(0, "[0, 2**40]")  # optimizer steps between scorings; 0: data.eval_every
+    max_tokens: int = ranged(8192, "[1, 2**31]")  # tokens scored per set per evaluation
+    batch_size: int | None = ranged(None, "[1, 2**20]")  # None: data.micro_batch_size
 
     def check(self) -> list[str]:
-        problems = []
-        node_id = self.resolved_node_id
-        if not NODE_ID_RE.fullmatch(node_id):
-            where = "" if self.node_id else " (taken from $HF_USERNAME or $USER: set it)"
-            problems.append(
-                f"distributed.node_id{where}: must be 1-64 characters of letters, digits, '_', "
-                f"'.', '-' starting with a letter or digit (got {brief(node_id)})"
-            )
-        if self.repo_id and self.path and self.repo_id != self.path:
-            problems.append("distributed: set repo_id or its alias path, not both")
-        if self.enabled and not self.repo:
-            problems.append(
-                "distributed.repo_id: required when distributed is enabled "
-                "(a Hub repo id, s3://bucket/prefix, or a shared directory path or file:// URL)"
-            )
-        problems += self._check_storage()
-        if self.enabled and not self.train_locally and (self.role != "master"):
-            problems.append("distributed.train_locally: only a master may set it to false")
-        if self.enabled and not self.train_locally and self.outer_steps is None:
-            problems.append("distributed.outer_steps: required when train_locally is false")
-        return problems + [
-            f"distributed.collaborators: {brief(name)} is not a Hugging Face user name "
-            "(1-96 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
-            for name in self.collaborators
-            if not is_hub_user_name(name)
-        ]
-
-    def _check_storage(self) -> list[str]:
-        """An ``s3://`` repo spec and ``endpoint_url``: the bucket, prefix and URL rules."""
-        problems = []
-        key = "distributed.repo_id" if self.repo_id else "distributed.path"
-        if is_s3_url(self.repo):
-            try:
-                parse_s3_url(self.repo)
-            except ValueError as exc:
-                problems.append(f"{key}: {exc} (got {brief(self.repo)})")
-        if self.endpoint_url is not None:
-            problem = endpoint_url_problem(self.endpoint_url)
-            if problem is None and self.repo and not is_s3_url(self.repo):
-                problem = "only for an s3:// repo_id"
-            if problem is not None:  # a URL holding credentials is not echoed
-                shown = "not shown" if "@" in str(self.endpoint_url) else brief(self.endpoint_url)
-                problems.append(f"distributed.endpoint_url: {problem} (got {shown})")
+        problems, seen = [], set()
+        for entry in self.sets:
+            name, _, path = entry.partition("=")
+            if not path or not SET_NAME_RE.fullmatch(name):
+                problems.append(
+                    f"eval.sets: {brief(entry)} must be NAME=PATH, NAME of letters, digits, "
+                    "'_', '.', '-' (at most 64)"
+                )
+            elif name in seen:
+                problems.append(f"eval.sets: the name {name!r} is given twice")
+            seen.add(name)
         return problems
-
-
-def is_hub_user_name(name: str) -> bool:
-    """A name the Hub could have given a user or org (its repo-id namespace rule)."""
-    return bool(HUB_USER_RE.fullmatch(name)) and "--" not in name and ".." not in name
 
 
 SECTIONS: dict[str, type] = {
@@ -482,6 +333,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
     "distributed": DistributedConfig,
+    "eval": EvalConfig,
 }
 SCALARS = {"compile": False, "gradient_checkpointing": False}
 RUN_ALIASES = ("name", "max_steps", "output_dir", "seed", "device")

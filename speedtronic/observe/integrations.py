@@ -55,6 +55,10 @@ TAGS: dict[str, tuple[str, str, dict[str, str]]] = {
 
 def scalars(event: str, payload: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
     """``(step, {tag: value})`` for an event that carries scalars, else None."""
+    if event == "eval_set" and payload.get("step") is not None:  # one tag group per set
+        names = ("loss", "bits_per_byte")
+        prefix = f"eval/{payload.get('set')}"
+        return int(payload["step"]), {f"{prefix}/{k}": float(payload[k]) for k in names}
     spec = TAGS.get(event)
     if spec is None or payload.get(spec[1]) is None:
         return None

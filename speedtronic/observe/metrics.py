@@ -2,7 +2,8 @@
 device peak-FLOPs table.
 
 The engine reports everything as ``(event, payload)`` pairs: ``run_start``, ``train_step``,
-``eval``, ``checkpoint``, ``warning``, ``notice``, ``run_end`` and DumbDiLoCo's ``diloco_*``.
+``eval``, ``eval_set``, ``checkpoint``, ``warning``, ``notice``, ``run_end`` and DumbDiLoCo's
+``diloco_*``.
 Sinks write them (stdout lines, a text file, JSONL) and hooks receive them (callables
 ``hook(event, payload)`` or objects with ``on_event``). A hook that raises is reported once
 and disabled, never fatal. ``event_record`` is the one JSON form of an event, versioned
@@ -272,6 +273,11 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         return (
             f"eval step {payload['step']} | eval_loss {payload['eval_loss']:.4f} | "
             f"ppl {payload['eval_ppl']:.2f} | {payload['eval_tokens']:,} tokens"
+        )
+    if event == "eval_set":
+        return (
+            f"eval step {payload['step']} | set {payload['set']} | loss {payload['loss']:.4f} | "
+            f"bits/byte {payload['bits_per_byte']:.4f} | {payload['tokens']:,} tokens"
         )
     if event in ("warning", "notice"):
         return f"{event}: {payload['message']}"

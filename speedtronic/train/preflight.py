@@ -59,6 +59,7 @@ class StartPlan:
     init: Checkpoint | None = None  # the weights --init-from starts from (trainer state empty)
     notices: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    eval_sets: list[Any] = field(default_factory=list)  # eval.sets, read (evaluate.sets)
 
 
 def plan_start(
@@ -87,10 +88,20 @@ def plan_start(
     if model is None:  # another model is built only where a run could be lost: see check_model
         shapes = check_model(config, build=init is not None, others=_run_at_stake(config))
     plan.datasets = build_datasets(config, tokenizer) if dataset is None else None
+    plan.eval_sets = _eval_sets(config, tokenizer)
     if source is not None:
         plan.init = _load_init(config, source, shapes, own_model=model is not None)
     plan.warnings += [w for w in [vocab_warning(config)] if w and dataset is None]
     return plan
+
+
+def _eval_sets(config: SpeedtronicConfig, tokenizer: Any) -> list[Any]:
+    if not config.eval.sets:
+        return []
+    from speedtronic.data.manifest import data_tokenizer
+    from speedtronic.evaluate.sets import load_sets
+
+    return load_sets(config, tokenizer if tokenizer is not None else data_tokenizer(config))
 
 
 def _plan_resume(plan: StartPlan) -> None:

@@ -164,3 +164,29 @@ def _repo_path(source: str, parts: list[str]) -> str:
     if any(p in ("", ".", "..") or "\\" in p for p in parts):
         raise DataError(f"{source}: not a plain path inside the repo")
     return "/".join(parts)
+
+
+def cached_dataset_file(source: str, base: str | Path | None = None) -> tuple[Path, str]:
+    """``hf://datasets/OWNER/NAME[@REVISION]/PATH`` in the user cache (``<cache>/hub/datasets/
+    <owner>--<name>/<sha>/PATH``), and the source pinned to that sha. A revision that is a
+    commit sha whose file is there already needs no request (it works offline); otherwise one
+    request pins the revision and the first use downloads the file (sha256-checked)."""
+    from platformdirs import user_cache_dir
+
+    parts = source.removeprefix("hf://").split("/")
+    if len(parts) < 4 or parts[0] != "datasets":
+        raise DataError(f"{source}: a Hub dataset file is hf://datasets/OWNER/NAME[@REVISION]/PATH")
+    name, _, revision = parts[2].partition("@")
+    repo, path = f"{parts[1]}/{name}", _repo_path(source, parts[3:])
+    root = Path(base or user_cache_dir("speedtronic"), "hub", "datasets", repo.replace("/", "--"))
+    if len(revision) == 40 and (root / revision / path).is_file():
+        return root / revision / path, f"hf://datasets/{repo}@{revision}/{path}"
+    client = _client(repo, "dataset")
+    sha = client.resolve(revision or "main")
+    dest = root / sha / path
+    if not dest.is_file():
+        listed = [f for f in client.list_files(sha, path.rpartition("/")[0]) if f.path == path]
+        if not listed:
+            raise DataError(f"{source}: no file {path} in datasets/{repo} at {sha[:12]}")
+        client.download(listed[0], sha, dest)
+    return dest, f"hf://datasets/{repo}@{sha}/{path}"

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from speedtronic.config.sections import is_hub_user_name
+from speedtronic.config.rules import is_hub_user_name
 from speedtronic.distributed.protocol import (
     NODES_DIR,
     STEP_COUNT,
