@@ -87,8 +87,6 @@ def train(
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
     quiet cores)."""
-    if nproc_per_node is not None:
-        exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
@@ -102,6 +100,10 @@ def train(
     if init_from is not None:
         sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
     cfg = load_config(config, sets + list(overrides or []))
+    if nproc_per_node is not None:
+        # checked here, once: N children refusing the same config print N errors + torchrun's report
+        cfg.accumulation_for(nproc_per_node)
+        exec_torchrun(nproc_per_node)
 
     from speedtronic.cli.display import make_display
     from speedtronic.runtime import train_from_config

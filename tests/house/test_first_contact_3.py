@@ -1,0 +1,82 @@
+"""Issue 40 (first contact, round 3): what a new user pastes first runs as written.
+
+The README's and docs/ddp.md's multi-GPU examples validate for the world size they name, and
+``train --nproc-per-node N`` refuses a batch that does not divide before torchrun starts N
+children that would each print the same error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from speedtronic.cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def multi_gpu_examples() -> list[tuple[str, int]]:
+    """(config, world size) of every `-c CONFIG ... --nproc-per-node/--world-size N` line."""
+    found = []
+    for doc in ("README.md", "docs/ddp.md"):
+        for line in (ROOT / doc).read_text().splitlines():
+            words = shlex.split(line.partition("#")[0]) if "-c configs/" in line else []
+            sizes = [w for w in words if re.fullmatch(r"--(nproc-per-node|world-size)", w)]
+            if sizes:
+                world = int(words[words.index(sizes[0]) + 1])
+                found.append((words[words.index("-c") + 1], world))
+    return found
+
+
+def test_the_docs_name_multi_gpu_examples():
+    assert len(multi_gpu_examples()) >= 5  # README 3 lines, docs/ddp.md 2
+
+
+@pytest.mark.parametrize(("config", "world"), multi_gpu_examples())
+def test_each_multi_gpu_example_validates_for_its_world_size(config, world):
+    result = runner.invoke(app, ["validate", "-c", str(ROOT / config), "--world-size", str(world)])
+    assert result.exit_code == 0, result.output
+    assert f"world size {world} x accumulation" in result.stdout
+
+
+def test_nproc_per_node_refuses_a_batch_that_does_not_divide_before_torchrun(monkeypatch):
+    launched = []
+    monkeypatch.setattr(os, "execv", lambda *args: launched.append(args))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    config = str(ROOT / "configs" / "gpt2_small.yaml")
+    result = runner.invoke(
+        app, ["train", "-c", config, "--nproc-per-node", "3", "--set", "run.device=cpu"]
+    )
+    assert result.exit_code == 2
+    assert launched == []
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        "speedtronic: error: data.target_batch_size: 256 must be a multiple of "
+        "data.micro_batch_size x world size = 32 x 3 = 96"
+    ]
+
+
+def test_nproc_per_node_starts_torchrun_when_the_batch_divides(monkeypatch):
+    launched = []
+    monkeypatch.setattr(os, "execv", lambda *args: launched.append(args))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr("sys.argv", ["speedtronic", "train", "--nproc-per-node", "8"])
+    config = str(ROOT / "configs" / "gpt2_small.yaml")
+    runner.invoke(app, ["train", "-c", config, "--nproc-per-node", "8"])
+    assert launched and "--nproc-per-node=8" in launched[0][1]
+
+
+def test_a_rank_other_than_0_keeps_a_config_error_to_itself(monkeypatch):
+    config = str(ROOT / "configs" / "gpt2_small.yaml")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank, says in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        result = runner.invoke(app, ["train", "-c", config, "--set", "run.device=cpu"])
+        assert result.exit_code == 2
+        assert ("rank 0 of 3: data.target_batch_size" in result.stderr) is says, result.stderr
