@@ -80,3 +80,13 @@ def test_a_rank_other_than_0_keeps_a_config_error_to_itself(monkeypatch):
         result = runner.invoke(app, ["train", "-c", config, "--set", "run.device=cpu"])
         assert result.exit_code == 2
         assert ("rank 0 of 3: data.target_batch_size" in result.stderr) is says, result.stderr
+
+
+def test_the_readme_says_the_smoke_model_generates_noise_and_the_thread_advice():
+    """Item 6: the first 'use your model' output was noise with no word that it would be."""
+    for doc in ("README.md", "docs/getting-started.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert "generates noise" in text or "what it generates is noise" in text, doc
+        assert "--threads 1" in text, doc
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "about 32 min at load averages 5-11" in readme
