@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import site
 import shutil
+import site
 import sys
 import tarfile
 import zipfile
