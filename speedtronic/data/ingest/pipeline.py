@@ -116,10 +116,24 @@ def _already_done(out: Path, request: plans.Request) -> dict | None:
         )
     if out.is_dir() and (out / manifests.MANIFEST).is_file():
         doc = manifests.read_manifest(out, "OUT")
-        if doc.get("plan", {}).get("request") == request.record():
+        saved = doc.get("plan", {}).get("request")
+        if saved == request.record():
             report = {**doc["counts"], "out": str(out), "already_done": True}
             return {**report, "shards": doc["parts"], "hub_calls": 0, "hub_storage_requests": 0}
+        raise DataError(
+            f"{out} exists{_made_otherwise(saved, request.record())}; remove it or name another output"
+        )
     raise DataError(f"{out} exists; remove it or name another output")
+
+
+def _made_otherwise(saved: object, now: dict) -> str:
+    """Which option the finished tokenize at OUT was made with otherwise: what a re-run changed."""
+    if not isinstance(saved, dict):
+        return ""
+    for key in now:
+        if saved.get(key) != now[key]:
+            return f" and was made with {key} = {saved.get(key)!r}, not {now[key]!r}"
+    return ""
 
 
 def _read_journal(partial: Path) -> dict | None:
