@@ -15,7 +15,7 @@
 # Usage:   benchmarks/gpu_check.sh
 # Env:     OUT (default /tmp/gpu_check): small outputs (JSON, logs, summary) land here
 #          WORK (default /tmp/gpu_check_work): the training run's directory (a 1.5 GB checkpoint)
-#          STEPS (default 300), BUDGET_S (default 560: stages are cut to fit), PYTHON
+#          STEPS (default 100), BUDGET_S (default 560: stages are cut to fit), PYTHON
 #          TRAIN_CONFIG (default configs/gpt2_small.yaml); ALLOW_CPU=1 runs without CUDA, to
 #          rehearse the script itself (e.g. TRAIN_CONFIG=configs/smoke.yaml STEPS=20)
 # Exit:    0 when every stage passed and the MFU target was met, 1 otherwise, 2 without CUDA.
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/gpu_check}"
 WORK="${WORK:-/tmp/gpu_check_work}"
-STEPS="${STEPS:-300}"
+STEPS="${STEPS:-100}"
 BUDGET_S="${BUDGET_S:-560}"
 PY="${PYTHON:-python}"
 TRAIN_CONFIG="${TRAIN_CONFIG:-configs/gpt2_small.yaml}"

@@ -136,6 +136,7 @@ def build_runtime(
         compile=config.compile,
         flops_per_token=flops_per_token(model, config.seq_len),
         handle_signals=not world.active,  # a group stops on an agreed step (GroupHooks)
+        flush_denormal=config.precision.flush_denormal,
     )
     if config.distributed.enabled and world.active:  # one node = one DDP group
         plugins += parallel.node_plugins(config, world, model, device, logger, run_tok)

@@ -68,7 +68,7 @@ TEN_M = {
 
 
 def build_config(
-    name: str, precision: str, total_steps: int, log_every: int, output_dir: str
+    name: str, precision: str, total_steps: int, log_every: int, output_dir: str, flush: bool
 ) -> dict:
     """The packaged smoke config, or the ~10M variant of it, as a plain dict."""
     raw = SpeedtronicConfig.default().to_dict(redact=False)
@@ -77,26 +77,27 @@ def build_config(
             raw[section].update(values)
     # max_steps is the schedule horizon; nothing is written, output_dir is a scratch folder.
     raw["run"].update(name=f"overhead-{name}", max_steps=total_steps, output_dir=output_dir)
-    raw["precision"]["mode"] = precision
+    raw["precision"].update(mode=precision, flush_denormal=flush)
     raw["logging"].update(every_steps=log_every, file=None, json_file=None, hooks=[])
     raw["checkpoint"]["interval"] = 0
     return raw
 
 
-def measure(name: str, precision: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(name: str, precision: str, flush: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build both sides for one config and precision, time them; returns the summary row."""
     warmup, steps = DEFAULT_STEPS[name]
     warmup, steps = args.warmup if args.warmup is not None else warmup, args.steps or steps
     with tempfile.TemporaryDirectory(prefix="speedtronic-overhead-") as scratch:
         total = warmup + args.rounds * steps
         runtime = build_runtime(
-            build_config(name, precision, total, args.log_every, scratch), console=False
+            build_config(name, precision, total, args.log_every, scratch, flush == "on"),
+            console=False,
         )
         drop_checkpoints(runtime)
         raw = build_raw(runtime.config, runtime)
         timings = alternate(runtime, raw, warmup, steps, args.rounds, report=_stderr)
     row = summarize(name, runtime, raw, timings)
-    return row | {"warmup_steps": warmup, "steps_per_round": steps}
+    return row | {"flush_denormal": flush == "on", "warmup_steps": warmup, "steps_per_round": steps}
 
 
 def _stderr(line: str) -> None:
@@ -137,7 +138,7 @@ def summarize(name: str, runtime: Runtime, raw: RawLoop, timings: Timings) -> di
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
-        f"{'config':<7}{'prec':<6}{'params':>11}{'tok/step':>9}{'raw tok/s':>11}"
+        f"{'config':<7}{'prec':<6}{'flush':<6}{'params':>11}{'tok/step':>9}{'raw tok/s':>11}"
         f"{'trainer tok/s':>15}{'ratio':>7}{'ratio range':>15}{'spread raw/tr':>15}"
         f"{'clean ratio':>16}{'cpu-time ratio':>16}{'target':>8}  ok"
     )
@@ -147,7 +148,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         clean = row["ratio_clean"]
         clean_text = f"{clean:.3f} ({row['clean_rounds']}/{row['rounds']})" if clean else "none"
         print(
-            f"{row['config']:<7}{row['precision']:<6}{row['params']:>11,}"
+            f"{row['config']:<7}{row['precision']:<6}"
+            f"{'on' if row['flush_denormal'] else 'off':<6}{row['params']:>11,}"
             f"{row['tokens_per_step']:>9,}{row['raw_tokens_per_s']:>11,.0f}"
             f"{row['trainer_tokens_per_s']:>15,.0f}{row['ratio']:>7.3f}"
             f"{row['ratio_min']:>9.3f}-{row['ratio_max']:.3f}"
@@ -174,6 +176,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["auto"],
         help="one run per mode; auto = the config's resolved mode",
     )
+    parser.add_argument(
+        "--flush",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="precision.flush_denormal of the Trainer's side (the raw loop keeps IEEE subnormals)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per round")
     parser.add_argument("--warmup", type=int, help="untimed optimizer steps per side first")
@@ -192,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        rows = [measure(name, mode, args) for name in args.config for mode in args.precision]
+        rows = [
+            measure(name, mode, flush, args)
+            for name in args.config
+            for mode in args.precision
+            for flush in args.flush
+        ]
     except SpeedtronicError as exc:  # e.g. the two models differ: say why, no traceback
         raise SystemExit(str(exc)) from None
     print_table(rows)

@@ -60,6 +60,7 @@ _CONFIG_FACTS = {
     "run_name": "run.name",
     "max_steps": "run.max_steps",
     "precision": "precision.mode",
+    "optimizer": "optimizer.name",
     "micro_batch_size": "data.micro_batch_size",
     "target_batch_size": "data.target_batch_size",
     "lr": "optimizer.lr",

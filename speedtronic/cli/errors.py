@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from speedtronic.errors import SpeedtronicError
+from speedtronic.errors import ConfigError, SpeedtronicError
 
 
 def _base_class(name: str) -> type[Exception]:
@@ -46,6 +46,10 @@ def rank_prefix() -> str:
     return "" if world in ("", "1") or rank is None else f"rank {rank} of {world}: "
 
 
+def _first_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
 def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Map typed errors to one stderr line and an exit code (tracebacks only in debug)."""
 
@@ -58,6 +62,8 @@ def handle_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except SpeedtronicError as exc:
             if debug_enabled():
                 raise
+            if isinstance(exc, ConfigError) and not _first_rank():
+                raise typer.Exit(exc.exit_code) from None  # every rank has it: rank 0 says it
             for problem in getattr(exc, "problems", None) or [str(exc)]:
                 error_line(problem)
             if exc.hint:

@@ -57,6 +57,13 @@ def _folders(cfg: SpeedtronicConfig) -> list[tuple[str, str]]:
     return [(key, path) for key, path in keys if path and Path(path).is_dir()]
 
 
+def _made_by(key: str) -> str:
+    """How a missing token file or folder is made: the step a user skipped."""
+    if key in ("data.token_path", "data.eval_path"):
+        return " (run `speedtronic data tokenize SOURCES... PATH` first: docs/data.md)"
+    return ""
+
+
 def file_problems(cfg: SpeedtronicConfig) -> list[str]:
     """Each configured data file that training could not open, with its key (stat only: the
     UTF-8 and token-id checks read the whole file, so they run when training starts)."""
@@ -71,7 +78,7 @@ def file_problems(cfg: SpeedtronicConfig) -> list[str]:
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:
-            problems.append(f"{key}: file not found: {path}")
+            problems.append(f"{key}: file not found: {path}{_made_by(key)}")
             continue
         except OSError as exc:
             problems.append(f"{key}: cannot read {path}: {exc.strerror or exc}")

@@ -349,7 +349,9 @@ def _report(source: Any, done: Any, pushed: Any) -> None:
         state = "private" if pushed.private else "public" if pushed.private is False else "?"
         made = "created, " if pushed.created else ""
         print(f"pushed to {pushed.url} ({made}{state}, commit {pushed.commit[:12]})")
-    print(f"load it: AutoModelForCausalLM.from_pretrained({str(done.out)!r})")
+    # after a push the repo is what others can load; the folder is only on this machine
+    where = pushed.repo_id if pushed is not None else str(done.out)
+    print(f"load it: AutoModelForCausalLM.from_pretrained({where!r})")
 
 
 def _export_json(source: Any, done: Any, pushed: Any) -> dict:

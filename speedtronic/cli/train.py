@@ -96,8 +96,6 @@ def train(
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
     quiet cores)."""
-    if nproc_per_node is not None:
-        exec_torchrun(nproc_per_node)
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
@@ -113,6 +111,10 @@ def train(
     if init_overrides:
         sets.append(f"checkpoint.init_overrides={json.dumps(list(init_overrides))}")
     cfg = _load(config, sets + list(overrides or []), init_from is not None)
+    if nproc_per_node is not None:
+        # checked here, once: N children refusing the same config print N errors + torchrun's report
+        cfg.accumulation_for(nproc_per_node)
+        exec_torchrun(nproc_per_node)
 
     from speedtronic.cli.display import make_display
     from speedtronic.runtime import train_from_config

@@ -78,6 +78,8 @@ DOCS: dict[str, str] = {
     "starts (--resume keeps it: see the note below)",
     "scheduler.decay_fraction": "wsd only: the share of the schedule's steps that decays",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
+    "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero (restored "
+    "after the loop); false keeps IEEE subnormals, at several microseconds each",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
     "checkpoint.directory": "where checkpoints go; null: <output_dir>/checkpoints",

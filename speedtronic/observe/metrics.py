@@ -290,7 +290,9 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
     if event == "run_start":
         return (
             f"run {payload['name']}: {payload['model']} ({payload['params'] / 1e6:.2f}M params) "
-            f"on {payload['device']} {payload['precision']}, {payload['max_steps']} steps, "
+            f"on {payload['device']} {payload['precision']}"
+            + (f", {payload['optimizer']}" if payload.get("optimizer") else "")
+            + f", {payload['max_steps']} steps, "
             f"batch {payload['batch_size']} x {payload['seq_len']} tokens "
             f"(accumulation {payload['accumulation_steps']})"
             + (f"; data: {payload['data']}" if payload.get("data") else "")

@@ -57,6 +57,22 @@ class TrainerOptions:
     max_nonfinite: int = 5  # consecutive non-finite steps before stopping with an error
     flops_per_token: float | None = None
     handle_signals: bool = True
+    flush_denormal: bool = True  # on CPU: subnormals flushed to zero during the loop
+
+
+@contextlib.contextmanager
+def flushed_denormals(wanted: bool) -> Iterator[None]:
+    """Subnormal floats flushed to zero inside, the caller's setting restored after.
+
+    torch has no getter for the flag: a division that yields a subnormal tells whether it was on.
+    """
+    before = bool((torch.tensor([1e-30]) / 1e10).item() == 0.0)
+    changed = wanted and not before and torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if changed:
+            torch.set_flush_denormal(False)
 
 
 class Trainer:
@@ -115,7 +131,11 @@ class Trainer:
             return result
         self._call_plugins("on_train_start", self)
         status = "completed"
-        with self._signals() as guard:  # also covers the final save: a first Ctrl-C waits
+        flush = self.options.flush_denormal and self.precision.device.type == "cpu"
+        with (
+            self._signals() as guard,
+            flushed_denormals(flush),
+        ):  # also covers the final save: a first Ctrl-C waits
             with StepGuard(self) as steps:  # an error keeps the completed steps (train/failure.py)
                 while status == "completed" and self.step < self.options.max_steps:
                     steps.begin()

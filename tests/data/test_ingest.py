@@ -392,3 +392,13 @@ def test_a_worker_killed_while_it_sends_a_result_breaks_the_pool_and_the_exit_do
     env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"}
     child = subprocess.run([sys.executable, str(script)], capture_output=True, env=env, timeout=120)
     assert (child.returncode, child.stdout) == (0, b"broken\n"), child.stderr.decode()
+
+
+def test_a_rerun_with_another_option_is_refused_naming_the_option(corpus, tmp_path):
+    """Issue 40: the refusal said only `OUT exists`, not which option differed."""
+    src, _ = corpus
+    out = tmp_path / "out"
+    assert tokenize(str(src / "a.jsonl"), str(out)).exit_code == 0
+    other = tokenize(str(src / "a.jsonl"), str(out), "--val-fraction", "0.25")
+    assert other.exit_code == 2
+    assert f"{out} exists and was made with val_fraction = 0.0, not 0.25" in other.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import site
 import sys
 import tarfile
 import zipfile
@@ -82,6 +83,21 @@ def test_the_sdist_and_the_wheel_ship_the_defaults_and_py_typed(dist: Path):
     assert not any(name.startswith("tests/") for name in wheel_names)
 
 
+def see_our_packages(python: Path, cwd: Path, env: dict[str, str]) -> None:
+    """Let the new venv import this interpreter's packages (torch, typer, ...).
+
+    ``--system-site-packages`` gives a venv its *base* interpreter's packages: made from inside
+    a venv, the outer venv's own site-packages (where the deps are) stay out of sight. A path
+    file adds them after the new venv's own, so the wheel's copy of speedtronic still wins and
+    the outer editable install's import hook (a .pth there) is not run.
+    """
+    purelib = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd, env
+    ).strip()
+    ours = [p for p in site.getsitepackages() + [site.getusersitepackages()] if Path(p).is_dir()]
+    Path(purelib, "_outer_site_packages.pth").write_text("\n".join(ours) + "\n")
+
+
 def test_the_installed_wheel_runs_outside_the_repo(dist: Path, tmp_path: Path):
     (wheel,) = dist.glob("speedtronic-*.whl")
     venv = tmp_path / "venv"
@@ -93,6 +109,7 @@ def test_the_installed_wheel_runs_outside_the_repo(dist: Path, tmp_path: Path):
     )
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     python = bindir / "python"
+    see_our_packages(python, tmp_path, env)
     # The outer pip installs into the venv: no ensurepip, no index, the deps are already there.
     run(
         [

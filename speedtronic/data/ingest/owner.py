@@ -121,7 +121,18 @@ def already_done(out: Path, request: dict) -> dict | None:
         return {**report, "shards": doc["parts"], "hub_calls": 0, "hub_storage_requests": 0}
     if flat:
         return None
-    raise DataError(f"{out} exists; remove it or name another output")
+    made = _made_otherwise(doc.get("plan", {}).get("request"), request) if doc else ""
+    raise DataError(f"{out} exists{made}; remove it or name another output")
+
+
+def _made_otherwise(saved: object, now: dict) -> str:
+    """Which option the finished tokenize at OUT was made with otherwise: what a re-run changed."""
+    if not isinstance(saved, dict):
+        return ""
+    for key in now:
+        if saved.get(key) != now[key]:
+            return f" and was made with {key} = {saved.get(key)!r}, not {now[key]!r}"
+    return ""
 
 
 def _manifest(out: Path) -> dict | None:
