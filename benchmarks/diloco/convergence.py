@@ -35,7 +35,10 @@ updates, Liu et al. 2024: each node's ``inner_steps`` scaled by its speed, so ev
 takes L); ``naive`` (outer policy); ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``
 (outer lr, momentum, min_deltas, staleness discount, max_staleness); ``muon`` (Muon as the inner
 optimizer, ``sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_COST``
-times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it.
+times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it;
+an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.delta_dtype``),
+``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
+cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L).
 Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
 policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
 reset).
@@ -96,6 +99,15 @@ PRESETS = {
         "a_muon",
         *[f"c_f{f}_eager_keep{inner}" for f in (0.05, 0.25) for inner in ("", "_muon")],
         "c_f0.25_eager_muon",
+    ],
+    # issue 38: compressed deltas with and without error feedback, bytes charged over a link
+    "compress": [
+        "a_muon",
+        *[
+            f"c_f0.25_eager_keep_muon_bw_{enc}{ef}"
+            for enc in ("bf16", "int8", "int4", "int2")
+            for ef in ("", "_noef")
+        ],
     ],
 }
 QUICK = dict(steps=8, inner_steps=2, batch=4, warmup=2, eval_every=2, eval_batches=1, eval_batch=32)
