@@ -425,6 +425,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, help="held-out batches of 128 sequences (4)")
     p.add_argument("--speeds", help="uneven workers' speeds (1,1.3,2.6,5.7)")
     p.add_argument("--corpus", help="a UTF-8 text file instead of the stdlib sources")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        help="bw arms: a node's uplink, Mbit per simulated second (default: the one on which a "
+        "bf16 delta takes f x L)",
+    )
+    p.add_argument("--down-ratio", type=float, help="bw arms: downlink / uplink (5, cable)")
+    p.add_argument("--master-up-ratio", type=float, help="bw arms: master's / a node's uplink (1)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="report (and plot) saved results")
     p.add_argument("--long", metavar="JSON", help="the long-horizon results, for the plot")
     p.add_argument("--png", help="write the plot here")
@@ -450,6 +458,11 @@ def build_scale(args: argparse.Namespace) -> Scale:
         values["eval_batches"] = args.eval_batches
     if args.speeds:
         values["speeds"] = tuple(float(s) for s in args.speeds.split(","))
+    if args.bandwidth is not None:
+        values["bandwidth"] = args.bandwidth * 1e6 / 8  # bytes per simulated second
+    for key in ("down_ratio", "master_up_ratio"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
     return Scale(**values)
 
 
