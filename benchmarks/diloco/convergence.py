@@ -35,7 +35,10 @@ updates, Liu et al. 2024: each node's ``inner_steps`` scaled by its speed, so ev
 takes L); ``naive`` (outer policy); ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``
 (outer lr, momentum, min_deltas, staleness discount, max_staleness); ``muon`` (Muon as the inner
 optimizer, ``sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_COST``
-times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it.
+times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it;
+an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.delta_dtype``),
+``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
+cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L).
 Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
 policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
 reset).
@@ -96,6 +99,15 @@ PRESETS = {
         "a_muon",
         *[f"c_f{f}_eager_keep{inner}" for f in (0.05, 0.25) for inner in ("", "_muon")],
         "c_f0.25_eager_muon",
+    ],
+    # issue 38: compressed deltas with and without error feedback, bytes charged over a link
+    "compress": [
+        "a_muon",
+        *[
+            f"c_f0.25_eager_keep_muon_bw_{enc}{ef}"
+            for enc in ("bf16", "int8", "int4", "int2")
+            for ef in ("", "_noef")
+        ],
     ],
 }
 QUICK = dict(steps=8, inner_steps=2, batch=4, warmup=2, eval_every=2, eval_batches=1, eval_batch=32)
@@ -413,6 +425,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, help="held-out batches of 128 sequences (4)")
     p.add_argument("--speeds", help="uneven workers' speeds (1,1.3,2.6,5.7)")
     p.add_argument("--corpus", help="a UTF-8 text file instead of the stdlib sources")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        help="bw arms: a node's uplink, Mbit per simulated second (default: the one on which a "
+        "bf16 delta takes f x L)",
+    )
+    p.add_argument("--down-ratio", type=float, help="bw arms: downlink / uplink (5, cable)")
+    p.add_argument("--master-up-ratio", type=float, help="bw arms: master's / a node's uplink (1)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="report (and plot) saved results")
     p.add_argument("--long", metavar="JSON", help="the long-horizon results, for the plot")
     p.add_argument("--png", help="write the plot here")
@@ -438,6 +458,11 @@ def build_scale(args: argparse.Namespace) -> Scale:
         values["eval_batches"] = args.eval_batches
     if args.speeds:
         values["speeds"] = tuple(float(s) for s in args.speeds.split(","))
+    if args.bandwidth is not None:
+        values["bandwidth"] = args.bandwidth * 1e6 / 8  # bytes per simulated second
+    for key in ("down_ratio", "master_up_ratio"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
     return Scale(**values)
 
 

@@ -64,27 +64,73 @@ MAX_TIME_S = 1e7  # a simulation past this has a bug (e.g. a quorum that never c
 
 
 @dataclass(frozen=True)
+class Link:
+    """A home link, in bytes per simulated second: each transfer costs ``fixed_s`` + bytes /
+    bandwidth. ``up`` is a node's uplink (its deltas), ``down`` its downlink (the globals),
+    ``master_up`` the master's uplink (its publishes of the global)."""
+
+    up: float
+    down: float
+    master_up: float
+    fixed_s: float
+    delta_bytes: int  # one delta in the arm's encoding
+    weights_bytes: int  # one published global (fp32 full weights)
+
+
+@dataclass(frozen=True)
 class Latency:
-    """Communication times in simulated seconds, from ``fraction`` of one nominal inner loop."""
+    """Communication times in simulated seconds: ``fraction`` of one nominal inner loop, or,
+    with a ``link``, the bytes each transfer moves over it (``bw`` arms)."""
 
     fraction: float
     loop_s: float
+    link: Link | None = None
 
     @property
     def upload_s(self) -> float:
+        if self.link:
+            return self.link.fixed_s + self.link.delta_bytes / self.link.up
         return self.fraction * self.loop_s
 
     @property
     def publish_s(self) -> float:
+        if self.link:
+            return self.link.fixed_s + self.link.weights_bytes / self.link.master_up
         return self.fraction * self.loop_s
 
     @property
     def download_s(self) -> float:
+        if self.link:
+            return self.link.fixed_s + self.link.weights_bytes / self.link.down
         return self.fraction * self.loop_s / 2
 
     @property
     def poll_s(self) -> float:
-        return self.fraction * self.loop_s
+        # a link: poll about as often as an upload takes, the product's advice (diloco_facts)
+        return self.upload_s if self.link else self.fraction * self.loop_s
+
+
+# The named home link of the ``bw`` arms: asymmetric cable, 50 Mbit/s up, 250 down, so a
+# downlink 5x the uplink; the master is a home machine too (its uplink is a node's). A fixed
+# 1% of an inner loop per transfer stands for request round trips.
+CABLE_DOWN_RATIO = 5.0
+FIXED_SHARE = 0.01
+
+
+def link_latency(arm: Any, scale: Any, params: dict[str, torch.Tensor]) -> Latency:
+    """The ``bw`` arms' latency: the uplink on which a bf16 delta takes ``arm.latency`` x L
+    (``scale.bandwidth`` in bytes per simulated second instead, if set), the rest by ratio."""
+    bf16 = expected_delta_bytes(params, "bf16")
+    up = scale.bandwidth or bf16 / (arm.latency * scale.loop_s)
+    link = Link(
+        up=up,
+        down=up * scale.down_ratio,
+        master_up=up * scale.master_up_ratio,
+        fixed_s=FIXED_SHARE * scale.loop_s,
+        delta_bytes=expected_delta_bytes(params, arm.encoding),
+        weights_bytes=expected_delta_bytes(params, "fp32"),
+    )
+    return Latency(arm.latency, scale.loop_s, link)
 
 
 class SimClock:
@@ -501,6 +547,11 @@ class Scale:
     eval_batch: int = 128  # sequences per eval batch
     step_seconds: float = 0.3  # simulated duration of a speed-1 step (the issue's unit)
     device: str = "cpu"
+    # ``bw`` arms (issue 38): a node's uplink in bytes per simulated second (None: the one on
+    # which a bf16 delta takes f x L), its downlink and the master's uplink as ratios to it
+    bandwidth: float | None = None
+    down_ratio: float = CABLE_DOWN_RATIO
+    master_up_ratio: float = 1.0
 
     @property
     def until_s(self) -> float:
@@ -529,6 +580,9 @@ class Arm:
     policy: dict[str, Any] = field(default_factory=dict)  # MasterConfig overrides
     inner: str = "adamw"  # the inner optimizer: optimizer.name
     cost: float = 1.0  # a step's time over an AdamW step's: more time, fewer steps in T
+    encoding: str = "bf16"  # distributed.delta_dtype
+    feedback: bool = True  # distributed.error_feedback
+    bandwidth: bool = False  # latency from bytes over a link (``Link``), f = a bf16 delta's
 
 
 POLICY_KEYS = {
@@ -547,6 +601,9 @@ FLAGS = {
     "dylu": {"dylu": True},
     "la": {"lookahead": True},
     "muon": {"inner": "muon"},
+    "noef": {"feedback": False},
+    "bw": {"bandwidth": True},
+    **{encoding: {"encoding": encoding} for encoding in ("fp32", "bf16", "int8", "int4", "int2")},
 }
 # Muon as the inner optimizer (issue 30): the settings time_to_quality.py chose at the 0.43M
 # size, and what a step costs over an AdamW step at this benchmark's batch (8 x 64 tokens),
@@ -558,7 +615,9 @@ MUON_STEP_COST = 1.3  # 1.30 (rounds 1.15-1.38), 1 thread, CPU time, AVX512-BF16
 def parse_arm(name: str) -> Arm:
     """``a``, or ``c`` (4 equal workers) / ``d`` (uneven) followed by ``_``-separated modifiers:
     ``f<fraction>`` latency, ``eager``, ``sync``, ``keep``, ``bare``, ``tok``, ``dylu``, ``la``,
-    ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``."""
+    ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``, an encoding
+    (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``), ``noef`` (no error feedback), ``bw``
+    (latency from bytes over a link: ``link_latency``)."""
     head, *mods = name.split("_")
     values: dict[str, Any] = {"policy": {}}
     if "muon" in mods:
@@ -779,7 +838,10 @@ class Job:
         policy = {("outer_policy" if k == "policy" else k): v for k, v in arm.policy.items()}
         if arm.sync:
             policy.setdefault("min_deltas", len(speeds))
+        runtimes = [self._runtime(i, h, f"{name}-w{i}", scale) for i, h in enumerate(horizons)]
         latency = Latency(arm.latency, scale.loop_s)
+        if arm.bandwidth:
+            latency = link_latency(arm, scale, initial or parameters_of(runtimes[0].model))
         settings = SimpleNamespace(
             **{**MASTER_DEFAULTS, **policy},
             poll_interval=latency.poll_s,
@@ -787,11 +849,11 @@ class Job:
             reset_inner_optimizer=arm.reset_inner,
             reapply_own_delta=arm.reapply_own,
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait
-            delta_dtype="bf16",
+            delta_dtype=arm.encoding,
+            error_feedback=arm.feedback,
             upload_timeout_s=1.0,
             install=arm.install,
         )
-        runtimes = [self._runtime(i, h, f"{name}-w{i}", scale) for i, h in enumerate(horizons)]
         if initial is None:  # a dry run: any weights of the right shapes
             initial = {k: p.detach().clone() for k, p in parameters_of(runtimes[0].model).items()}
         loop = MasterLoop(
@@ -859,6 +921,17 @@ class Job:
             "uploads": uploads,
             "folded": boundaries - uploads,
             "eager_installs": log.counts.get("diloco_install", 0),
+            # what one worker moves per round of the master (up: its deltas; down: globals)
+            "bytes_up_per_round": sum(n.plugin.counters["bytes_up"] for n in nodes)
+            / len(nodes)
+            / max(1, len(rounds)),
+            "bytes_down_per_round": sum(n.plugin.counters["bytes_down"] for n in nodes)
+            / len(nodes)
+            / max(1, len(rounds)),
+            "upload_s": sim.latency.upload_s,
+            "download_s": sim.latency.download_s,
+            "publish_s": sim.latency.publish_s,
+            "encoding": self.arm.encoding,
             "bytes_per_worker": sum(
                 n.plugin.counters["bytes_up"] + n.plugin.counters["bytes_down"] for n in nodes
             )

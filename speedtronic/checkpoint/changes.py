@@ -74,6 +74,7 @@ REFUSED = {
     "distributed.inner_steps": _NODE,
     "distributed.train_locally": _NODE,
     "distributed.delta_dtype": _NODE,
+    "distributed.error_feedback": _NODE,
 }
 _PATHS = {"data.text_path", "data.token_path", "data.eval_path", "data.tokenizer"}
 

@@ -88,10 +88,11 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
         suggested_poll_interval,
         upload_seconds,
     )
+    from speedtronic.distributed.protocol import ENCODINGS
     from speedtronic.distributed.worker.plugin import parameters_of
 
     dist, params = cfg.distributed, parameters_of(model)
-    sizes = {enc: expected_delta_bytes(params, enc) for enc in ("fp32", "bf16", "int8")}
+    sizes = {enc: expected_delta_bytes(params, enc) for enc in ENCODINGS}
     upload_s = upload_seconds(sizes[dist.delta_dtype], kind, fleet.uplink_mbps)
     loop_s = dist.inner_steps * fleet.step_time_s
     f = latency_fraction(upload_s, dist.inner_steps, fleet.step_time_s)

@@ -59,7 +59,9 @@ class DistributedConfig:
     # fleet: each round counts as its share of the fleet's work, momentum once per fleet loop;
     # naive: every round's mean in full with momentum (diverges with uneven workers)
     outer_policy: Literal["fleet", "naive"] = "fleet"
-    delta_dtype: Literal["fp32", "bf16", "int8"] = "bf16"
+    delta_dtype: Literal["fp32", "bf16", "int8", "int4", "int2"] = "bf16"
+    # what quantization dropped is added to the node's next delta (node state, checkpointed)
+    error_feedback: bool = True
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
     # The end of a run (docs/diloco.md): how long a node may stay silent before the master's
     # final round goes without its last delta, and how long a worker waits for a global that

@@ -129,7 +129,10 @@ DOCS: dict[str, str] = {
     "distributed.staleness_discount": "a delta's weight is multiplied by this per step behind",
     "distributed.outer_policy": "fleet: each round as its share of the fleet's work; naive: "
     "each in full",
-    "distributed.delta_dtype": "encoding of uploaded deltas: fp32, bf16 (half) or int8 (a quarter)",
+    "distributed.delta_dtype": "encoding of uploaded deltas: fp32, bf16 (half), int8 (a quarter), "
+    "int4 (0.13) or int2 (0.07), the last two with a scale per 128 values",
+    "distributed.error_feedback": "add what quantization dropped from a delta to the node's next "
+    "one (bf16 / int8 / int4 / int2)",
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
     "distributed.drain_timeout_s": "the end of a run: how long a silent node is waited for (and "
     "a worker waits for a global holding its last delta); null: from the fleet's pace",

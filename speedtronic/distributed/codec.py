@@ -1,8 +1,9 @@
 """Bytes <-> tensors for DumbDiLoCo: delta and global-weights encoding, decoding and validation.
 
 This module owns the safetensors files that travel through the shared repo: a worker's
-pseudo-gradient (``pseudo_gradient``, ``encode_delta`` in fp32, bf16 or int8 with per-row
-scales) and the master's published weights (``encode_weights``). Decoding treats the bytes
+pseudo-gradient (``pseudo_gradient``, ``encode_delta`` in fp32, bf16, int8 with per-row
+scales, or int4 / int2 packed with per-block scales, ``blockquant``) and the master's
+published weights (``encode_weights``). Decoding treats the bytes
 as hostile (DESIGN.md section 5, I4): nothing is ever unpickled; the 8-byte length and the
 JSON header are parsed and checked first (size, metadata, path agreement, keys, dtypes,
 shapes, offsets), tensors are materialised only after that, then checked for NaN/Inf and a
@@ -18,6 +19,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from speedtronic.distributed import blockquant
 from speedtronic.distributed.protocol import (
     ENCODINGS,
     WEIGHTS_FORMAT,
@@ -48,8 +50,19 @@ SCALE_SUFFIX = "::scale"
 HEADER_SLACK_BYTES = 64 << 10
 _HEADER_BYTES_PER_ENTRY = 160
 
-_ENCODED_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
-_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int8: "I8"}
+_ENCODED_DTYPE = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "int8": torch.int8,
+    "int4": torch.uint8,
+    "int2": torch.uint8,
+}
+_SAFETENSORS_DTYPE = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+}
 
 # What a file must contain: name -> (dtype, shape).
 Specs = dict[str, tuple[torch.dtype, tuple[int, ...]]]
@@ -89,6 +102,9 @@ def encode_delta(delta: dict[str, Tensor], header: DeltaHeader) -> bytes:
         value = value.detach().to("cpu", torch.float32, copy=True).contiguous()
         if header.encoding == "int8":
             tensors[key], tensors[key + SCALE_SUFFIX] = _quantize_int8(value)
+        elif header.encoding in blockquant.BITS:
+            bits = blockquant.BITS[header.encoding]
+            tensors[key], tensors[key + SCALE_SUFFIX] = blockquant.quantize(value, bits)
         else:
             tensors[key] = value.to(_ENCODED_DTYPE[header.encoding])
     return canonical(safetensors.torch.save(tensors, metadata=header.to_metadata()))
@@ -134,18 +150,24 @@ def decode_delta(
     _check_size(len(data), _limits(specs)[1])
     _check_entries(entries, specs, len(data) - 8 - _header_length(data))
     tensors = _load(data, specs)
-    decoded = {key: _dequantized(tensors, key, header.encoding) for key in reference}
+    if header.encoding in blockquant.BITS:  # int8's scales predate this check: NaN or Inf
+        _check_scales(tensors)
+    shapes = {key: tuple(value.shape) for key, value in reference.items()}
+    decoded = {key: _dequantized(tensors, key, header.encoding, shapes) for key in reference}
     _check_finite(decoded)
     _check_norm(decoded, reference, max_norm_ratio)
     return header, decoded
 
 
-def decode_own_delta(data: bytes, encoding: str) -> dict[str, Tensor]:
+def decode_own_delta(
+    data: bytes, encoding: str, shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, Tensor]:
     """A delta this node encoded itself (an in-flight record), as the float32 tensors a master
-    decodes from the same bytes: a node's installs subtract exactly what the master applies."""
+    decodes from the same bytes: a node's installs subtract exactly what the master applies.
+    int4 / int2 files hold flat packed codes: ``shapes`` gives the tensors' shapes."""
     tensors = safetensors.torch.load(bytes(data))
     keys = [k for k in tensors if not k.endswith(SCALE_SUFFIX)]
-    return {key: _dequantized(tensors, key, encoding) for key in keys}
+    return {key: _dequantized(tensors, key, encoding, shapes) for key in keys}
 
 
 def encode_weights(state: dict[str, Tensor], outer_step: int) -> bytes:
@@ -191,11 +213,14 @@ def _expected_specs(reference: dict[str, Tensor], encoding: str) -> Specs:
     for key, value in reference.items():
         shape = tuple(value.shape)
         specs[key] = (_ENCODED_DTYPE[encoding], shape)
+        if encoding in ("int8", *blockquant.BITS) and key.endswith(SCALE_SUFFIX):
+            raise ValueError(f"tensor name {key!r} ends with {SCALE_SUFFIX!r} (reserved)")
         if encoding == "int8":
-            if key.endswith(SCALE_SUFFIX):
-                raise ValueError(f"tensor name {key!r} ends with {SCALE_SUFFIX!r} (reserved)")
             # One scale per row (first dim); a 0-/1-D tensor is a single row.
             specs[key + SCALE_SUFFIX] = (torch.float32, shape[:1] if len(shape) >= 2 else (1,))
+        elif encoding in blockquant.BITS:
+            codes, scales = blockquant.packed_shapes(math.prod(shape), blockquant.BITS[encoding])
+            specs[key], specs[key + SCALE_SUFFIX] = (torch.uint8, codes), (torch.float32, scales)
     return specs
 
 
@@ -321,13 +346,27 @@ def _quantize_int8(value: Tensor) -> tuple[Tensor, Tensor]:
     return quantized.reshape(value.shape), scale.contiguous()
 
 
-def _dequantized(tensors: dict[str, Tensor], key: str, encoding: str) -> Tensor:
+def _dequantized(
+    tensors: dict[str, Tensor], key: str, encoding: str, shapes: dict | None = None
+) -> Tensor:
+    if encoding in blockquant.BITS:
+        if shapes is None:
+            raise ValueError(f"{encoding} deltas decode to shapes only the weights give")
+        bits = blockquant.BITS[encoding]
+        return blockquant.dequantize(tensors[key], tensors[key + SCALE_SUFFIX], shapes[key], bits)
     values = tensors[key].to(torch.float32)
     if encoding != "int8":
         return values
     scale = tensors[key + SCALE_SUFFIX]
     rows = values.flatten(1) if values.dim() >= 2 else values.reshape(1, -1)
     return (rows * scale[:, None]).reshape(values.shape)
+
+
+def _check_scales(tensors: dict[str, Tensor]) -> None:
+    """Scales must be finite and >= 0: a negative one would flip a block's signs unseen."""
+    for key, value in tensors.items():
+        if key.endswith(SCALE_SUFFIX) and not bool(((value >= 0) & value.isfinite()).all()):
+            raise BadDelta(f"tensor {key!r} has a negative, NaN or Inf scale")
 
 
 def _check_finite(tensors: dict[str, Tensor]) -> None:

@@ -35,7 +35,7 @@ NODES_DIR = "nodes"
 NODE_FILE = "node.json"
 ANNOUNCEMENT = "a node's announcement"  # its ``delta_path_problem``: not a delta, but ours
 
-ENCODINGS = ("fp32", "bf16", "int8")
+ENCODINGS = ("fp32", "bf16", "int8", "int4", "int2")
 
 # A node_id becomes a directory name on every node and in the Hub repo, so it is limited to
 # characters that are safe everywhere, starts with a letter or digit (no hidden files, no

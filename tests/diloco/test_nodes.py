@@ -67,8 +67,12 @@ REFERENCE = {"weight": torch.ones(1, 2)}
 
 def deltas_in(transport):
     """(header, tensors) of every delta in the repo, decoded against the initial weights."""
+    return deltas_in_against(transport, REFERENCE)
+
+
+def deltas_in_against(transport, reference):
     refs = transport.list_deltas()
-    return [decode_delta(transport.read(r.path, 1 << 20), r.path, REFERENCE) for r in refs]
+    return [decode_delta(transport.read(r.path, 1 << 20), r.path, reference) for r in refs]
 
 
 def weights_of(transport):

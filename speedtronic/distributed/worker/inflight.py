@@ -53,6 +53,8 @@ class InFlight:
         self.budget = int(disk_budget_bytes)
         self.log = log  # warn(message)
         self.records: list[Record] = []
+        # the weights' shapes: int4 / int2 files hold flat packed codes (set by the plug-in)
+        self.shapes: dict[str, tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -120,7 +122,7 @@ class InFlight:
                 record.name = None  # said once: the record is gone
                 self.records = [r for r in self.records if r is not record]
                 return []
-        return [decode_own_delta(data, record.encoding)]
+        return [decode_own_delta(data, record.encoding, self.shapes)]
 
     def _delete(self, record: Record) -> None:
         if record.name is not None and self.spill_dir is not None:

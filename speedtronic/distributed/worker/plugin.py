@@ -73,6 +73,7 @@ class WorkerPlugin:
         self.node_id: str = config.node_id
         self.status = NodeStatus()
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
+        self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
@@ -226,6 +227,10 @@ class WorkerPlugin:
         ready = self.fetcher.take()
         if ready is None or (ready.outer_step <= self.base_outer_step and not ready.replaces):
             return None
+        if ready.replaces:  # the repo went back: the residual corrects deltas it lacks
+            why = f"global {ready.outer_step} replaces the one this node built on"
+            with self.uploader.lock:
+                self.uploader.feedback.reset(why)
         missing = self.uploader.not_included(ready.own_seq)
         progress = None
         if carry_progress:  # what this inner loop has done so far: the next delta holds it

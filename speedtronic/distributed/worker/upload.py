@@ -9,7 +9,9 @@ until a global includes it (``worker/inflight``); past its disk budget later inn
 in the outbox. The last delta of a run says so (``final``; an end marker of 0 steps when the run
 ended with everything sent). The outbox is part of the node's checkpoint (``state_dict``), so
 ``--resume`` resends exactly what was unsent, and never an inner loop that the process it
-resumes sent after its checkpoint (``skip_replayed``, I1).
+resumes sent after its checkpoint (``skip_replayed``, I1). A delta is encoded when it is sent,
+with the error-feedback residual added (``worker/feedback``): folding adds raw deltas, and the
+residual, like the outbox, is in the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from speedtronic.distributed.codec import encode_delta
 from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.protocol import DeltaHeader, delta_path
+from speedtronic.distributed.worker.feedback import ErrorFeedback
 from speedtronic.distributed.worker.inflight import InFlight
 from speedtronic.distributed.worker.resume import Announcement, number_past_used, replayed
 
@@ -83,6 +86,10 @@ class Uploader:
         self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
         self.replayed_to = 0  # a resumed node's steps its previous process already sent
         self.hello = Announcement(self)  # that this node's run has begun (worker/resume.py)
+        enabled = getattr(config, "error_feedback", True)
+        self.feedback = ErrorFeedback(
+            config.delta_dtype, enabled, getattr(logger, "notice", logger.warn)
+        )
 
     def number_past_used(self, max_bytes: int = 1 << 40) -> None:
         """New names start past every one this node used (``worker/resume.py``); after a resume,
@@ -187,16 +194,17 @@ class Uploader:
         pending, was_exact = self._take()
         if pending is None:
             return False
-        seq, header = pending.seq, self._header(pending)
+        seq, header = pending.seq, header_for(self, pending)
+        sent, previous = pending, self.feedback.residual
         try:
-            data = encode_delta(pending.delta, header)
-            if not was_exact and not self._room(pending, len(data)):
+            data, sent = self._encode(pending, header, was_exact)
+            if data is None:
                 return False
             start = time.monotonic()
             self.transport.upload(delta_path(self.node_id, seq), data)
             self.upload_seconds.append(time.monotonic() - start)
         except Exception as exc:  # anything: the uploader thread must outlive it (I5)
-            self._failed(pending, was_exact, exc)
+            self._failed(pending, was_exact, exc, sent, previous)
             return False
         with self.lock:
             self.sending = None
@@ -207,6 +215,25 @@ class Uploader:
         counters["bytes_up"] += len(data)
         self.logger.log("diloco_upload", {"seq": seq, "bytes": len(data), "steps": header.steps})
         return True
+
+    def _encode(self, pending: Pending, header: DeltaHeader, was_exact: bool) -> tuple:
+        """``(bytes, the Pending they encode)``, or ``(None, pending)`` when no room is left.
+
+        A delta that may have landed is re-encoded as it is (the same bytes: the encodings are
+        deterministic); a new one gets the residual added (``worker/feedback``), and from here
+        on it is what is being sent, and the residual is what its bytes dropped.
+        """
+        if was_exact:
+            return encode_delta(pending.delta, header), pending
+        generation = self.feedback.generation
+        data, target, residual = self.feedback.encode(pending.delta, header)
+        if not self._room(pending, len(data)):
+            return None, pending
+        with self.lock:
+            self.sending = replace(pending, delta=target)
+            if self.feedback.enabled and generation == self.feedback.generation:
+                self.feedback.residual = residual
+        return data, self.sending
 
     def _take(self) -> tuple[Pending | None, bool]:
         """The delta to send next (the exact one first: it may have landed) and whether exact."""
@@ -225,7 +252,10 @@ class Uploader:
             self.sending = pending
         return pending, was_exact
 
-    def _failed(self, pending: Pending, was_exact: bool, exc: Exception) -> None:
+    def _failed(
+        self, pending: Pending, was_exact: bool, exc: Exception, sent: Pending, previous: Any
+    ) -> None:
+        """``sent``: the delta as encoded, residual added; ``previous``: the residual before."""
         self.status.counters["upload_failures"] += 1
         self.status.stop_if_permanent(exc)
         if self.status.fatal is None:
@@ -233,9 +263,11 @@ class Uploader:
         with self.lock:
             self.sending = None
             if was_exact or getattr(exc, "maybe_landed", False):
-                self.exact = pending  # resent as is: the master counts it once
+                self.exact = sent  # resent as is: the master counts it once
             else:  # nothing landed: the name is still free for the sum with later ones
                 self.outbox = pending if self.outbox is None else fold(pending, self.outbox)
+                if sent is not pending and self.feedback.residual is not None:
+                    self.feedback.residual = previous  # what it dropped was not sent either
 
     def included(self, included_seq: int) -> None:
         """A global includes this node's deltas up to ``included_seq``: their records go (and
@@ -261,44 +293,56 @@ class Uploader:
                 for k in parts[0]
             }
 
-    def _header(self, pending: Pending) -> DeltaHeader:
-        return DeltaHeader(
-            node_id=self.node_id,
-            seq=pending.seq,
-            base_outer_step=max(pending.base_outer_step, 0),
-            steps=pending.steps,
-            tokens=pending.tokens,
-            encoding=self.config.delta_dtype,
-            created_at=pending.created_at,
-            chain=self.chain,
-            final=pending.final,
-            end_step=pending.end_step,
-        )
-
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
-        with self.lock:
-            # A delta being sent now may land after this state is saved: it is kept as "exact",
-            # to be sent again unchanged after a resume, which the master then counts once.
-            unsent, exact = self.outbox, self.exact or self.sending
-            return {
-                "chain": self.chain,
-                "in_flight": self.in_flight.state(),
-                "seq": self.seq,
-                "final_seq": self.final_seq,
-                "unsent": None if unsent is None else pending_state(unsent),
-                "exact": None if exact is None else pending_state(exact),
-            }
+        return uploader_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.chain = state.get("chain", self.chain)  # older checkpoints: a new chain
-        self.in_flight.load(state.get("in_flight", []))
-        self.seq = self.resumed_seq = int(state["seq"])
-        self.final_seq = state.get("final_seq")
-        unsent, exact = state.get("unsent"), state.get("exact")
-        self.outbox = None if unsent is None else Pending(**unsent)
-        self.exact = None if exact is None else Pending(**exact)
+        load_uploader_state(self, state)
+
+
+def header_for(up: Uploader, pending: Pending) -> DeltaHeader:
+    return DeltaHeader(
+        node_id=up.node_id,
+        seq=pending.seq,
+        base_outer_step=max(pending.base_outer_step, 0),
+        steps=pending.steps,
+        tokens=pending.tokens,
+        encoding=up.config.delta_dtype,
+        created_at=pending.created_at,
+        chain=up.chain,
+        final=pending.final,
+        end_step=pending.end_step,
+    )
+
+
+def uploader_state(up: Uploader) -> dict[str, Any]:
+    """An ``Uploader``'s checkpoint state: its chain, numbering, records, outbox, residual."""
+    with up.lock:
+        # A delta being sent now may land after this state is saved: it is kept as "exact",
+        # to be sent again unchanged after a resume, which the master then counts once.
+        unsent, exact = up.outbox, up.exact or up.sending
+        return {
+            "chain": up.chain,
+            "in_flight": up.in_flight.state(),
+            "seq": up.seq,
+            "final_seq": up.final_seq,
+            "unsent": None if unsent is None else pending_state(unsent),
+            "exact": None if exact is None else pending_state(exact),
+            "residual": up.feedback.state(),
+        }
+
+
+def load_uploader_state(up: Uploader, state: dict[str, Any]) -> None:
+    up.chain = state.get("chain", up.chain)  # older checkpoints: a new chain
+    up.in_flight.load(state.get("in_flight", []))
+    up.seq = up.resumed_seq = int(state["seq"])
+    up.final_seq = state.get("final_seq")
+    unsent, exact = state.get("unsent"), state.get("exact")
+    up.outbox = None if unsent is None else Pending(**unsent)
+    up.exact = None if exact is None else Pending(**exact)
+    up.feedback.load(state.get("residual"))  # older checkpoints: no residual
 
 
 def fold(first: Pending, later: Pending) -> Pending:

@@ -1,0 +1,126 @@
+"""int4 / int2 deltas: packed codes with per-block scales (``blockquant``), their sizes, round
+trips within a step of the grid, and the hostile files the codec must refuse (I4)."""
+
+from __future__ import annotations
+
+import pytest
+import safetensors.torch
+import torch
+
+from speedtronic.distributed import blockquant
+from speedtronic.distributed.codec import (
+    decode_delta,
+    decode_own_delta,
+    encode_delta,
+    expected_delta_bytes,
+)
+from tests.diloco.test_codec import PATH, make_header, reject, resaved, small_delta
+
+
+@pytest.fixture
+def ref() -> dict[str, torch.Tensor]:
+    """Weights with a tensor of several blocks and a ragged end, plus 1-D and 0-D ones."""
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(33, 10, generator=gen),  # 330 values: 3 blocks, ragged
+        "ln.weight": torch.ones(7),
+        "temperature": torch.tensor(0.5),
+    }
+
+
+def shapes_of(ref):
+    return {key: tuple(value.shape) for key, value in ref.items()}
+
+
+@pytest.mark.parametrize(("encoding", "share"), [("int4", 0.30), ("int2", 0.20)])
+def test_low_bit_deltas_are_a_fraction_of_bf16s_bytes(encoding, share):
+    ref = {"w": torch.zeros(512, 384), "b": torch.zeros(384)}
+    bf16 = expected_delta_bytes(ref, "bf16")
+    assert expected_delta_bytes(ref, encoding) <= share * bf16
+    data = encode_delta(small_delta(ref), make_header(encoding))
+    assert len(data) <= share * len(encode_delta(small_delta(ref), make_header("bf16")))
+
+
+@pytest.mark.parametrize("encoding", ["int4", "int2"])
+def test_low_bit_round_trip_keeps_shapes_and_stays_within_a_step(ref, encoding):
+    delta = small_delta(ref)
+    data = encode_delta(delta, make_header(encoding))
+    header, decoded = decode_delta(data, PATH, ref)
+    assert header.encoding == encoding
+    stored = safetensors.torch.load(data)
+    for key, value in delta.items():
+        assert decoded[key].shape == value.shape and decoded[key].dtype == torch.float32
+        scales = stored[key + "::scale"]
+        assert stored[key].dtype == torch.uint8 and scales.numel() == -(-value.numel() // 128)
+        flat, step = value.reshape(-1), scales.repeat_interleave(128)[: value.numel()]
+        error = (decoded[key].reshape(-1) - flat).abs()
+        if encoding == "int4":  # absmax scaling: nothing clipped, within half a step
+            assert bool((error <= 0.5 * step + 1e-7).all())
+        else:  # within half a step of the +-1.5-step grid, or clipped beyond it
+            inside = flat.abs() <= 1.5 * step
+            assert bool((error[inside] <= 0.5 * step[inside] + 1e-7).all())
+        assert torch.equal(decode_own_delta(data, encoding, shapes_of(ref))[key], decoded[key])
+
+
+def test_int4_keeps_an_all_zero_block_exactly_zero(ref):
+    delta = {key: torch.zeros_like(value) for key, value in ref.items()}
+    _, decoded = decode_delta(encode_delta(delta, make_header("int4")), PATH, ref)
+    assert all(bool((value == 0).all()) for value in decoded.values())
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_packing_puts_the_first_value_in_the_low_bits(bits):
+    levels = torch.tensor([1.0, -1.0, 0.5, -0.5]) if bits == 2 else torch.tensor([1.0, -7.0])
+    packed, scale = blockquant.quantize(levels * (7.0 if bits == 4 else 1.0) / 7.0, bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == 1
+    decoded = blockquant.dequantize(packed, scale, (levels.numel(),), bits)
+    assert torch.allclose(decoded.sign(), levels.sign())
+
+
+# ---- I4: hostile low-bit files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["int4", "int2"])
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_I4_rejects_a_negative_or_non_finite_scale(ref, encoding, bad):
+    data = encode_delta(small_delta(ref), make_header(encoding))
+    scales = safetensors.torch.load(data)["embed.weight::scale"].clone()
+    scales[1] = bad
+    reject(resaved(data, None, {"embed.weight::scale": scales}), ref, "negative, NaN or Inf scale")
+
+
+def test_I4_rejects_codes_of_the_wrong_length(ref):
+    data = encode_delta(small_delta(ref), make_header("int2"))
+    short = torch.zeros(82, dtype=torch.uint8)  # 330 values at 2 bits need 83 bytes
+    reject(
+        resaved(data, None, {"embed.weight": short}), ref, r"has shape \(82,\), expected \(83,\)"
+    )
+
+
+def test_I4_rejects_codes_stored_as_another_dtype(ref):
+    data = encode_delta(small_delta(ref), make_header("int4"))
+    wrong = torch.zeros(165, dtype=torch.int8)
+    reject(resaved(data, None, {"embed.weight": wrong}), ref, "has dtype 'I8', expected U8")
+
+
+def test_I4_rejects_a_missing_block_scale(ref):
+    data = encode_delta(small_delta(ref), make_header("int4"))
+    reject(
+        resaved(data, None, {"ln.weight::scale": None}), ref, "missing tensor 'ln.weight::scale'"
+    )
+
+
+def test_I4_rejects_scales_that_blow_the_norm(ref):
+    data = encode_delta(small_delta(ref), make_header("int4"))
+    huge = torch.full((3,), 1e30)
+    reject(resaved(data, None, {"embed.weight::scale": huge}), ref, "implausible norm")
+
+
+def test_I4_an_int4_header_over_bf16_bytes_is_refused(ref):
+    data = resaved(encode_delta(small_delta(ref), make_header("bf16")), {"encoding": "int4"})
+    reject(data, ref, "missing tensor 'embed.weight::scale'")
+
+
+def test_low_bit_encoding_refuses_a_tensor_name_reserved_for_scales():
+    with pytest.raises(ValueError, match="reserved"):
+        encode_delta({"w::scale": torch.zeros(2)}, make_header("int2"))
