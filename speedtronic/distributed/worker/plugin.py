@@ -239,14 +239,10 @@ class WorkerPlugin:
         self._load_weights(ready.weights)
         if missing is not None and ready.fleet_rate and self.config.reapply_own_delta:
             share = self.config.outer_lr * min(1.0, self.rate / ready.fleet_rate)
-            with torch.no_grad():
-                for name, param in self.params.items():
-                    param.sub_(missing[name].to(param.device, param.dtype), alpha=share)
+            _add_to(self.params, missing, -share)
         self.base, self.fetcher.installed_step = snapshot(self.params), ready.outer_step
         if progress is not None:
-            with torch.no_grad():
-                for name, param in self.params.items():
-                    param.add_(progress[name].to(param.dtype))
+            _add_to(self.params, progress)
         if self.config.reset_inner_optimizer:
             trainer.optimizer.state.clear()  # AdamW moments were of the old trajectory
         return ready.outer_step
@@ -302,6 +298,13 @@ class WorkerPlugin:
         self.fetcher.anchor_norm, self.fetcher.travel = state.get("norm_anchor", [None, 0.0])
         self.uploader.load_state_dict(state)
         self.counters.update(state.get("counters", {}))
+
+
+def _add_to(params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor], alpha=1.0) -> None:
+    """``param += alpha * tensor`` for every parameter, in the parameter's device and dtype."""
+    with torch.no_grad():
+        for name, param in params.items():
+            param.add_(tensors[name].to(param.device, param.dtype), alpha=alpha)
 
 
 def _advise_poll_interval(plugin: WorkerPlugin) -> None:
