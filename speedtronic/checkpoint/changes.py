@@ -113,6 +113,7 @@ def reconcile(
     problems += [problem] if problem else []
     if problems:
         hint = _refusal_hint(refused, where, str(config.output_dir))
+        hint = rewarm.hint(config) if rewarming and not refused else hint
         raise ConfigError(problems[0], hint=hint, problems=problems)
     notes = [
         f"--resume: {k}: {_shown(old[k])} -> {_shown(new[k])}, applied from step {step + 1}"

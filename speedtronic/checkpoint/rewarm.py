@@ -94,8 +94,13 @@ def _too_long(config: SpeedtronicConfig, step: int) -> str:
     left = max(0, horizon - step)
     return (
         f"scheduler.rewarm_steps: must be less than the {left} steps left after the "
-        f"checkpoint's step {step} ({end} {horizon}) (got {steps}); raise {end} to extend the run"
+        f"checkpoint's step {step} ({end} {horizon}) (got {steps})"
     )
+
+
+def hint(config: SpeedtronicConfig) -> str:
+    end = "scheduler.total_steps" if config.scheduler.total_steps else "run.max_steps (--max-steps)"
+    return f"re-warm over fewer steps, or extend the run: a larger {end}"
 
 
 def _with(config: SpeedtronicConfig, steps: int, begun: int) -> SpeedtronicConfig:

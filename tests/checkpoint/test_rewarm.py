@@ -134,6 +134,11 @@ def test_a_bad_rewarm_is_one_line_naming_the_key(finished, tmp_path, args, error
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines()[0].startswith(f"speedtronic: error: {error}")
     assert "Traceback" not in result.output
+    if "steps left" in error:  # not the hint of a refused key (--init-from)
+        assert result.stderr.splitlines()[1] == (
+            "hint: re-warm over fewer steps, or extend the run: a larger run.max_steps "
+            "(--max-steps)"
+        )
 
 
 def test_a_rewarm_with_no_checkpoint_is_refused_not_dropped(tiny, tmp_path):
