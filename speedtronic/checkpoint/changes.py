@@ -17,7 +17,9 @@ The schedule rule: the schedule's horizon (``scheduler.total_steps``, default ``
 is the one the run started with. A longer ``max_steps`` keeps it, so the LR follows the same
 curve to the original end and then stays at the schedule's final value: it never jumps back
 up. The config the run goes on with records that horizon explicitly, so meta.json holds only
-values that were applied. A new schedule is a new run: ``--init-from`` (weights only).
+values that were applied. A new schedule from the saved optimizer state is a re-warm
+(``--rewarm N``, ``rewarm.py``): then the schedule's keys and horizon may change; a new
+schedule with a fresh optimizer is a new run: ``--init-from`` (weights only).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from speedtronic.checkpoint import rewarm
 from speedtronic.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ IGNORED = {
     "checkpoint.init_from",
     "checkpoint.init_overrides",
     "distributed.token",
+    *rewarm.KEYS,  # a re-warm is asked for (or carried over) by rewarm.py, never compared
 }
 _DATA = "the saved data position indexes the data the run was reading"
 _ORDER = "the saved data position counts along the run's data order"
@@ -93,16 +97,23 @@ def reconcile(
     old, new = flatten(saved), flatten(json.loads(json.dumps(config.to_dict(redact=True))))
     changed = [k for k in sorted(old.keys() & new.keys()) if not _same(k, old[k], new[k])]
     changed += sorted(k for k in old.keys() ^ new.keys() if k.startswith("model."))
-    refused = [k for k in changed if _why_refused(k, config)]
+    rewarming = rewarm.asked(config)
+    free = rewarm.SCHEDULE_KEYS if rewarming else set()
+    refused = [k for k in changed if _why_refused(k, config) and k not in free]
     problems = [
         f"--resume: {k}: {_shown(old.get(k))} -> {_shown(new.get(k))} cannot change within a "
         f"run: {_why_refused(k, config)}"
         for k in refused
     ]
-    config, horizon_notes, problem = _freeze_horizon(saved, config, step)
+    if rewarming:
+        config, horizon_notes, problem = rewarm.start(saved, config, step)
+    else:
+        config = rewarm.carry(saved, config)
+        config, horizon_notes, problem = _freeze_horizon(saved, config, step)
     problems += [problem] if problem else []
     if problems:
         hint = _refusal_hint(refused, where, str(config.output_dir))
+        hint = rewarm.hint(config) if rewarming and not refused else hint
         raise ConfigError(problems[0], hint=hint, problems=problems)
     notes = [
         f"--resume: {k}: {_shown(old[k])} -> {_shown(new[k])}, applied from step {step + 1}"

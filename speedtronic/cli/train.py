@@ -47,6 +47,14 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
     ),
+    rewarm: int | None = typer.Option(
+        None,
+        "--rewarm",
+        metavar="STEPS",
+        help="With --resume: start a new LR schedule from the saved optimizer state: warm up "
+        "linearly over STEPS to optimizer.lr, then decay per scheduler.name to run.max_steps "
+        "(scheduler.rewarm_steps). Extends a finished run.",
+    ),
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
@@ -104,6 +112,8 @@ def train(
         sets.append("distributed.enabled=true")
     if resume:
         sets.append("checkpoint.resume=true")
+    if rewarm is not None:
+        sets.append(f"scheduler.rewarm_steps={rewarm}")
     if overwrite:
         sets.append("checkpoint.overwrite=true")
     if init_from is not None:

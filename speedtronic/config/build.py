@@ -75,7 +75,12 @@ def check_sections(config: Any) -> list[str]:
         problems.extend(_range_problems(name, section))
         check = getattr(section, "check", None)
         problems.extend(check() if check else [])
-    return problems + _check_context_length(config) + _check_eval_cadence(config)
+    return (
+        problems
+        + _check_context_length(config)
+        + _check_eval_cadence(config)
+        + _check_rewarm(config)
+    )
 
 
 def _range_problems(name: str, section: Any) -> list[str]:
@@ -102,6 +107,17 @@ def _check_context_length(config: Any) -> list[str]:
     return [
         f"data.seq_len: must be <= model.seq_len={model_len}, the reference model's context "
         f"length (got {data_len})"
+    ]
+
+
+def _check_rewarm(config: Any) -> list[str]:
+    """A re-warm starts from a checkpoint's optimizer state: only a resume has one."""
+    sched = config.scheduler
+    if not sched.rewarm_steps or sched.rewarm_from is not None or config.checkpoint.resume:
+        return []
+    return [
+        f"scheduler.rewarm_steps: needs checkpoint.resume: true (--resume): a re-warm starts a "
+        f"new schedule from a checkpoint's optimizer state (got {sched.rewarm_steps})"
     ]
 
 

@@ -77,6 +77,11 @@ DOCS: dict[str, str] = {
     "scheduler.total_steps": "the schedule's length in steps; null: run.max_steps when the run "
     "starts (--resume keeps it: see the note below)",
     "scheduler.decay_fraction": "wsd only: the share of the schedule's steps that decays",
+    "scheduler.rewarm_steps": "--resume only (--rewarm N): from the resumed step, warm up "
+    "linearly over N steps to lr, then decay per name to the run's new end, keeping the "
+    "optimizer's moments, data position and random streams; 0: off",
+    "scheduler.rewarm_from": "the step a re-warm started at; set by --resume and recorded in "
+    "meta.json so a later resume follows the same curve; leave null",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
     "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero (restored "
     "after the loop); false keeps IEEE subnormals, at several microseconds each",
@@ -184,6 +189,9 @@ CHECKED: dict[str, str] = {
     },
     "optimizer.muon_exclude": "only with name: muon; each pattern must match a parameter",
     "scheduler.decay_fraction": "only with name: wsd",
+    "scheduler.rewarm_steps": "needs checkpoint.resume; fewer than the steps left after the "
+    "resumed step (run.max_steps, or total_steps, minus that step)",
+    "scheduler.rewarm_from": "only with rewarm_steps > 0",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
     "checkpoint.overwrite": "not with resume",
@@ -282,7 +290,11 @@ SECTION_NOTES: dict[str, list[str]] = {
         "schedule's final LR (`min_lr_ratio * lr` for cosine, `lr` for constant); the LR never",
         "jumps back up. The resumed run's meta.json records that horizon as",
         "`scheduler.total_steps`. A changed `name`, `warmup_steps`, `min_lr_ratio` or",
-        "`total_steps` is refused: a new schedule is a new run (`--init-from RUN`).",
+        "`total_steps` is refused, unless the resume starts a new schedule with",
+        "`--rewarm N` (`rewarm_steps`): the LR then warms up linearly from the resumed step over",
+        "N steps to `lr` (a new value is the new peak) and decays per `name` to the new",
+        "`run.max_steps` (or `total_steps`), from the saved optimizer state. `--init-from RUN`",
+        "starts a new schedule with a fresh optimizer.",
     ],
     "checkpoint": [
         "",

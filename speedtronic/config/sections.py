@@ -223,14 +223,24 @@ class SchedulerConfig:
     min_lr_ratio: float = ranged(0.1, "[0, 1]")
     total_steps: int | None = ranged(None, STEPS)  # None -> run.max_steps
     decay_fraction: float = ranged(0.2, "(0, 1]")  # wsd: the share of steps that decays
+    # --resume --rewarm N: a new schedule from the saved optimizer state (issue 40). --resume
+    # records the step it started at in rewarm_from, so a later resume follows the same curve.
+    rewarm_steps: int = ranged(0, "[0, 2**40]")
+    rewarm_from: int | None = ranged(None, "[0, 2**40]")
 
     def check(self) -> list[str]:
+        problems = []
         if self.name != "wsd" and self.decay_fraction != SchedulerConfig().decay_fraction:
-            return [
+            problems.append(
                 f"scheduler.decay_fraction: only with scheduler.name: wsd (got "
                 f"{brief(self.decay_fraction)} with {self.name})"
-            ]
-        return []
+            )
+        if self.rewarm_from is not None and not self.rewarm_steps:
+            problems.append(
+                f"scheduler.rewarm_from: only with scheduler.rewarm_steps > 0 (got "
+                f"{brief(self.rewarm_from)} with rewarm_steps 0)"
+            )
+        return problems
 
 
 @dataclass

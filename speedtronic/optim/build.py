@@ -8,7 +8,8 @@ that same AdamW on everything else, as one optimizer: one ``state`` (so a DiLoCo
 both), one ``state_dict`` in torch's format whose param groups say which is which (``kind``),
 one set of param groups for the schedule. Schedules: linear warmup, then cosine to
 ``min_lr_ratio * lr``, constant, or warmup-stable-decay (``wsd``: constant, then linear to
-``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps).
+``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps); a re-warm restarts one
+of these from a resumed step (``scheduler.rewarm_steps``).
 """
 
 from __future__ import annotations
@@ -187,8 +188,23 @@ def build_scheduler(
 
 
 def lr_factor(cfg: SchedulerConfig, horizon: int) -> Callable[[int], float]:
-    """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
-    warmup, floor = cfg.warmup_steps, cfg.min_lr_ratio
+    """Multiplier of the base lr at optimizer step ``step`` (0-based).
+
+    With a re-warm (``rewarm_steps`` from step ``rewarm_from``) the steps from there on follow
+    a schedule of their own: ``rewarm_steps`` of warmup, then the configured decay to
+    ``horizon``, as a fresh run of ``horizon - rewarm_from`` steps would. A resumed run never
+    asks for an earlier step, so those keep the plain curve.
+    """
+    plain = _curve(cfg, cfg.warmup_steps, horizon)
+    start = cfg.rewarm_from
+    if not cfg.rewarm_steps or start is None:
+        return plain
+    rewarmed = _curve(cfg, cfg.rewarm_steps, horizon - start)
+    return lambda step: plain(step) if step < start else rewarmed(step - start)
+
+
+def _curve(cfg: SchedulerConfig, warmup: int, horizon: int) -> Callable[[int], float]:
+    floor = cfg.min_lr_ratio
     decay_start = horizon - max(1, round(cfg.decay_fraction * horizon))
 
     def factor(step: int) -> float:

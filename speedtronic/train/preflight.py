@@ -108,15 +108,27 @@ def _plan_resume(plan: StartPlan) -> None:
     config = plan.config
     plan.resume = find_resume_checkpoint(config.checkpoint_dir, plan.warnings.append)
     if plan.resume is None:
+        _no_rewarm(config, f"no checkpoint in {config.checkpoint_dir}")
         plan.notices.append(f"no checkpoint in {config.checkpoint_dir}; starting a fresh run")
         return
     step = plan.resume.trainer_state["step"]
     saved = plan.resume.meta.get("config")
     plan.config, notes = reconcile(saved, config, step, str(plan.resume.path))
+    _no_rewarm(plan.config, f"the checkpoint {plan.resume.path} records no config")
     plan.notices += notes
     if config.checkpoint.init_from:
         plan.notices.append(
             f"checkpoint.init_from: not used: the run resumes from its checkpoint at step {step}"
+        )
+
+
+def _no_rewarm(config: SpeedtronicConfig, why: str) -> None:
+    """A re-warm asked for that no checkpoint could start: refused, never silently dropped."""
+    sched = config.scheduler
+    if sched.rewarm_steps and sched.rewarm_from is None:
+        raise ConfigError(
+            f"scheduler.rewarm_steps: {why} to re-warm from (got {sched.rewarm_steps})",
+            hint="resume a run that saved a checkpoint, or drop --rewarm to start fresh",
         )
 
 
