@@ -19,7 +19,8 @@ token ``data tokenize --tokenizer OUT`` puts before each document (``encode.EOT_
 **Owning OUT** (DESIGN §5c): OUT is written atomically (a temporary sibling, fsync, rename), then
 a record beside it, ``.OUT.tokenizer-train.json`` (its sha256, the request, the figures). An
 existing OUT is replaced only when that record says this command wrote it and it has not changed
-since; anything else there is refused, untouched. Needs ``tokenizers`` (the ``[data]`` extra).
+since; anything else there is refused, untouched. A second writer of the same OUT is refused by
+tokenize's lock (``owner.OutLock`` on ``.OUT.lock``). Needs ``tokenizers`` (the ``[data]`` extra).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from speedtronic.data.ingest import formats, spec
 from speedtronic.data.ingest.encode import held_out
+from speedtronic.data.ingest.owner import OutLock, lock_path
 from speedtronic.errors import DataError, SpeedtronicError
 
 SEPARATOR = "<|endoftext|>"  # the first name data tokenize looks for (encode.EOT_NAMES)
@@ -188,7 +190,7 @@ class Documents:
 
 
 def list_inputs(sources: tuple[str, ...], out: Path) -> list[spec.InputFile]:
-    avoid = tuple(os.path.realpath(p) for p in (out, record_path(out)))
+    avoid = tuple(os.path.realpath(p) for p in (out, record_path(out), lock_path(out)))
     inputs: list[spec.InputFile] = []
     for source in sources:
         if spec.is_hub(source):
@@ -214,6 +216,16 @@ def new_tokenizer(tk: Any) -> Any:
     return tokenizer
 
 
+def bpe_trainer(tk: Any, request: TrainRequest) -> Any:
+    return tk.trainers.BpeTrainer(
+        vocab_size=request.vocab_size,
+        min_frequency=request.min_frequency,
+        special_tokens=request.special_tokens,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+
+
 def train(request: TrainRequest, out: Path, compare: str | None = None) -> dict:
     """Train on ``request.sources``, write ``out``, return the report (see ``data.md``)."""
     tk = tokenizers_module()
@@ -221,21 +233,16 @@ def train(request: TrainRequest, out: Path, compare: str | None = None) -> dict:
     check_out(out)
     other = load_compare(tk, compare) if compare is not None else None
     documents = Documents(list_inputs(request.sources, out), request)
-    tokenizer = new_tokenizer(tk)
-    trainer = tk.trainers.BpeTrainer(
-        vocab_size=request.vocab_size,
-        min_frequency=request.min_frequency,
-        special_tokens=request.special_tokens,
-        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(documents, trainer=trainer)
-    if documents.error is not None:
-        raise documents.error
-    if not documents.counts["documents"]:
-        raise DataError("the sources hold no document outside the held-out slice to train on")
-    report = _report(request, out, tokenizer, documents, other, compare)
-    write_owned(out, tokenizer.to_str(), {"request": asdict(request), "report": report})
+    tokenizer, trainer = new_tokenizer(tk), bpe_trainer(tk, request)
+    with OutLock(out, "data tokenizer train"):
+        check_out(out)  # again, under the lock: what is there now is what gets replaced
+        tokenizer.train_from_iterator(documents, trainer=trainer)
+        if documents.error is not None:
+            raise documents.error
+        if not documents.counts["documents"]:
+            raise DataError("the sources hold no document outside the held-out slice to train on")
+        report = _report(request, out, tokenizer, documents, other, compare)
+        write_owned(out, tokenizer.to_str(), {"request": asdict(request), "report": report})
     return report
 
 

@@ -150,6 +150,18 @@ def test_out_is_replaced_only_when_this_command_wrote_it(corpus, tmp_path):
     ]  # no temporary file left
 
 
+def test_a_second_writer_of_the_same_out_is_refused(corpus, tmp_path):
+    from speedtronic.data.ingest.owner import OutLock
+
+    src, _ = corpus
+    out = tmp_path / "mine.json"
+    with OutLock(out, "data tokenizer train"):
+        result = train(str(src), str(out), "--vocab-size", "300")
+    assert result.exit_code == 2 and not out.exists()
+    assert f"{out}: another data tokenizer train is writing it" in result.stderr
+    assert train(str(src), str(out), "--vocab-size", "300").exit_code == 0  # the lock is gone
+
+
 def test_without_tokenizers_it_is_one_line(corpus, tmp_path, monkeypatch):
     src, _ = corpus
     monkeypatch.setitem(sys.modules, "tokenizers", None)
