@@ -204,4 +204,7 @@ def register(app: typer.Typer) -> None:
     data_app.command(short_help="Tokenize a text file into a token file (data.token_path).")(
         handle_errors(tokenize)
     )
+    from speedtronic.cli import tokenizer_train
+
+    tokenizer_train.register(data_app)
     app.add_typer(data_app, name="data")

@@ -225,8 +225,8 @@ def _reason(exc: OSError) -> str:
 class OutLock:
     """An exclusive lock on ``.OUT.lock`` for the run; a second holder is refused at once."""
 
-    def __init__(self, out: Path):
-        self.out, self.path = out, lock_path(out)
+    def __init__(self, out: Path, command: str = "data tokenize"):
+        self.out, self.path, self.command = out, lock_path(out), command
         self._fd: int | None = None
 
     def __enter__(self) -> OutLock:
@@ -237,7 +237,7 @@ class OutLock:
             raise OutputError(f"{self.path}: cannot create the lock ({_reason(exc)})") from None
         if self._fd is None:
             raise DataError(
-                f"{self.out}: another data tokenize is writing it ({_holder(self.path)}; lock "
+                f"{self.out}: another {self.command} is writing it ({_holder(self.path)}; lock "
                 f"{self.path}); wait for it to end, or name another OUT"
             )
         stamp = f"{os.getpid()} {socket.gethostname()}\n".encode()
