@@ -40,13 +40,17 @@ def probe_entry(device: torch.device, mode: str) -> dict[str, Any] | None:
             slowdown, probe = precision.matmul_slowdown(device, mode)
     except RuntimeError:  # a backend without this dtype's matmul: nothing to size from
         return None
-    entry = {"size": probe.size, "seconds": probe.seconds, "slowdown_vs_fp32": slowdown}
+    entry: dict[str, Any] = {"size": probe.size, "seconds": probe.seconds}
+    entry["slowdown_vs_fp32"] = slowdown
     # Only CPUs emulate; a GPU's tiny matmuls are launch-bound and say nothing of the kind.
     # The machine's cached verdict, not this probe: one busy moment must not flip it (issue 40).
     found = emulation.verdict(mode) if device.type == "cpu" and mode != "fp32" else None
     entry["emulated"] = bool(found and found.emulated)
-    if found is not None:
-        entry["verdict"] = {"basis": found.basis, "reason": found.reason(), "cache": found.cache}
+    entry["verdict"] = found and {
+        "basis": found.basis,
+        "reason": found.reason(),
+        "cache": found.cache,
+    }
     return entry
 
 
