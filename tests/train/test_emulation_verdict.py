@@ -21,6 +21,7 @@ import torch
 from speedtronic.bench import plan
 from speedtronic.cli import machine_facts
 from speedtronic.cli.options import load_config
+from speedtronic.optim.muon import ns_precision
 from speedtronic.train import emulation
 from speedtronic.train.precision import emulation_warning
 
@@ -180,6 +181,7 @@ def test_every_command_reads_the_one_verdict(monkeypatch, tmp_path):
     run = type("Run", (), {"precision_mode": "bf16"})()
     model_cli._precision(run, "cpu")  # generate
     assert notes == [warning]
+    assert ns_precision(CPU) is torch.float32  # Muon's Newton-Schulz dtype (train)
 
 
 def test_bench_reports_a_native_verdict_whatever_its_sizing_probe_reads(monkeypatch, tmp_path):
@@ -213,3 +215,23 @@ def test_the_real_timing_runs_and_gives_back_the_threads():
     threads = torch.get_num_threads()
     assert emulation.timed_slowdown("bf16", size=32, rounds=2) > 0
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_validate_reads_the_cached_verdict_not_a_probe_of_its_own(monkeypatch, emulated):
+    # The real CPU and torch: the file is written where this machine's key points, so this
+    # means the same on any CPU. A probe that would say otherwise is never asked.
+    from typer.testing import CliRunner
+
+    from speedtronic.cli.app import app
+
+    path = emulation.cache_path("bf16")
+    path.parent.mkdir(parents=True)
+    kept = {"mode": "bf16", "emulated": emulated, "basis": "timing", "slowdown": 412.0}
+    path.write_text(json.dumps({**kept, "size": 128}))
+    monkeypatch.setattr(emulation, "decide", lambda mode: pytest.fail("decided again"))
+    result = CliRunner().invoke(
+        app, ["validate", "--set", "precision.mode=bf16", "--set", "run.device=cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    assert ("412x slower than fp32 (a 128x128 probe)" in result.stderr) is emulated
