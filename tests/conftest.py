@@ -28,6 +28,18 @@ TINY: dict[str, Any] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def machine_cache(tmp_path, monkeypatch) -> Path:
+    """Each test decides the CPU's bf16/fp16 verdict afresh, in its own cache folder (inherited
+    by the processes it starts): never the user's, and never one an injected probe left."""
+    folder = tmp_path / "machine-cache"
+    monkeypatch.setenv("SPEEDTRONIC_MACHINE_CACHE", str(folder))
+    emulation = sys.modules.get("speedtronic.train.emulation")
+    if emulation is not None:
+        monkeypatch.setattr(emulation, "_VERDICTS", {})
+    return folder
+
+
 @pytest.fixture
 def tiny(tmp_path) -> dict[str, Any]:
     """A fresh tiny config dict writing into a temporary output directory."""

@@ -17,7 +17,7 @@ import torch
 
 from speedtronic.bench.context import BenchContext
 from speedtronic.bench.probes import PEAK_REPEATS, time_matmul_call
-from speedtronic.train import precision
+from speedtronic.train import emulation, precision
 
 LADDER_START = 256  # first matmul side of the size ladder when no probe seeds it
 SLACK = 1.25  # a model stage's timed rounds may run this much over their nominal time
@@ -40,13 +40,18 @@ def probe_entry(device: torch.device, mode: str) -> dict[str, Any] | None:
             slowdown, probe = precision.matmul_slowdown(device, mode)
     except RuntimeError:  # a backend without this dtype's matmul: nothing to size from
         return None
-    return {
-        "size": probe.size,
-        "seconds": probe.seconds,
-        "slowdown_vs_fp32": slowdown,
-        # Only CPUs emulate; a GPU's tiny matmuls are launch-bound and say nothing of the kind.
-        "emulated": device.type == "cpu" and slowdown >= precision.EMULATION_FACTOR,
+    entry: dict[str, Any] = {"size": probe.size, "seconds": probe.seconds}
+    entry["slowdown_vs_fp32"] = slowdown
+    # Only CPUs emulate; a GPU's tiny matmuls are launch-bound and say nothing of the kind.
+    # The machine's cached verdict, not this probe: one busy moment must not flip it (issue 40).
+    found = emulation.verdict(mode) if device.type == "cpu" and mode != "fp32" else None
+    entry["emulated"] = bool(found and found.emulated)
+    entry["verdict"] = found and {
+        "basis": found.basis,
+        "reason": found.reason(),
+        "cache": found.cache,
     }
+    return entry
 
 
 def is_emulated(ctx: BenchContext, mode: str) -> bool:

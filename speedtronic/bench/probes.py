@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from speedtronic.observe.metrics import peak_flops
+from speedtronic.train.emulation import cpu_info
 from speedtronic.train.precision import resolve_precision, synchronize
 from speedtronic.train.step_log import memory_gb
 
@@ -82,23 +83,11 @@ _ISA_FLAGS = (
 
 def cpu_flags() -> set[str]:
     """CPU feature flags from /proc/cpuinfo (Linux: x86 ``flags``, Arm ``Features``)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+    return cpu_info()[1]
 
 
 def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_info()[0] or "cpu"
 
 
 def device_facts(device: torch.device) -> dict[str, Any]:

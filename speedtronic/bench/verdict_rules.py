@@ -60,10 +60,10 @@ def _device_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
     if device["backend"] == "cpu":
         native = [f.upper().replace("_", "-") for f in caps["isa"] if "bf16" in f or "amx" in f]
         probe = emulated_probe(doc, "bf16")
-        if probe is not None:  # the measurement wins over the flags (the library may not use them)
+        if probe is not None:  # the machine's verdict (emulation.verdict), as train warns
             message = f"bf16 is emulated: {probe['slowdown_vs_fp32']:.0f}x slower than fp32 in a "
             message += f"{probe['size']}x{probe['size']} probe matmul"
-            if caps["bf16"]:
+            if caps["bf16"]:  # the verdict was timed: an ISA cap or a build without oneDNN
                 message += f" (the CPU lists {', '.join(native)}; the math library ignores it)"
             return [_verdict("device", "info", message)]
         if caps["bf16"]:

@@ -36,21 +36,22 @@ ADJUSTMENTS = ("original", "match_rms_adamw")
 def ns_precision(device: torch.device, requested: str = "auto") -> torch.dtype:
     """The dtype of the Newton-Schulz iteration: bf16 where it is native, else fp32.
 
-    ``auto``: bfloat16 on CUDA that supports it and on a CPU whose bf16 matmuls the precision
-    probe finds native (AVX512-BF16, AMX), float32 elsewhere (MPS, CPUs that emulate bf16).
+    ``auto``: bfloat16 on CUDA that supports it and on a CPU the machine's bf16 verdict finds
+    native (``emulation.verdict``: AVX512-BF16, AMX), float32 elsewhere (MPS, CPUs that
+    emulate bf16). The verdict, not a fresh timing: a busy moment must not change the numerics.
     """
     if requested != "auto":
         return torch.bfloat16 if requested == "bf16" else torch.float32
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type == "cpu":
-        from speedtronic.train.precision import EMULATION_FACTOR, matmul_slowdown
+        from speedtronic.train import emulation
 
         try:
-            factor, _ = matmul_slowdown(device, "bf16")
+            emulated = emulation.verdict("bf16").emulated
         except RuntimeError:  # a build without the bf16 CPU kernel
             return torch.float32
-        return torch.bfloat16 if factor < EMULATION_FACTOR else torch.float32
+        return torch.float32 if emulated else torch.bfloat16
     return torch.float32
 
 

@@ -3,9 +3,10 @@
 Rules: ``auto`` uses bf16 where CUDA supports it, fp16 + GradScaler on other CUDA, fp32 on
 CPU and MPS. Explicit modes are honoured unless the hardware cannot run them; then fp32 with a
 warning. bf16 autocast on CPU is a supported explicit mode, but a CPU without bf16 arithmetic
-(e.g. AVX2 only) emulates it, tens to hundreds of times slower than fp32: a time-boxed probe
-(``probe_matmul``, a few ms, cached per device and dtype) measures that, and
-``emulation_warning`` turns it into one line for the start of training.
+(e.g. AVX2 only) emulates it, tens to hundreds of times slower than fp32: the machine's one
+verdict (``emulation.verdict``, cached on disk) says so, and ``emulation_warning`` turns it into
+one line for the start of a command. A time-boxed probe (``probe_matmul``, a few ms, cached per
+device and dtype) sizes bench's stages; it never decides emulation.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from speedtronic.errors import ConfigError
+from speedtronic.train import emulation
 
 
 @dataclass(frozen=True)
@@ -212,19 +214,19 @@ def matmul_slowdown(device: torch.device, mode: str) -> tuple[float, MatmulProbe
 def emulation_warning(device: torch.device, mode: str) -> str | None:
     """One line when ``mode`` (bf16/fp16) is emulated on this CPU; None when it is not.
 
-    Only CPUs are probed: a GPU that lacks a mode is already refused by
-    ``resolve_precision``. Costs a few ms the first time per device and mode, then nothing.
+    Only CPUs are judged: a GPU that lacks a mode is already refused by ``resolve_precision``.
+    The verdict is this machine's one (``emulation.verdict``: the CPU's flags, else a load-robust
+    timing, cached on disk), so bench, validate, train and generate never disagree.
     """
     if device.type != "cpu" or mode not in ("bf16", "fp16"):
         return None
     try:
-        factor, probe = matmul_slowdown(device, mode)
+        found = emulation.verdict(mode)
     except RuntimeError:  # an old build without this CPU kernel: resolve_precision's concern
         return None
-    if factor < EMULATION_FACTOR:
+    if not found.emulated:
         return None
     return (
-        f"precision.mode: {mode} is emulated on this CPU: its matmuls run "
-        f"{factor:.0f}x slower than fp32 (a {probe.size}x{probe.size} probe); "
+        f"precision.mode: {mode} is emulated on this CPU: {found.reason()}; "
         "set precision.mode: fp32 unless you need these numerics"
     )

@@ -53,6 +53,7 @@ class DictOf:
 MATMUL = {"tflops": NUM, "tflops_median": NUM, "size": int, "iterations": int, "seconds": NUM}
 MATMUL["cpu_share"] = OPT_NUM
 PROBE = {"size": int, "seconds": NUM, "slowdown_vs_fp32": NUM, "emulated": bool}
+PROBE["verdict"] = Optional({"basis": str, "reason": str, "cache": OPT_STR})  # CPU, low precision
 MODE = {
     "precision": str,
     "tokens_per_s": NUM,

@@ -15,7 +15,7 @@ from cli.test_bench import SCHEMA, check, sample_doc, verdict
 from speedtronic.bench import BenchContext, BenchOptions, alternate, plan, raw, run_bench
 from speedtronic.bench import run as bench_run
 from speedtronic.config import SpeedtronicConfig
-from speedtronic.train import precision
+from speedtronic.train import emulation, precision
 from speedtronic.train.precision import MatmulProbe
 
 CPU = torch.device("cpu")
@@ -203,10 +203,17 @@ def test_measured_and_skipped_emulated_modes_say_so():
 # ---- end to end, with an injected 400x emulated bf16 ----------------------------------
 
 
+def emulated_verdict(monkeypatch):
+    """The machine's verdict (``emulation.verdict``), which decides "emulated" in bench too."""
+    found = {m: emulation.Verdict(m, True, "timing", 400.0, 64) for m in ("bf16", "fp16")}
+    monkeypatch.setattr(emulation, "verdict", found.__getitem__)
+
+
 def test_bench_reports_an_emulated_mode_instead_of_measuring_it(tiny, monkeypatch):
     monkeypatch.setattr(
         precision, "matmul_slowdown", lambda device, mode: (400.0, MatmulProbe(mode, 64, 2e-3))
     )
+    emulated_verdict(monkeypatch)
     events = []
     options = BenchOptions(quick=True, min_time_s=0.1, rounds=2, matmul_size=256, copy_mib=16)
     doc = run_bench(tiny, options, lambda event, payload: events.append((event, payload)))
@@ -228,6 +235,7 @@ def test_only_the_configured_modes_emulation_is_a_warning(tiny, monkeypatch):
     monkeypatch.setattr(
         precision, "matmul_slowdown", lambda device, mode: (400.0, MatmulProbe(mode, 64, 2e-3))
     )
+    emulated_verdict(monkeypatch)
     for configured, expected in (("fp32", []), ("bf16", ["bf16"])):
         tiny["precision"] = {"mode": configured}
         warnings = []
@@ -245,4 +253,4 @@ def test_the_probe_section_is_measured_for_real():
     # Hardware-neutral: the real probe runs and yields a positive slowdown either way.
     entry = plan.probe_entry(CPU, "bf16")
     assert entry["slowdown_vs_fp32"] > 0 and entry["size"] in (64, 128, 256)
-    assert entry["emulated"] == (entry["slowdown_vs_fp32"] >= 4)
+    assert entry["emulated"] == emulation.verdict("bf16").emulated  # the machine's verdict

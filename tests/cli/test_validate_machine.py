@@ -50,10 +50,10 @@ def test_validate_refuses_a_data_file_that_is_not_there(tmp_path):
 
 
 def test_validate_says_bf16_is_emulated_on_this_cpu(monkeypatch):
-    import speedtronic.train.precision as precision
+    import speedtronic.train.emulation as emulation
 
-    probe = precision.MatmulProbe("bf16", 128, 0.01)
-    monkeypatch.setattr(precision, "matmul_slowdown", lambda device, mode: (79.0, probe))
+    found = emulation.Verdict("bf16", True, "timing", 79.0, 128)
+    monkeypatch.setattr(emulation, "verdict", lambda mode: found)
     result = validate("--set", "precision.mode=bf16", "--set", "run.device=cpu")
     assert result.exit_code == 0
     assert facts(result)["precision"] == "bf16"
@@ -65,12 +65,14 @@ def test_validate_says_bf16_is_emulated_on_this_cpu(monkeypatch):
 
 
 def test_validate_runs_no_probe_for_fp32(monkeypatch):
+    import speedtronic.train.emulation as emulation
     import speedtronic.train.precision as precision
 
     def refuse(*args):
         raise AssertionError("the emulation probe ran for an fp32 config")
 
     monkeypatch.setattr(precision, "matmul_slowdown", refuse)
+    monkeypatch.setattr(emulation, "verdict", refuse)
     result = validate("--set", "run.device=cpu")
     assert result.exit_code == 0 and facts(result)["precision"] == "fp32"
 

@@ -1,8 +1,9 @@
 """The emulation probe in ``speedtronic.train.precision``: cheap, cached, time-boxed, its warning.
 
-Whether this CPU emulates bf16 is not assumed anywhere: the warning tests inject the probe's
-result, and the time-box test makes bf16 matmuls 400x slower than fp32 on purpose (a busy
-loop standing in for software emulation), so every test means the same on any CPU.
+Whether this CPU emulates bf16 is not assumed anywhere: the warning tests inject the machine's
+verdict (how it is made: tests/train/test_emulation_verdict.py), and the time-box test makes
+bf16 matmuls 400x slower than fp32 on purpose (a busy loop standing in for software
+emulation), so every test means the same on any CPU.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import time
 import pytest
 import torch
 
-from speedtronic.train import precision
-from speedtronic.train.precision import MatmulProbe, emulation_warning, probe_matmul
+from speedtronic.train import emulation, precision
+from speedtronic.train.precision import emulation_warning, probe_matmul
 
 CPU = torch.device("cpu")
 
@@ -70,10 +71,12 @@ def test_a_400x_emulated_dtype_is_probed_within_50_ms(monkeypatch):
     assert cpu < 0.05, cpu
 
 
+def judged(monkeypatch, found):
+    monkeypatch.setattr(emulation, "verdict", lambda mode: found)
+
+
 def test_the_warning_reports_an_emulated_mode_with_its_factor(monkeypatch):
-    monkeypatch.setattr(
-        precision, "matmul_slowdown", lambda device, mode: (412.0, MatmulProbe(mode, 64, 0.002))
-    )
+    judged(monkeypatch, emulation.Verdict("bf16", True, "timing", 412.0, 64))
     message = emulation_warning(CPU, "bf16")
     assert message == (
         "precision.mode: bf16 is emulated on this CPU: its matmuls run 412x slower than fp32 "
@@ -82,29 +85,35 @@ def test_the_warning_reports_an_emulated_mode_with_its_factor(monkeypatch):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("factor", [0.3, 1.0, 3.9])
-def test_native_or_nearly_native_modes_get_no_warning(monkeypatch, factor):
-    monkeypatch.setattr(
-        precision, "matmul_slowdown", lambda device, mode: (factor, MatmulProbe(mode, 256, 1e-4))
+def test_the_warning_names_the_flags_when_they_decided(monkeypatch):
+    judged(monkeypatch, emulation.Verdict("bf16", True, "cpu flags"))
+    assert emulation_warning(CPU, "bf16") == (
+        "precision.mode: bf16 is emulated on this CPU: its flags list no avx512_bf16 or "
+        "amx_bf16; set precision.mode: fp32 unless you need these numerics"
     )
+
+
+@pytest.mark.parametrize("basis", ["cpu flags", "timing"])
+def test_native_modes_get_no_warning(monkeypatch, basis):
+    judged(monkeypatch, emulation.Verdict("bf16", False, basis, 3.9, 128))
     assert emulation_warning(CPU, "bf16") is None
 
 
 def test_fp32_and_gpus_are_never_probed(monkeypatch):
-    def fail(device, mode):
+    def fail(mode):
         raise AssertionError("probed")
 
-    monkeypatch.setattr(precision, "matmul_slowdown", fail)
+    monkeypatch.setattr(emulation, "verdict", fail)
     assert emulation_warning(CPU, "fp32") is None
     assert emulation_warning(torch.device("cuda"), "bf16") is None
     assert emulation_warning(torch.device("mps"), "fp16") is None
 
 
 def test_a_kernel_missing_from_the_build_is_not_a_crash(monkeypatch):
-    def missing(device, mode):
+    def missing(mode):
         raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")
 
-    monkeypatch.setattr(precision, "matmul_slowdown", missing)
+    monkeypatch.setattr(emulation, "verdict", missing)
     assert emulation_warning(CPU, "fp16") is None
 
 
