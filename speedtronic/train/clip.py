@@ -6,7 +6,9 @@ The fused AdamW kernel reads each gradient anyway and divides it by its ``grad_s
 GradScaler unscales inside the step), so the clip's factor is handed to it as
 ``grad_scale = 1 / coef`` and costs no pass of its own. Where the step cannot take it (Muon, a
 foreach or plain AdamW, a GradScaler that owns ``grad_scale``) the gradients are scaled as torch
-does. Either way the norm returned is the pre-clip norm and the update is clip-then-step's.
+does; with ``MuonAdamW`` only Muon's matrices are (its momentum needs the clipped gradient), and
+the AdamW part's scale rides on its fused step. Either way the norm returned is the pre-clip
+norm and the update is clip-then-step's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ def takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.Adam) and fused and amp_aware
 
 
+def scale_taker(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The optimizer whose step takes ``grad_scale``: this one, or MuonAdamW's AdamW part."""
+    for candidate in (optimizer, getattr(optimizer, "adamw", None)):
+        if candidate is not None and takes_grad_scale(candidate):
+            return candidate
+    return None
+
+
 class GradClip:
     """Clips the global gradient norm (``clip``), then steps (``step``).
 
@@ -34,7 +44,8 @@ class GradClip:
 
     def __init__(self, optimizer: torch.optim.Optimizer, scaler: bool, foreach: bool):
         self.optimizer, self.foreach = optimizer, foreach
-        self.fold = not scaler and takes_grad_scale(optimizer)
+        self.taker = None if scaler else scale_taker(optimizer)
+        self.fold = self.taker is not None
         self._scale: torch.Tensor | None = None  # 1 / coef, waiting for the next step
 
     def clip(self, params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
@@ -50,6 +61,10 @@ class GradClip:
             return norm
         coef = torch.clamp(max_norm / (norm.float() + CLIP_EPS), max=1.0)
         self._scale = coef.reciprocal()
+        taken = {id(p) for group in self.taker.param_groups for p in group["params"]}
+        rest = [p for p in params if id(p) not in taken]  # Muon's: scaled here
+        if rest:
+            torch.nn.utils.clip_grads_with_norm_(rest, max_norm, norm, self.foreach)
         return norm
 
     def step(self) -> None:
@@ -58,8 +73,8 @@ class GradClip:
         if scale is None:
             self.optimizer.step()
             return
-        self.optimizer.grad_scale = scale  # what Adam.step hands to its fused kernel
+        self.taker.grad_scale = scale  # what Adam.step hands to its fused kernel
         try:
             self.optimizer.step()
         finally:
-            del self.optimizer.grad_scale
+            del self.taker.grad_scale

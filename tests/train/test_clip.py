@@ -11,15 +11,20 @@ from speedtronic.config import SpeedtronicConfig
 from speedtronic.observe.metrics import MetricLogger
 from speedtronic.optim.build import build_optimizer
 from speedtronic.registry import build_model
-from speedtronic.train.clip import GradClip, takes_grad_scale
+from speedtronic.train.clip import GradClip, scale_taker, takes_grad_scale
 from speedtronic.train.precision import resolve_precision
 from speedtronic.train.trainer import Trainer, TrainerOptions
 
 STEPS = 4
+OPTIMIZERS = [{"name": "adamw"}, {"name": "adamw", "fused": False}, {"name": "muon"}]
 MODEL = {"vocab_size": 64, "seq_len": 8, "n_layer": 1, "n_head": 2, "d_model": 32}
 
 
 def setup(optimizer: dict):
+    """fp32 Newton-Schulz for Muon: bf16's rounding would amplify the fold's last-bit
+    differences in the AdamW part's weights into Muon's update."""
+    if optimizer.get("name") == "muon":
+        optimizer = {"muon_precision": "fp32", **optimizer}
     torch.manual_seed(0)
     model = build_model("reference_transformer", MODEL)
     config = SpeedtronicConfig.from_dict({"optimizer": {"lr": 1e-2, **optimizer}}).optimizer
@@ -65,16 +70,17 @@ def fused_or_skip(kernel: str) -> None:
 
 
 @pytest.mark.parametrize("clip", [0.05, 1e6, None], ids=["active", "inactive", "off"])
-@pytest.mark.parametrize("name", ["adamw", "muon"])
-def test_weights_and_norms_equal_clip_then_step(name, clip):
-    """After N steps the weights are the two-pass path's (1e-6 relative), the norms pre-clip."""
-    expected, expected_norms = two_pass({"name": name}, clip)
-    model, norms, trainer, kernel = trainer_run({"name": name}, clip)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=["fused", "foreach", "muon"])
+def test_weights_and_norms_equal_clip_then_step(optimizer, clip):
+    """After N steps the weights are the two-pass path's (1e-6 relative), the norms pre-clip;
+    a foreach AdamW keeps the scale pass, Muon's matrices too (its AdamW part folds)."""
+    expected, expected_norms = two_pass(optimizer, clip)
+    model, norms, trainer, kernel = trainer_run(optimizer, clip)
     assert_close_weights(model, expected)
     torch.testing.assert_close(torch.stack(norms), torch.stack(expected_norms), rtol=1e-6, atol=0)
     if clip == 0.05:
         assert min(expected_norms) > 0.05  # the clip really acted on every step
-    assert trainer.clip.fold is (name == "adamw" and kernel == "fused")
+    assert trainer.clip.fold is (kernel == "fused" and optimizer.get("fused") is not False)
 
 
 def test_fused_adamw_never_scales_the_gradients_in_a_pass_of_their_own(monkeypatch):
@@ -106,7 +112,8 @@ def test_the_pending_scale_is_for_one_step_only():
 
 
 def test_what_can_take_the_scale():
-    """Only a fused Adam/AdamW divides by grad_scale; a GradScaler owns it when there is one."""
+    """Only a fused Adam/AdamW divides by grad_scale (in MuonAdamW: its AdamW part); a
+    GradScaler owns grad_scale when there is one."""
     for optimizer, takes in [
         ({"name": "adamw", "fused": True}, True),
         ({"name": "adamw", "fused": False}, False),
@@ -115,3 +122,5 @@ def test_what_can_take_the_scale():
         _, opt, kernel = setup(optimizer)
         assert takes_grad_scale(opt) is (takes and kernel == "fused")
         assert GradClip(opt, scaler=True, foreach=False).fold is False
+    _, opt, kernel = setup({"name": "muon"})
+    assert scale_taker(opt) is (opt.adamw if kernel == "fused" else None)
