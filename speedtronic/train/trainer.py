@@ -104,8 +104,7 @@ class Trainer:
         self.plugins = list(plugins or [])
         self.scaler = precision.grad_scaler()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        on_gpu = _on_gpu(precision.device)  # clip.py: the scale folded into a fused step
-        self.clip = GradClip(optimizer, self.scaler is not None, on_gpu)
+        self.clip = GradClip(optimizer, self.scaler is not None, _on_gpu(precision.device))
         self.step = self.tokens = self.samples = 0
         self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
         self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
