@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/engine/overhead.py  # smoke and 10m, the configs' precision
     python benchmarks/engine/overhead.py --config 10m --precision fp32 bf16 --rounds 7
+    python benchmarks/engine/overhead.py --config 10m --flush on --clip one two
 
 Both sides run in ONE process on the same device and threads and do the same work:
 
@@ -15,7 +16,10 @@ Both sides run in ONE process on the same device and threads and do the same wor
   ``SyntheticTokens`` dataset, micro-batch size, sampler order and worker settings); the
   Trainer wraps it in its ``DataStream``, the raw loop iterates it directly.
 * precision, gradient accumulation and clipping: the Trainer's resolved autocast dtype, the
-  config's accumulation count and max grad norm.
+  config's accumulation count and max grad norm. ``--clip two`` makes the Trainer's side clip
+  as it did before issue 40 (torch's norm pass and scale pass, then the step) instead of handing
+  the scale to the fused AdamW step (``speedtronic.train.clip``); the raw loop always calls
+  ``clip_grad_norm_``.
 
 Each side first runs ``--warmup`` optimizer steps (not timed); then ``--rounds`` rounds of
 ``--steps`` timed optimizer steps alternate between the sides, in ABBA order (the order flips
@@ -83,7 +87,9 @@ def build_config(
     return raw
 
 
-def measure(name: str, precision: str, flush: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    name: str, precision: str, flush: str, clip: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Build both sides for one config and precision, time them; returns the summary row."""
     warmup, steps = DEFAULT_STEPS[name]
     warmup, steps = args.warmup if args.warmup is not None else warmup, args.steps or steps
@@ -94,10 +100,19 @@ def measure(name: str, precision: str, flush: str, args: argparse.Namespace) -> 
             console=False,
         )
         drop_checkpoints(runtime)
+        runtime.trainer.clip.fold &= clip == "one"  # "two": the scale pass of its own
         raw = build_raw(runtime.config, runtime)
         timings = alternate(runtime, raw, warmup, steps, args.rounds, report=_stderr)
     row = summarize(name, runtime, raw, timings)
-    return row | {"flush_denormal": flush == "on", "warmup_steps": warmup, "steps_per_round": steps}
+    fold = runtime.trainer.clip.fold
+    return (
+        row
+        | {"flush_denormal": flush == "on", "clip_passes": 1 if fold else 2}
+        | {
+            "warmup_steps": warmup,
+            "steps_per_round": steps,
+        }
+    )
 
 
 def _stderr(line: str) -> None:
@@ -138,7 +153,8 @@ def summarize(name: str, runtime: Runtime, raw: RawLoop, timings: Timings) -> di
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
-        f"{'config':<7}{'prec':<6}{'flush':<6}{'params':>11}{'tok/step':>9}{'raw tok/s':>11}"
+        f"{'config':<7}{'prec':<6}{'flush':<6}{'clip':<5}{'params':>11}{'tok/step':>9}"
+        f"{'raw tok/s':>11}"
         f"{'trainer tok/s':>15}{'ratio':>7}{'ratio range':>15}{'spread raw/tr':>15}"
         f"{'clean ratio':>16}{'cpu-time ratio':>16}{'target':>8}  ok"
     )
@@ -149,7 +165,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         clean_text = f"{clean:.3f} ({row['clean_rounds']}/{row['rounds']})" if clean else "none"
         print(
             f"{row['config']:<7}{row['precision']:<6}"
-            f"{'on' if row['flush_denormal'] else 'off':<6}{row['params']:>11,}"
+            f"{'on' if row['flush_denormal'] else 'off':<6}"
+            f"{'one' if row['clip_passes'] == 1 else 'two':<5}{row['params']:>11,}"
             f"{row['tokens_per_step']:>9,}{row['raw_tokens_per_s']:>11,.0f}"
             f"{row['trainer_tokens_per_s']:>15,.0f}{row['ratio']:>7.3f}"
             f"{row['ratio_min']:>9.3f}-{row['ratio_max']:.3f}"
@@ -183,6 +200,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["on", "off"],
         help="precision.flush_denormal of the Trainer's side (the raw loop keeps IEEE subnormals)",
     )
+    parser.add_argument(
+        "--clip",
+        nargs="+",
+        choices=["one", "two"],
+        default=["one"],
+        help="the Trainer's clipping: one pass (the scale folded into the fused AdamW step, "
+        "where it can be) or two (torch's norm and scale passes, as before issue 40)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per round")
     parser.add_argument("--warmup", type=int, help="untimed optimizer steps per side first")
@@ -202,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         rows = [
-            measure(name, mode, flush, args)
+            measure(name, mode, flush, clip, args)
             for name in args.config
             for mode in args.precision
             for flush in args.flush
+            for clip in args.clip
         ]
     except SpeedtronicError as exc:  # e.g. the two models differ: say why, no traceback
         raise SystemExit(str(exc)) from None

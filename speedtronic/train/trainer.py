@@ -11,7 +11,6 @@ learn from); the ``train_step`` metrics are ``step_log``'s, at its cadence.
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import threading
 import time
@@ -24,6 +23,7 @@ from torch import nn
 
 from speedtronic.errors import TrainingError
 from speedtronic.observe.metrics import MetricLogger
+from speedtronic.train.clip import GradClip
 from speedtronic.train.failure import StepGuard
 from speedtronic.train.precision import Precision
 from speedtronic.train.rng import rng_state, set_rng_state
@@ -104,6 +104,7 @@ class Trainer:
         self.plugins = list(plugins or [])
         self.scaler = precision.grad_scaler()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.clip = GradClip(optimizer, self.scaler is not None, _on_gpu(precision.device))
         self.step = self.tokens = self.samples = 0
         self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
         self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
@@ -225,8 +226,7 @@ class Trainer:
             total, counts = group.agree(total, counts)  # one loss and label count on all ranks
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        clip = self.options.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=_on_gpu(device))
+        grad_norm = self.clip.clip(self.params, self.options.grad_clip)
         labelled = torch.stack(counts).sum() if counts is not None else None
         return total, grad_norm, labelled
 
@@ -247,7 +247,7 @@ class Trainer:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
             else:
-                self.optimizer.step()
+                self.clip.step()
         else:
             self._skip_nonfinite(loss)
         self.optimizer.zero_grad(set_to_none=True)
