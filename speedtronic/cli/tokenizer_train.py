@@ -40,6 +40,7 @@ def train(
     special: list[str] = typer.Option(
         [],
         "--special",
+        metavar="TOKEN",
         help="A special token to add after <|endoftext|> (the document separator, id 0); "
         "repeatable.",
     ),
