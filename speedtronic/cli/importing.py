@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.model import verification_json
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
 
 
@@ -70,7 +71,6 @@ def import_model(
 
 
 def _as_json(done: Any) -> dict:
-    v = done.verified
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "source": done.origin,
@@ -79,14 +79,7 @@ def _as_json(done: Any) -> dict:
         "model": {"name": "reference_transformer", **done.params},
         "param_count": done.param_count,
         "tokenizer_files": done.tokenizer_files,
-        "verified": None
-        if v is None
-        else {
-            "max_diff": v.max_diff,
-            "positions": v.positions,
-            "greedy_tokens": v.greedy,
-            "transformers": v.transformers_version,
-        },
+        "verified": verification_json(done.verified),
     }
 
 

@@ -355,7 +355,6 @@ def _report(source: Any, done: Any, pushed: Any) -> None:
 
 
 def _export_json(source: Any, done: Any, pushed: Any) -> dict:
-    v = done.verified
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "out": str(done.out),
@@ -363,15 +362,20 @@ def _export_json(source: Any, done: Any, pushed: Any) -> dict:
         "step": source.step,
         "replaced": done.replaced,
         "files": done.files,
-        "verified": None
-        if v is None
-        else {
-            "max_diff": v.max_diff,
-            "positions": v.positions,
-            "greedy_tokens": v.greedy,
-            "transformers": v.transformers_version,
-        },
+        "verified": verification_json(done.verified),
         "pushed": None if pushed is None else dict(pushed.__dict__),
+    }
+
+
+def verification_json(v: Any) -> dict | None:
+    """What ``--verify`` found against transformers (export and import alike); None: not run."""
+    if v is None:
+        return None
+    return {
+        "max_diff": v.max_diff,
+        "positions": v.positions,
+        "greedy_tokens": v.greedy,
+        "transformers": v.transformers_version,
     }
 
 
