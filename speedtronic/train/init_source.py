@@ -103,12 +103,13 @@ def check_same_function(config: SpeedtronicConfig, source: InitSource, misfit: s
     allowed = set(config.checkpoint.init_overrides)
     for key in FUNCTION_KEYS:
         if ours[key] != theirs[key] and key not in allowed:
+            # an override cannot make tensors of another shape fit: offer it only where they do
+            keep = "" if misfit else f", or keep {ours[key]!r} with --init-override {key}"
             raise ConfigError(
                 f"checkpoint.init_from: model.{key} is {ours[key]!r} here and {theirs[key]!r} "
                 f"in {source.where}: the weights would compute another function"
                 f"{f' (it does not fit this model: {misfit})' if misfit else ''}; set "
-                f"model.{key}: {theirs[key]!r} (or name no model to take the source's), or "
-                f"keep {ours[key]!r} with --init-override {key}",
+                f"model.{key}: {theirs[key]!r} (or name no model to take the source's){keep}",
             )
 
 
