@@ -60,10 +60,7 @@ def verify_export(folder: Path, run: RunModel, dtype: str) -> Verified:
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     theirs.eval()
     ours = _rounded(run.model, dtype)
-    cfg = ours.config
-    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.seq_len)), generator=_seeded())
-    with torch.inference_mode():
-        diff = (ours(ids) - theirs(ids).logits).abs().max().item()
+    diff, ids = _logit_gap(ours, theirs)
     if not diff <= TOLERANCE:  # NaN fails too
         raise VerifyError(
             f"--verify: transformers' logits differ from the run's by {diff:.3g} "
@@ -83,10 +80,7 @@ def verify_import(run_dir: Path, source_folder: Path) -> Verified:
     theirs = transformers.AutoModelForCausalLM.from_pretrained(source_folder, dtype=torch.float32)
     theirs.eval()
     ours = open_run(run_dir).model.float().eval()
-    cfg = ours.config
-    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.seq_len)), generator=_seeded())
-    with torch.inference_mode():
-        diff = (ours(ids) - theirs(ids).logits).abs().max().item()
+    diff, ids = _logit_gap(ours, theirs)
     if not diff <= IMPORT_TOLERANCE:  # NaN fails too
         raise VerifyError(
             f"--verify: transformers' logits differ from the imported model's by {diff:.3g} "
@@ -94,6 +88,14 @@ def verify_import(run_dir: Path, source_folder: Path) -> Verified:
         )
     greedy = _greedy_agrees(ours, theirs, ids[0, :8].tolist())
     return Verified(diff, ids.numel(), greedy, transformers.__version__)
+
+
+def _logit_gap(ours: torch.nn.Module, theirs: torch.nn.Module) -> tuple[float, torch.Tensor]:
+    """Max |logit difference| of the two models on a fixed random batch, and that batch."""
+    cfg = ours.config
+    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.seq_len)), generator=_seeded())
+    with torch.inference_mode():
+        return (ours(ids) - theirs(ids).logits).abs().max().item(), ids
 
 
 def _rounded(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
