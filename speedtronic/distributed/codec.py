@@ -2,7 +2,9 @@
 
 This module owns the safetensors files that travel through the shared repo: a worker's
 pseudo-gradient (``pseudo_gradient``, ``encode_delta`` in fp32, bf16, int8 with per-row
-scales, or int4 / int2 packed with per-block scales, ``blockquant``) and the master's
+scales, or int4 / int2 with per-block scales, ``blockquant``, every tensor's codes in one
+packed tensor and its scales in another, so a small model's file is not mostly header) and
+the master's
 published weights (``encode_weights``). Decoding treats the bytes
 as hostile (DESIGN.md section 5, I4): nothing is ever unpickled; the 8-byte length and the
 JSON header are parsed and checked first (size, metadata, path agreement, keys, dtypes,
@@ -33,6 +35,8 @@ from speedtronic.distributed.protocol import (
 __all__ = [
     "BadDelta",
     "SCALE_SUFFIX",
+    "PACKED_CODES",
+    "PACKED_SCALES",
     "check_plausible_global",
     "global_norm",
     "decode_delta",
@@ -45,6 +49,11 @@ __all__ = [
 ]
 
 SCALE_SUFFIX = "::scale"
+# An int4 / int2 file holds two tensors: every delta tensor's codes, then every one's scales,
+# in the order of their sorted names; ``layout`` in the metadata fingerprints those names and
+# shapes, so a file packed for another model is refused rather than cut at the wrong places.
+PACKED_CODES, PACKED_SCALES = "::codes", "::scales"
+LAYOUT_KEY = "layout"
 # Room for the JSON header on top of the tensor data: a fixed part for the metadata, plus a
 # per-entry part, so that models with many tensors are not refused for their header alone.
 HEADER_SLACK_BYTES = 64 << 10
@@ -96,18 +105,34 @@ def expected_delta_bytes(reference: dict[str, Tensor], encoding: str) -> int:
 def encode_delta(delta: dict[str, Tensor], header: DeltaHeader) -> bytes:
     """A delta as safetensors bytes, stored as ``header.encoding`` says, header as metadata."""
     _expected_specs(delta, header.encoding)  # refuses unknown encodings and reserved names
-    tensors: dict[str, Tensor] = {}
-    for key, value in delta.items():
-        # copy=True: tied weights share storage, which safetensors refuses to save.
-        value = value.detach().to("cpu", torch.float32, copy=True).contiguous()
-        if header.encoding == "int8":
-            tensors[key], tensors[key + SCALE_SUFFIX] = _quantize_int8(value)
-        elif header.encoding in blockquant.BITS:
-            bits = blockquant.BITS[header.encoding]
-            tensors[key], tensors[key + SCALE_SUFFIX] = blockquant.quantize(value, bits)
-        else:
-            tensors[key] = value.to(_ENCODED_DTYPE[header.encoding])
-    return canonical(safetensors.torch.save(tensors, metadata=header.to_metadata()))
+    metadata = header.to_metadata()
+    if header.encoding in blockquant.BITS:
+        codes, scales = blockquant.pack(delta, blockquant.BITS[header.encoding])
+        tensors = {PACKED_CODES: codes, PACKED_SCALES: scales}
+        metadata[LAYOUT_KEY] = blockquant.layout_of(_shapes(delta))
+    else:
+        tensors = {}
+        for key, value in delta.items():
+            tensors.update(_named(key, _encoded(value, header.encoding)))
+    return canonical(safetensors.torch.save(tensors, metadata=metadata))
+
+
+def _encoded(value: Tensor, encoding: str) -> Tensor | tuple[Tensor, Tensor]:
+    # copy=True: tied weights share storage, which safetensors refuses to save.
+    value = value.detach().to("cpu", torch.float32, copy=True).contiguous()
+    if encoding == "int8":
+        return _quantize_int8(value)
+    return value.to(_ENCODED_DTYPE[encoding])
+
+
+def _named(key: str, encoded: Tensor | tuple[Tensor, Tensor]) -> dict[str, Tensor]:
+    if isinstance(encoded, tuple):
+        return {key: encoded[0], key + SCALE_SUFFIX: encoded[1]}
+    return {key: encoded}
+
+
+def _shapes(tensors: dict[str, Tensor]) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(value.shape) for key, value in tensors.items()}
 
 
 def canonical(data: bytes) -> bytes:
@@ -138,8 +163,8 @@ def decode_delta(
         raise BadDelta("no tensors: the reference weights are empty")
     data = bytes(data)
     # The encoding is only known from the header, so the first bound is the loosest one.
-    loosest = [_limits(_expected_specs(reference, encoding)) for encoding in ENCODINGS]
-    meta, entries = _read_header(data, max(b for b, _ in loosest), max(f for _, f in loosest))
+    loosest = [limits(_expected_specs(reference, encoding)) for encoding in ENCODINGS]
+    meta, entries = read_header(data, max(b for b, _ in loosest), max(f for _, f in loosest))
     header = DeltaHeader.from_metadata(meta)
     node_id, seq = located
     if header.node_id != node_id:
@@ -147,14 +172,14 @@ def decode_delta(
     if header.seq != seq:
         raise BadDelta(f"header seq {header.seq} contradicts path seq {seq}")
     specs = _expected_specs(reference, header.encoding)
-    _check_size(len(data), _limits(specs)[1])
-    _check_entries(entries, specs, len(data) - 8 - _header_length(data))
-    tensors = _load(data, specs)
-    if header.encoding in blockquant.BITS:  # int8's scales predate this check: NaN or Inf
-        _check_scales(tensors)
-    shapes = {key: tuple(value.shape) for key, value in reference.items()}
-    decoded = {key: _dequantized(tensors, key, header.encoding, shapes) for key in reference}
-    _check_finite(decoded)
+    _check_size(len(data), limits(specs)[1])
+    check_entries(entries, specs, len(data) - 8 - header_length(data))
+    shapes = _shapes(reference)
+    if header.encoding in blockquant.BITS:
+        check_layout(meta, shapes, "delta")
+    tensors = load(data, specs)
+    decoded = _decoded(tensors, header.encoding, shapes)
+    check_finite(decoded)
     _check_norm(decoded, reference, max_norm_ratio)
     return header, decoded
 
@@ -164,10 +189,13 @@ def decode_own_delta(
 ) -> dict[str, Tensor]:
     """A delta this node encoded itself (an in-flight record), as the float32 tensors a master
     decodes from the same bytes: a node's installs subtract exactly what the master applies.
-    int4 / int2 files hold flat packed codes: ``shapes`` gives the tensors' shapes."""
+    int4 / int2 files hold packed codes: ``shapes`` gives the tensors' names and shapes."""
     tensors = safetensors.torch.load(bytes(data))
-    keys = [k for k in tensors if not k.endswith(SCALE_SUFFIX)]
-    return {key: _dequantized(tensors, key, encoding, shapes) for key in keys}
+    if encoding not in blockquant.BITS:
+        shapes = {k: tuple(v.shape) for k, v in tensors.items() if not k.endswith(SCALE_SUFFIX)}
+    elif shapes is None:
+        raise ValueError(f"{encoding} deltas decode to shapes only the weights give")
+    return _decoded(tensors, encoding, shapes)
 
 
 def encode_weights(state: dict[str, Tensor], outer_step: int) -> bytes:
@@ -194,14 +222,14 @@ def decode_weights(data: bytes, reference: dict[str, Tensor]) -> tuple[int, dict
         raise BadDelta("no tensors: the reference weights are empty")
     data = bytes(data)
     specs: Specs = {key: (torch.float32, tuple(value.shape)) for key, value in reference.items()}
-    meta, entries = _read_header(data, *_limits(specs))
+    meta, entries = read_header(data, *limits(specs))
     if not isinstance(meta, dict) or meta.get("format") != WEIGHTS_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise BadDelta(f"weights format {short_repr(found)}, expected {WEIGHTS_FORMAT}")
     outer_step = parse_count("outer_step", meta.get("outer_step"))
-    _check_entries(entries, specs, len(data) - 8 - _header_length(data))
-    tensors = _load(data, specs)
-    _check_finite(tensors)
+    check_entries(entries, specs, len(data) - 8 - header_length(data))
+    tensors = load(data, specs)
+    check_finite(tensors)
     return outer_step, {key: tensors[key] for key in reference}
 
 
@@ -209,26 +237,41 @@ def _expected_specs(reference: dict[str, Tensor], encoding: str) -> Specs:
     """The tensors a file of ``reference`` in ``encoding`` holds, int8 scales included."""
     if encoding not in _ENCODED_DTYPE:
         raise ValueError(f"encoding {short_repr(encoding)}: must be one of {ENCODINGS}")
+    if encoding in blockquant.BITS:
+        return packed_specs(_shapes(reference), blockquant.BITS[encoding])
     specs: Specs = {}
     for key, value in reference.items():
         shape = tuple(value.shape)
         specs[key] = (_ENCODED_DTYPE[encoding], shape)
-        if encoding in ("int8", *blockquant.BITS) and key.endswith(SCALE_SUFFIX):
-            raise ValueError(f"tensor name {key!r} ends with {SCALE_SUFFIX!r} (reserved)")
         if encoding == "int8":
+            if key.endswith(SCALE_SUFFIX):
+                raise ValueError(f"tensor name {key!r} ends with {SCALE_SUFFIX!r} (reserved)")
             # One scale per row (first dim); a 0-/1-D tensor is a single row.
             specs[key + SCALE_SUFFIX] = (torch.float32, shape[:1] if len(shape) >= 2 else (1,))
-        elif encoding in blockquant.BITS:
-            codes, scales = blockquant.packed_shapes(math.prod(shape), blockquant.BITS[encoding])
-            specs[key], specs[key + SCALE_SUFFIX] = (torch.uint8, codes), (torch.float32, scales)
     return specs
+
+
+def packed_specs(shapes: dict[str, tuple[int, ...]], bits: int) -> Specs:
+    """The two tensors of a packed file (``blockquant.pack``) of tensors of ``shapes``."""
+    codes, scales = blockquant.packed_sizes(shapes, bits)
+    return {PACKED_CODES: (torch.uint8, (codes,)), PACKED_SCALES: (torch.float32, (scales,))}
+
+
+def check_layout(meta: dict, shapes: dict[str, tuple[int, ...]], what: str) -> None:
+    """A packed file's ``layout`` must name ``shapes``: equal sizes cut elsewhere decode wrong."""
+    expected = blockquant.layout_of(shapes)
+    if meta.get(LAYOUT_KEY) != expected:
+        raise BadDelta(
+            f"layout {short_repr(meta.get(LAYOUT_KEY))} is not the global's {expected}: the "
+            f"{what} was packed for other tensor names or shapes"
+        )
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
-def _limits(specs: Specs) -> tuple[int, int]:
+def limits(specs: Specs) -> tuple[int, int]:
     """``(max header bytes, max file bytes)`` for a file that should hold ``specs``."""
     header = HEADER_SLACK_BYTES + sum(len(key.encode()) + _HEADER_BYTES_PER_ENTRY for key in specs)
     return header, 8 + header + sum(_nbytes(dtype, shape) for dtype, shape in specs.values())
@@ -239,11 +282,11 @@ def _check_size(size: int, limit: int) -> None:
         raise BadDelta(f"implausible size: {size} bytes, at most {limit} expected")
 
 
-def _header_length(data: bytes) -> int:
+def header_length(data: bytes) -> int:
     return int.from_bytes(data[:8], "little")
 
 
-def _read_header(data: bytes, max_header: int, max_file: int) -> tuple[object, dict]:
+def read_header(data: bytes, max_header: int, max_file: int) -> tuple[object, dict]:
     """``(metadata, tensor entries)`` from the safetensors header, without touching tensors.
 
     The length prefix is checked against the file and a cap before any JSON is parsed, so a
@@ -252,7 +295,7 @@ def _read_header(data: bytes, max_header: int, max_file: int) -> tuple[object, d
     _check_size(len(data), max_file)
     if len(data) < 8:
         raise BadDelta("not a safetensors file: shorter than the 8-byte header length")
-    length = _header_length(data)
+    length = header_length(data)
     if length < 2 or length > max_header or 8 + length > len(data):
         raise BadDelta(f"not a safetensors file: header length {length} for {len(data)} bytes")
     try:
@@ -269,7 +312,7 @@ def _read_header(data: bytes, max_header: int, max_file: int) -> tuple[object, d
     return meta, header
 
 
-def _check_entries(entries: dict, specs: Specs, data_bytes: int) -> None:
+def check_entries(entries: dict, specs: Specs, data_bytes: int) -> None:
     """Keys, dtypes, shapes and data offsets of the header against what ``specs`` requires."""
     missing = sorted(specs.keys() - entries.keys())
     if missing:
@@ -315,7 +358,7 @@ def _and_more(names: list[str]) -> str:
     return f" and {len(names) - 1} more" if len(names) > 1 else ""
 
 
-def _load(data: bytes, specs: Specs) -> dict[str, Tensor]:
+def load(data: bytes, specs: Specs) -> dict[str, Tensor]:
     """Tensors from bytes whose header already passed; safetensors only, never pickle."""
     try:
         tensors = safetensors.torch.load(data)
@@ -346,14 +389,25 @@ def _quantize_int8(value: Tensor) -> tuple[Tensor, Tensor]:
     return quantized.reshape(value.shape), scale.contiguous()
 
 
-def _dequantized(
-    tensors: dict[str, Tensor], key: str, encoding: str, shapes: dict | None = None
-) -> Tensor:
+def _decoded(
+    tensors: dict[str, Tensor], encoding: str, shapes: dict[str, tuple[int, ...]]
+) -> dict[str, Tensor]:
+    """Float32 tensors, keyed like ``shapes``, from a file's (already checked) tensors."""
     if encoding in blockquant.BITS:
-        if shapes is None:
-            raise ValueError(f"{encoding} deltas decode to shapes only the weights give")
-        bits = blockquant.BITS[encoding]
-        return blockquant.dequantize(tensors[key], tensors[key + SCALE_SUFFIX], shapes[key], bits)
+        return unpacked(tensors, blockquant.BITS[encoding], shapes)
+    return {key: _dequantized(tensors, key, encoding) for key in shapes}
+
+
+def unpacked(tensors: dict[str, Tensor], bits: int, shapes: dict) -> dict[str, Tensor]:
+    """The tensors of a packed file whose sizes passed, its scales checked first."""
+    scales = tensors[PACKED_SCALES]
+    # a negative scale would flip a block's signs unseen
+    if not bool(((scales >= 0) & scales.isfinite()).all()):
+        raise BadDelta(f"tensor {PACKED_SCALES!r} has a negative, NaN or Inf scale")
+    return blockquant.unpack(tensors[PACKED_CODES], scales, shapes, bits)
+
+
+def _dequantized(tensors: dict[str, Tensor], key: str, encoding: str) -> Tensor:
     values = tensors[key].to(torch.float32)
     if encoding != "int8":
         return values
@@ -362,14 +416,7 @@ def _dequantized(
     return (rows * scale[:, None]).reshape(values.shape)
 
 
-def _check_scales(tensors: dict[str, Tensor]) -> None:
-    """Scales must be finite and >= 0: a negative one would flip a block's signs unseen."""
-    for key, value in tensors.items():
-        if key.endswith(SCALE_SUFFIX) and not bool(((value >= 0) & value.isfinite()).all()):
-            raise BadDelta(f"tensor {key!r} has a negative, NaN or Inf scale")
-
-
-def _check_finite(tensors: dict[str, Tensor]) -> None:
+def check_finite(tensors: dict[str, Tensor]) -> None:
     # Checked after dequantization: a finite but huge int8 scale can still overflow to Inf.
     for key, value in tensors.items():
         if not bool(torch.isfinite(value).all()):

@@ -1,5 +1,6 @@
-"""int4 / int2 deltas: packed codes with per-block scales (``blockquant``), their sizes, round
-trips within a step of the grid, and the hostile files the codec must refuse (I4)."""
+"""int4 / int2 deltas: packed codes with per-block scales (``blockquant``), every tensor's in
+one codes tensor and one scales tensor, their sizes, round trips within a step of the grid, and
+the hostile files the codec must refuse (I4)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 
 from speedtronic.distributed import blockquant
 from speedtronic.distributed.codec import (
+    PACKED_CODES,
+    PACKED_SCALES,
     decode_delta,
     decode_own_delta,
     encode_delta,
@@ -41,6 +44,17 @@ def test_low_bit_deltas_are_a_fraction_of_bf16s_bytes(encoding, share):
     assert len(data) <= share * len(encode_delta(small_delta(ref), make_header("bf16")))
 
 
+def blocks_of(stored, ref, key):
+    """``key``'s scales in a packed file: every tensor's scales follow in sorted-name order."""
+    at = 0
+    for name in sorted(ref):
+        n = -(-ref[name].numel() // 128)
+        if name == key:
+            return stored[PACKED_SCALES][at : at + n]
+        at += n
+    raise KeyError(key)
+
+
 @pytest.mark.parametrize("encoding", ["int4", "int2"])
 def test_low_bit_round_trip_keeps_shapes_and_stays_within_a_step(ref, encoding):
     delta = small_delta(ref)
@@ -48,10 +62,11 @@ def test_low_bit_round_trip_keeps_shapes_and_stays_within_a_step(ref, encoding):
     header, decoded = decode_delta(data, PATH, ref)
     assert header.encoding == encoding
     stored = safetensors.torch.load(data)
+    assert stored.keys() == {PACKED_CODES, PACKED_SCALES}
+    assert stored[PACKED_CODES].dtype == torch.uint8
     for key, value in delta.items():
         assert decoded[key].shape == value.shape and decoded[key].dtype == torch.float32
-        scales = stored[key + "::scale"]
-        assert stored[key].dtype == torch.uint8 and scales.numel() == -(-value.numel() // 128)
+        scales = blocks_of(stored, ref, key)
         flat, step = value.reshape(-1), scales.repeat_interleave(128)[: value.numel()]
         error = (decoded[key].reshape(-1) - flat).abs()
         if encoding == "int4":  # absmax scaling: nothing clipped, within half a step
@@ -60,6 +75,26 @@ def test_low_bit_round_trip_keeps_shapes_and_stays_within_a_step(ref, encoding):
             inside = flat.abs() <= 1.5 * step
             assert bool((error[inside] <= 0.5 * step[inside] + 1e-7).all())
         assert torch.equal(decode_own_delta(data, encoding, shapes_of(ref))[key], decoded[key])
+
+
+def test_a_packed_file_decodes_the_same_whatever_the_order_of_the_names(ref):
+    delta = small_delta(ref)
+    reordered = dict(reversed(list(delta.items())))
+    data = encode_delta(reordered, make_header("int4"))
+    assert data == encode_delta(delta, make_header("int4"))
+    _, decoded = decode_delta(data, PATH, ref)
+    assert list(decoded) == list(ref)
+
+
+def test_a_small_models_low_bit_file_is_not_mostly_header():
+    # 18.5K values in 20 tensors, like the e2e test's model: one header entry per tensor
+    # would be a tenth of an int4 file
+    gen = torch.Generator().manual_seed(0)
+    ref = {f"layer{i}.w": torch.randn(30, 30, generator=gen) for i in range(19)}
+    ref["head"] = torch.randn(1400, generator=gen)
+    bf16 = len(encode_delta(small_delta(ref), make_header("bf16")))
+    for encoding, share in (("int4", 0.30), ("int2", 0.20)):
+        assert len(encode_delta(small_delta(ref), make_header(encoding))) <= share * bf16
 
 
 def test_int4_keeps_an_all_zero_block_exactly_zero(ref):
@@ -84,43 +119,47 @@ def test_packing_puts_the_first_value_in_the_low_bits(bits):
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_I4_rejects_a_negative_or_non_finite_scale(ref, encoding, bad):
     data = encode_delta(small_delta(ref), make_header(encoding))
-    scales = safetensors.torch.load(data)["embed.weight::scale"].clone()
+    scales = safetensors.torch.load(data)[PACKED_SCALES].clone()
     scales[1] = bad
-    reject(resaved(data, None, {"embed.weight::scale": scales}), ref, "negative, NaN or Inf scale")
+    reject(resaved(data, None, {PACKED_SCALES: scales}), ref, "negative, NaN or Inf scale")
 
 
 def test_I4_rejects_codes_of_the_wrong_length(ref):
     data = encode_delta(small_delta(ref), make_header("int2"))
-    short = torch.zeros(82, dtype=torch.uint8)  # 330 values at 2 bits need 83 bytes
-    reject(
-        resaved(data, None, {"embed.weight": short}), ref, r"has shape \(82,\), expected \(83,\)"
-    )
+    short = torch.zeros(85, dtype=torch.uint8)  # 330, 7 and 1 values at 2 bits: 83 + 2 + 1 bytes
+    reject(resaved(data, None, {PACKED_CODES: short}), ref, r"has shape \(85,\), expected \(86,\)")
 
 
 def test_I4_rejects_codes_stored_as_another_dtype(ref):
     data = encode_delta(small_delta(ref), make_header("int4"))
-    wrong = torch.zeros(165, dtype=torch.int8)
-    reject(resaved(data, None, {"embed.weight": wrong}), ref, "has dtype 'I8', expected U8")
+    wrong = torch.zeros(165 + 4 + 1, dtype=torch.int8)
+    reject(resaved(data, None, {PACKED_CODES: wrong}), ref, "has dtype 'I8', expected U8")
 
 
-def test_I4_rejects_a_missing_block_scale(ref):
+def test_I4_rejects_missing_scales(ref):
     data = encode_delta(small_delta(ref), make_header("int4"))
-    reject(
-        resaved(data, None, {"ln.weight::scale": None}), ref, "missing tensor 'ln.weight::scale'"
-    )
+    reject(resaved(data, None, {PACKED_SCALES: None}), ref, f"missing tensor '{PACKED_SCALES}'")
 
 
 def test_I4_rejects_scales_that_blow_the_norm(ref):
     data = encode_delta(small_delta(ref), make_header("int4"))
-    huge = torch.full((3,), 1e30)
-    reject(resaved(data, None, {"embed.weight::scale": huge}), ref, "implausible norm")
+    huge = torch.full((5,), 1e30)
+    reject(resaved(data, None, {PACKED_SCALES: huge}), ref, "implausible norm")
 
 
 def test_I4_an_int4_header_over_bf16_bytes_is_refused(ref):
     data = resaved(encode_delta(small_delta(ref), make_header("bf16")), {"encoding": "int4"})
-    reject(data, ref, "missing tensor 'embed.weight::scale'")
+    reject(data, ref, "missing tensor '::codes'")
 
 
-def test_low_bit_encoding_refuses_a_tensor_name_reserved_for_scales():
-    with pytest.raises(ValueError, match="reserved"):
-        encode_delta({"w::scale": torch.zeros(2)}, make_header("int2"))
+@pytest.mark.parametrize("layout", ["0123456789abcdef", None])
+def test_I4_a_file_packed_for_other_tensors_is_refused_by_its_layout(ref, layout):
+    # the same total sizes, cut at other places: only the layout tells
+    data = encode_delta(small_delta(ref), make_header("int2"))
+    reject(resaved(data, {"layout": layout}), ref, "packed for other tensor names or shapes")
+
+
+def test_I4_a_model_with_the_same_sizes_in_other_shapes_is_refused(ref):
+    other = {**ref, "embed.weight": torch.zeros(10, 33)}
+    data = encode_delta(small_delta(other), make_header("int4"))
+    reject(data, ref, "packed for other tensor names or shapes")
