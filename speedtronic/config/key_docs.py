@@ -138,6 +138,11 @@ DOCS: dict[str, str] = {
     "int4 (0.13) or int2 (0.07), the last two with a scale per 128 values",
     "distributed.error_feedback": "add what quantization dropped from a delta to the node's next "
     "one (bf16 / int8 / int4 / int2)",
+    "distributed.global_dtype": "the master's publishes: fp32 (full weights every round), or "
+    "int8 / int4 (0.26 / 0.13 of fp32's bytes): an update on a keyframe, full weights renewed "
+    "every keyframe_every outer steps",
+    "distributed.keyframe_every": "global_dtype int8 / int4: outer steps between keyframes "
+    "(full weights a node downloads once)",
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
     "distributed.drain_timeout_s": "the end of a run: how long a silent node is waited for (and "
     "a worker waits for a global holding its last delta); null: from the fleet's pace",

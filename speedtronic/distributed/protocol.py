@@ -26,6 +26,12 @@ DELTA_FORMAT = "speedtronic-delta-1"
 # loop twice, I1). ``format`` guards incompatible changes; ``revision`` names the additions.
 DELTA_REVISION = 2
 WEIGHTS_FORMAT = "speedtronic-global-1"
+# A global published as an update on a keyframe (``distributed.global_dtype`` int8 / int4): the
+# file at GLOBAL_WEIGHTS holds (weights - keyframe) in packed codes, its header names the
+# keyframe, full weights stored once under KEYFRAMES_DIR (``global_update``).
+UPDATE_FORMAT = "speedtronic-global-update-1"
+KEYFRAMES_DIR = "global/keyframes"
+_KEYFRAME_RE = re.compile(r"global/keyframes/[0-9]{12,19}-[0-9a-f]{16}\.safetensors")
 
 GLOBAL_WEIGHTS = "global/latest.safetensors"
 STEP_COUNT = "global/step_count.json"
@@ -152,8 +158,11 @@ def delta_path_problem(path: str) -> str | None:
 
 def check_deletable(path: str) -> str:
     """``path`` if a master may delete it: a delta's path (``delta_path_problem``), the only
-    file a round consumes, or a node's announcement (deleted with its last delta, I6).
-    Anything else is a bug to see, never a file to remove (ValueError)."""
+    file a round consumes, a node's announcement (deleted with its last delta, I6), or a
+    keyframe a newer one superseded. Anything else is a bug to see, never a file to remove
+    (ValueError)."""
+    if is_keyframe_path(path):
+        return path
     problem = delta_path_problem(path) if isinstance(path, str) else "not a path"
     if problem not in (None, ANNOUNCEMENT):
         raise ValueError(f"refusing to delete {short_repr(path)}: {problem}")
@@ -268,6 +277,17 @@ def weights_key(outer_step: int, sha256: str) -> str:
     if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
         raise ValueError(f"sha256 {short_repr(sha256)}: must be 64 lowercase hex digits")
     return f"{WEIGHTS_DIR}/{outer_step:012d}-{sha256[:16]}.safetensors"
+
+
+def keyframe_path(outer_step: int, sha256: str) -> str:
+    """``global/keyframes/<outer_step:012d>-<sha256[:16]>.safetensors``: full weights that
+    updates build on, named by step and content, so a publish never overwrites one a reader
+    may be fetching."""
+    return KEYFRAMES_DIR + weights_key(outer_step, sha256)[len(WEIGHTS_DIR) :]
+
+
+def is_keyframe_path(path: object) -> bool:
+    return isinstance(path, str) and _KEYFRAME_RE.fullmatch(path) is not None
 
 
 def is_weights_key(path: object) -> bool:

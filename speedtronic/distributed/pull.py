@@ -19,8 +19,9 @@ from typing import Any
 from speedtronic.checkpoint.layout import META_FILE
 from speedtronic.checkpoint.load import find_latest
 from speedtronic.checkpoint.tokenizer import tokenizer_from_record
-from speedtronic.distributed.codec import BadDelta, decode_weights, expected_delta_bytes
+from speedtronic.distributed.codec import BadDelta, expected_delta_bytes
 from speedtronic.distributed.final_global import FINAL_DIR, FinalGlobalWriter
+from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, fleet_totals
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.worker.plugin import parameters_of, snapshot
@@ -77,11 +78,12 @@ def _without_token(config: dict) -> dict:
 def _newest_global(transport: Any, params: dict) -> tuple[int, dict, dict]:
     """(outer step, weights checked against the model, step count's nodes) of the repo."""
     counted = transport.read_step_count()
-    data = transport.read(GLOBAL_WEIGHTS, expected_delta_bytes(params, "fp32") + (1 << 20))
-    if counted is None or data is None:
-        raise TransportError(f"{transport.describe()} holds no global yet")
+    reader = GlobalReader(transport, snapshot(params, "cpu"))
     try:
-        outer_step, weights = decode_weights(data, snapshot(params, "cpu"))
+        read = reader.read(expected_delta_bytes(params, "fp32") + (1 << 20))
+        if counted is None or read is None:
+            raise TransportError(f"{transport.describe()} holds no global yet")
+        outer_step, weights = read.outer_step, read.weights
     except BadDelta as exc:
         where = f"{transport.describe()}: {GLOBAL_WEIGHTS}"
         raise TransportError(f"{where} is unusable: {exc}") from exc

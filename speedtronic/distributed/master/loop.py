@@ -13,6 +13,7 @@ the end of a run (``master/plugin``) waits for every node's last delta and runs 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import warnings
@@ -76,11 +77,15 @@ class MasterLoop:
         self.roster = Roster(wall, config.poll_interval)
         self.roster.deadline_setting = getattr(config, "drain_timeout_s", None)
         self.intake = DeltaIntake(transport, logger, weights, now, self.roster)
-        self.publisher = Publisher(transport, logger, self.state_dir, now)
+        # simulations and tests pass config objects that predate these keys
+        dtype = getattr(config, "global_dtype", "fp32")
+        keyframes = getattr(config, "keyframe_every", 10)
+        self.publisher = Publisher(transport, logger, self.state_dir, now, dtype, keyframes)
         self.master_id = master_id(self.state_dir)
         # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
         every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
         self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
+        self.guard.sha_of = lambda state: hashlib.sha256(self.publisher.encoded(state)).hexdigest()
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.sender: PublishSender | None = None  # publishes off the poll thread when running
@@ -124,6 +129,8 @@ class MasterLoop:
                 self._resume(state)
             return
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
+        if not publish and view.keyframe is not None:
+            self.publisher.uploaded = view.keyframe  # read there just now
         # the state's own summary when it has one (older states: the repo's)
         self.intake.nodes = dict((state.nodes if state else None) or view.nodes or {})
         self._resume(state)
@@ -141,6 +148,7 @@ class MasterLoop:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # said once, in start()
             self.master = Master(master_config(self.config), self.initial_weights, state)
+        self.publisher.restore(state)
         self.roster.restore(self.intake.nodes or (state.nodes if state else {}))
         self.logger.notice(f"diloco master: outer step {self.master.outer_step}")
 
@@ -197,7 +205,9 @@ class MasterLoop:
         consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
         extra = {"nodes": nodes, "master": self.master_id}
         try:
-            publication = self.publisher.save(result.state(), consumed, extra, result.fleet_rate)
+            publication = self.publisher.save(
+                result.state(), consumed, extra, result.fleet_rate, last=force
+            )
         except CheckpointError as exc:
             line = self.throttle.line(
                 f"diloco master: {exc}; outer step {result.outer_step} is not taken: its "

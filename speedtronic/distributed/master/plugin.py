@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speedtronic.distributed.global_update import Keyframe
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterState
 from speedtronic.distributed.stopping import EndClock, end_clock
@@ -162,9 +163,10 @@ def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str
     _raise_if_unpublished(loop)
     path = None
     if final_writer is not None and loop.publisher.last_step is not None:
-        weights = loop.master.global_weights
+        step = loop.publisher.last_step
+        weights = loop.publisher.as_published(loop.master.global_weights, step)
         landed = loop.publisher.landed_nodes or {}
-        path = final_writer(weights, loop.publisher.last_step, {"nodes": landed}, landed)
+        path = final_writer(weights, step, {"nodes": landed}, landed)
     where = f"; written to {path}" if path else ""
     say = loop.logger.warn if "; missing: " in line else loop.logger.notice
     say(f"diloco master: {line}{where}")
@@ -245,7 +247,10 @@ class MasterPlugin:
             state = self.loop.master.snapshot()
             weights = dict(state.global_weights)  # a round replaces them, never in place
             nodes = dict(self.loop.intake.nodes)
+            keyframe = self.loop.publisher.keyframe
+        extra = {"keyframe_step": keyframe.step, "keyframe": keyframe.weights} if keyframe else {}
         return {
+            **extra,
             "outer_step": state.outer_step,
             "weights": weights,
             "optimizer": state.optimizer_state,
@@ -264,3 +269,5 @@ class MasterPlugin:
                 state.get("nodes", {}),
                 state.get("fleet", {}),
             )
+            if "keyframe" in state:  # what the step was published on: a republish is the same
+                self.restored.keyframe = Keyframe(state["keyframe_step"], state["keyframe"])

@@ -9,7 +9,10 @@ that landed (``last_step``), so a step on its way to the repo exists for no one.
 publish is sent again (``PublishSender``, or the next poll). It also spaces publishes by the
 transport's ``min_publish_interval_s`` (the Hub limits commits per repo); the final round is
 never held back. ``PublishSender`` sends saved steps from a thread of its own, so polling goes
-on meanwhile.
+on meanwhile. With ``global_dtype`` int8 / int4 a publish is an update on a keyframe
+(``global_update``): a new step takes a new keyframe every ``keyframe_every`` outer steps and at
+the run's last round, saved with the step; the keyframe is uploaded before the first publish
+that names it, and the one it replaces is deleted with that publish.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from typing import Any
 
 import torch
 
-from speedtronic.distributed.codec import encode_weights
+from speedtronic.distributed.global_update import (
+    Keyframe,
+    as_keyframe,
+    encode_global,
+    published_weights,
+)
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.transport import Transport
@@ -43,18 +51,32 @@ class Publication:
     consumed: list[str]
     extra: dict[str, Any]
     fleet_rate: int
+    keyframe: Keyframe | None = None  # what the weights are published as an update on
 
 
 class Publisher:
     """Saves and publishes outer steps; remembers when it last did and whether one failed."""
 
-    def __init__(self, transport: Transport, logger: Any, state_dir: Path, clock: Callable):
+    def __init__(
+        self,
+        transport: Transport,
+        logger: Any,
+        state_dir: Path,
+        clock: Callable,
+        global_dtype: str = "fp32",
+        keyframe_every: int = 10,
+    ):
         self.transport, self.logger, self.state_dir, self.clock = (
             transport,
             logger,
             state_dir,
             clock,
         )
+        self.global_dtype, self.keyframe_every = global_dtype, keyframe_every
+        self.keyframe: Keyframe | None = None  # the newest saved step's
+        self.uploaded: str | None = None  # the keyframe path the repo holds, as far as known
+        self.superseded: list[str] = []  # keyframes of ours to delete with the next publish
+        self.restored_step = -1  # a loaded state's step: saved, so it keeps its keyframe
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
         self.min_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
         self.last_publish = -float("inf")  # on ``clock``
@@ -95,15 +117,48 @@ class Publisher:
         self.send(self.save(state, consumed, extra, fleet))
 
     def save(
-        self, state: MasterState, consumed: list[str], extra: dict[str, Any], fleet: float
+        self,
+        state: MasterState,
+        consumed: list[str],
+        extra: dict[str, Any],
+        fleet: float,
+        last: bool = False,
     ) -> Publication:
         """Save ``state`` (I3: before the repo sees its step; raises CheckpointError naming
-        the file when it cannot) and return what to send; ``fleet`` is the fleet's pace."""
+        the file when it cannot) and return what to send; ``fleet`` is the fleet's pace,
+        ``last``: the run's last round (a new step then is a keyframe: the run ends exact)."""
         state.nodes = extra.get("nodes", {})
+        state.keyframe = self.keyframe_for(state, last)
         state.save(self.state_dir)
-        self.saved_step = state.outer_step
-        weights = state.global_weights
-        return Publication(state.outer_step, weights, list(consumed), extra, round(fleet))
+        self.saved_step, self.keyframe = state.outer_step, state.keyframe
+        weights, keyframe = state.global_weights, state.keyframe
+        return Publication(state.outer_step, weights, list(consumed), extra, round(fleet), keyframe)
+
+    def keyframe_for(self, state: MasterState, last: bool = False) -> Keyframe | None:
+        """The keyframe ``state``'s publish builds on: its own if it has one (a loaded state),
+        else the newest one unless a new step is due one. A step already saved keeps its
+        keyframe, so a republish gives the same bytes (I3)."""
+        if self.global_dtype == "fp32":
+            return None
+        if state.keyframe is not None:
+            return state.keyframe
+        current, step = self.keyframe, state.outer_step
+        new_step = step > max(
+            self.restored_step, -1 if self.saved_step is None else self.saved_step
+        )
+        if current is None or (new_step and (last or step - current.step >= self.keyframe_every)):
+            return as_keyframe(state.global_weights, step)
+        return current
+
+    def restore(self, state: MasterState | None) -> None:
+        """A loaded state's keyframe is the one its step was published on."""
+        if state is not None and self.global_dtype != "fp32":
+            self.keyframe, self.restored_step = state.keyframe, state.outer_step
+
+    def encoded(self, state: MasterState) -> bytes:
+        """The bytes a publish of ``state`` sends to ``global/latest.safetensors``."""
+        keyframe = self.keyframe_for(state)
+        return encode_global(state.global_weights, state.outer_step, keyframe, self.global_dtype)
 
     def send(self, publication: Publication) -> bool:
         """Publish a saved step: weights and step_count together, consumed deltas deleted.
@@ -114,9 +169,18 @@ class Publisher:
             self._send(publication)
         return True
 
+    def as_published(self, weights: Tensors, outer_step: int) -> Tensors:
+        """The weights nodes read for ``weights`` published at ``outer_step`` on the newest
+        keyframe: within a quantization step of them, or them exactly (fp32, a keyframe)."""
+        keyframe = self.keyframe
+        if keyframe is None or keyframe.step == outer_step:
+            return weights
+        data = encode_global(weights, outer_step, keyframe, self.global_dtype)
+        return published_weights(data, keyframe, weights)
+
     def _send(self, publication: Publication) -> None:
-        outer_step = publication.outer_step
-        data = encode_weights(publication.weights, outer_step)
+        outer_step, keyframe = publication.outer_step, publication.keyframe
+        data = encode_global(publication.weights, outer_step, keyframe, self.global_dtype)
         step_count = {
             "outer_step": outer_step,
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -127,15 +191,28 @@ class Publisher:
             **publication.extra,
         }
         start = time.perf_counter()
-        self.transport.publish(data, step_count, publication.consumed)
+        sent = self._upload_keyframe(keyframe) + len(data)
+        self.transport.publish(data, step_count, [*publication.consumed, *self.superseded])
+        self.superseded = []
         self.last_publish, self.repo_lost_it = self.clock(), False
         self.last_step, self.last_sha = outer_step, step_count["weights_sha256"]
         self.last_count = step_count
         self.landed_nodes = dict(publication.extra.get("nodes") or {})
         self.logger.log(
             "diloco_publish",
-            {"outer_step": outer_step, "bytes": len(data), "seconds": time.perf_counter() - start},
+            {"outer_step": outer_step, "bytes": sent, "seconds": time.perf_counter() - start},
         )
+
+    def _upload_keyframe(self, keyframe: Keyframe | None) -> int:
+        """Upload ``keyframe`` unless the repo holds it (bytes sent); the one it replaces is
+        deleted with the publish that first names the new one."""
+        if keyframe is None or (keyframe.path == self.uploaded and not self.repo_lost_it):
+            return 0
+        self.transport.upload(keyframe.path, keyframe.data)
+        if self.uploaded not in (None, keyframe.path):
+            self.superseded.append(self.uploaded)
+        self.uploaded = keyframe.path
+        return len(keyframe.data)
 
 
 class PublishSender:

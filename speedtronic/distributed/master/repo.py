@@ -26,10 +26,10 @@ import torch
 from speedtronic.distributed.codec import (
     BadDelta,
     check_plausible_global,
-    decode_weights,
     encode_weights,
     global_norm,
 )
+from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, leaves_room
 from speedtronic.errors import DamagedRepoFile, TransportError
@@ -46,6 +46,7 @@ class RepoView:
     sha256: str | None = None
     problem: str | None = None
     weights: Tensors | None = None  # read at start only, when consistent with the step count
+    keyframe: str | None = None  # the keyframe path an update builds on, read with the weights
     nodes: dict | None = None  # step_count's per-node summary (``hub status`` shows it)
     count: dict | None = None  # the whole step count as parsed: the periodic look compares it
 
@@ -70,6 +71,11 @@ class RepoGuard:
     ):
         self.transport, self.logger, self.master_id = transport, logger, master_id
         self.reference, self.clock, self.interval_s = reference, clock, interval_s
+        self.reader = GlobalReader(transport, reference)
+        # the sha256 of what a publish of a state sends (the publisher's encoding)
+        self.sha_of: Callable[[MasterState], str] = lambda state: weights_sha256(
+            state.global_weights, state.outer_step
+        )
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
         self._said: set[str] = set()  # problems logged already (each once)
@@ -99,19 +105,21 @@ class RepoGuard:
 
     def _with_weights(self, view: RepoView, max_bytes: int) -> RepoView:
         try:
-            data = self.transport.read(GLOBAL_WEIGHTS, max_bytes)
-            if data is None:
+            read = self.reader.read(max_bytes)
+            if read is None:
                 return RepoView(problem=f"{GLOBAL_WEIGHTS} is missing")
-            step, weights = decode_weights(data, self.reference)
-            check_plausible_global(weights, global_norm(self.reference))
+            check_plausible_global(read.weights, global_norm(self.reference))
         except (DamagedRepoFile, BadDelta) as exc:
             return RepoView(problem=_named(GLOBAL_WEIGHTS, exc))
-        if step != view.step:
-            problem = f"{GLOBAL_WEIGHTS} holds outer step {step}, {STEP_COUNT} says {view.step}"
+        if read.outer_step != view.step:
+            problem = (
+                f"{GLOBAL_WEIGHTS} holds outer step {read.outer_step}, {STEP_COUNT} says "
+                f"{view.step}"
+            )
             return RepoView(problem=problem)
-        if view.sha256 is not None and hashlib.sha256(data).hexdigest() != view.sha256:
+        if view.sha256 is not None and read.sha256 != view.sha256:
             return RepoView(problem=f"{GLOBAL_WEIGHTS} does not match {STEP_COUNT}'s sha256")
-        return replace(view, weights=weights)
+        return replace(view, weights=read.weights, keyframe=read.keyframe)
 
     # ------------------------------------------------------------------ decisions
 
@@ -153,7 +161,7 @@ class RepoGuard:
         edited = [
             name
             for name, same in (
-                ("weights_sha256", view.sha256 == weights_sha256(state.global_weights, view.step)),
+                ("weights_sha256", view.sha256 == self.sha_of(state)),
                 ("master", view.master == self.master_id),
                 ("nodes", not state.nodes or view.nodes == state.nodes),
             )

@@ -1,4 +1,5 @@
-"""The master's persisted state: outer step, global weights, momentum and settled deltas.
+"""The master's persisted state: outer step, global weights, momentum, settled deltas and the
+keyframe its publishes build on (``global_update``; none with ``global_dtype: fp32``).
 
 In ``state_dir``: ``tensors-<sha>.safetensors`` (weights, momentum), ``processed-<sha>.json``
 (identities of settled deltas) and ``step_<outer_step:010d>.json``, a small manifest written
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from speedtronic.checkpoint.files import fsync_dir, replace_atomically
+from speedtronic.distributed.global_update import Keyframe
 from speedtronic.distributed.protocol import check_nodes
 from speedtronic.errors import CheckpointError
 
@@ -38,7 +40,7 @@ _DATA_RE = re.compile(r"(tensors|processed)-[0-9a-f]{16}\.(safetensors|json)")
 _TMP_PREFIX = ".tmp-"
 MASTER_ID_FILE = "master_id"  # this master's name in step_count.json, made once per state dir
 _MASTER_ID_RE = re.compile(r"[0-9a-f]{16}")
-_WEIGHTS, _MOMENTUM = "weights/", "momentum/"
+_WEIGHTS, _MOMENTUM, _KEYFRAME = "weights/", "momentum/", "keyframe/"
 Tensors = dict[str, Tensor]  # by parameter name, as in a state_dict
 
 
@@ -63,6 +65,9 @@ class MasterState:
     # node -> [tokens per step, outer step last heard]: the fleet's pace, which sets every
     # round's share and what nodes reapply; lost, a restart would publish a pace of 0
     fleet: dict[str, list[float]] = field(default_factory=dict)
+    # what this step's publish builds on (global_dtype int8 / int4): a republish of the step
+    # must give the same bytes (I3), so it is saved with the step
+    keyframe: Keyframe | None = None
 
     def save(self, state_dir: str | os.PathLike) -> Path:
         """Write atomically and durably; return the manifest.
@@ -87,6 +92,8 @@ class MasterState:
         buffers = self.optimizer_state.get("momentum_buffer", {})
         flat = {_WEIGHTS + k: t for k, t in self.global_weights.items()}
         flat.update({_MOMENTUM + k: t for k, t in buffers.items()})
+        if self.keyframe is not None:
+            flat.update({_KEYFRAME + k: t for k, t in self.keyframe.weights.items()})
         flat = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in flat.items()}
         data = safetensors.torch.save(flat)
         _refuse_going_back(root, self.outer_step, hashlib.sha256(data).hexdigest())
@@ -100,6 +107,7 @@ class MasterState:
             ),
             "nodes": self.nodes,
             "fleet": self.fleet,
+            "keyframe_step": self.keyframe.step if self.keyframe else None,
         }
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
@@ -219,11 +227,18 @@ def _read_state(root: Path, step: int) -> MasterState:
         raise CheckpointError("processed identities are not a list of strings")
     parts = {
         prefix: {k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)}
-        for prefix in (_WEIGHTS, _MOMENTUM)
+        for prefix in (_WEIGHTS, _MOMENTUM, _KEYFRAME)
     }
-    weights, buffers = parts[_WEIGHTS], parts[_MOMENTUM]
-    if not weights or len(weights) + len(buffers) != len(tensors) or set(buffers) - set(weights):
-        raise CheckpointError("tensor names are not weights/<name> and momentum/<weight name>")
+    weights, buffers, keyframe = parts[_WEIGHTS], parts[_MOMENTUM], parts[_KEYFRAME]
+    if (
+        not weights
+        or sum(map(len, parts.values())) != len(tensors)
+        or set(buffers) - set(weights)
+        or (keyframe and keyframe.keys() != weights.keys())
+    ):
+        raise CheckpointError(
+            "tensor names are not weights/<name>, momentum/<weight name>, keyframe/<weight name>"
+        )
     if not all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in tensors.values()):
         raise CheckpointError("tensors are not finite float32")
     try:  # absent in states of older versions: then the repo's summary is the best there is
@@ -231,7 +246,20 @@ def _read_state(root: Path, step: int) -> MasterState:
     except ValueError as exc:
         raise CheckpointError(f"manifest nodes: {exc}") from None
     fleet = _checked_fleet(manifest.get("fleet", {}))
-    return MasterState(step, weights, {"momentum_buffer": buffers}, set(processed), nodes, fleet)
+    kept = _checked_keyframe(manifest.get("keyframe_step"), keyframe, step)
+    state = MasterState(step, weights, {"momentum_buffer": buffers}, set(processed), nodes, fleet)
+    state.keyframe = kept
+    return state
+
+
+def _checked_keyframe(step: Any, weights: Tensors, outer_step: int) -> Keyframe | None:
+    """The manifest's ``keyframe_step`` and the keyframe tensors: both or neither."""
+    if step is None and not weights:
+        return None
+    valid = isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= outer_step
+    if not (valid and weights):
+        raise CheckpointError(f"manifest keyframe_step {step!r} does not fit its tensors")
+    return Keyframe(step, weights)
 
 
 def _checked_fleet(fleet: Any) -> dict[str, list[float]]:

@@ -1,10 +1,10 @@
 """A node's view of the published global: the poller thread that downloads and validates it.
 
 ``GlobalFetcher.refresh`` reads ``step_count.json`` and, when it names an outer step newer than
-the one installed and the one waiting, downloads ``global/latest.safetensors``, validates it
-(``codec``: keys, shapes, dtypes, finiteness, a norm within 10x of this node's own weights at
-start plus how far its own training moved them) and keeps it as ``ready`` for the plug-in to
-install. A step count and weights that
+the one installed and the one waiting, downloads ``global/latest.safetensors`` (and the keyframe
+an update builds on, once: ``global_update``), validates it (``codec``: keys, shapes, dtypes,
+finiteness, a norm within 10x of this node's own weights at start plus how far its own training
+moved them) and keeps it as ``ready`` for the plug-in to install. A step count and weights that
 disagree are a publish in flight: skipped until the next poll. Every failure is logged and the
 last good global kept (I5); a permanent one stops the node through its ``NodeStatus``.
 
@@ -26,12 +26,12 @@ import torch
 
 from speedtronic.distributed.codec import (
     check_plausible_global,
-    decode_weights,
     expected_delta_bytes,
     global_norm,
 )
+from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.node_status import NodeStatus, Throttle
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT
+from speedtronic.distributed.protocol import STEP_COUNT
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class GlobalFetcher:
         self.config, self.transport, self.logger, self.status = config, transport, logger, status
         self.node_id: str = config.node_id
         self.params = params  # the reference for keys and shapes
+        self.reader = GlobalReader(transport, params)  # keeps the keyframe updates build on
         self.installed_step = -1  # the outer step of the global the node's base came from
         self.ready: Ready | None = None  # a validated global newer than the installed one
         # I4 plausibility: every global's L2 norm is within 10x of this node's own weights at
@@ -100,11 +101,11 @@ class GlobalFetcher:
         went_back = counted["outer_step"] < installed
         if counted["outer_step"] < waiting and not went_back:
             return
-        data = self.transport.read(GLOBAL_WEIGHTS, self._max_weight_bytes())
-        if data is None:
+        read = self.reader.read(self._max_weight_bytes())
+        if read is None:
             return
-        outer_step, weights = decode_weights(data, self.params)
-        self.status.counters["bytes_down"] += len(data)
+        outer_step, weights = read.outer_step, read.weights
+        self.status.counters["bytes_down"] += read.bytes_read
         if outer_step != counted["outer_step"]:
             return  # a publish in flight: step_count and weights disagree until it ends
         if self.anchor_norm is None:  # the node's own weights, before any global

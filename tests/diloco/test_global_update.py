@@ -1,0 +1,230 @@
+"""The global as a keyframe plus a compressed update (issue 38, ``distributed.global_dtype``):
+the bytes, the exactness every node relies on (I3), keyframes renewed and the old one deleted,
+a restarted master that publishes the same bytes, and the hostile files a reader refuses (I4)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import safetensors.torch
+import torch
+from diloco_support import Log, settings
+
+from speedtronic.distributed.codec import PACKED_SCALES, BadDelta, encode_weights
+from speedtronic.distributed.global_update import (
+    GlobalReader,
+    as_keyframe,
+    encode_global,
+)
+from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, KEYFRAMES_DIR, STEP_COUNT
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker.plugin import WorkerPlugin
+from tests.diloco.test_codec import resaved
+from tests.diloco.test_nodes import FakeTrainer, model
+
+
+@pytest.fixture
+def weights() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(256, 64, generator=gen),  # 16384 values: 128 blocks
+        "ln.weight": torch.ones(7),
+        "head.bias": torch.randn(33, generator=gen),  # a ragged block
+    }
+
+
+def moved(weights, scale=0.01, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in weights.items()}
+
+
+def published(transport, weights, step, keyframe, dtype="int8"):
+    """What a master's publish leaves in a directory repo: the keyframe, then the update."""
+    if keyframe is not None:
+        transport.upload(keyframe.path, keyframe.data)
+    data = encode_global(weights, step, keyframe, dtype)
+    count = {"outer_step": step, "weights_sha256": hashlib.sha256(data).hexdigest(), "format": 1}
+    transport.publish(data, count, [])
+    return data
+
+
+@pytest.mark.parametrize(("dtype", "share"), [("int8", 0.27), ("int4", 0.14)])
+def test_an_update_is_a_fraction_of_the_weights_and_within_half_a_step(
+    tmp_path, weights, dtype, share
+):
+    keyframe, now = as_keyframe(weights, 3), moved(weights)
+    transport = LocalTransport(tmp_path / "repo")
+    data = published(transport, now, 5, keyframe, dtype)
+    assert len(data) <= share * len(encode_weights(now, 5))
+    read = GlobalReader(transport, weights).read(1 << 22)
+    assert read.outer_step == 5 and read.sha256 == hashlib.sha256(data).hexdigest()
+    top = {"int8": 127, "int4": 7}[dtype]
+    for key, value in now.items():
+        update = value - keyframe.weights[key]
+        step = update.abs().max() / top  # the largest block scale bounds every block's step
+        assert bool(((read.weights[key] - value).abs() <= 0.5 * step + 1e-6).all())
+
+
+def test_an_update_on_its_own_step_keyframe_is_the_weights_exactly(tmp_path, weights):
+    transport = LocalTransport(tmp_path / "repo")
+    published(transport, weights, 4, as_keyframe(weights, 4))
+    read = GlobalReader(transport, weights).read(1 << 22)
+    assert all(torch.equal(read.weights[k], weights[k]) for k in weights)
+
+
+def test_a_reader_downloads_a_keyframe_once(tmp_path, weights):
+    transport, keyframe = LocalTransport(tmp_path / "repo"), as_keyframe(weights, 0)
+    reader = GlobalReader(transport, weights)
+    first = published(transport, moved(weights, seed=1), 1, keyframe)
+    assert reader.read(1 << 22).bytes_read == len(first) + len(keyframe.data)
+    second = published(transport, moved(weights, seed=2), 2, keyframe)
+    assert reader.read(1 << 22).bytes_read == len(second)  # the update only
+
+
+def test_full_weights_still_read_as_before(tmp_path, weights):
+    transport = LocalTransport(tmp_path / "repo")
+    published(transport, weights, 2, None, "fp32")
+    read = GlobalReader(transport, weights).read(1 << 22)
+    assert read.outer_step == 2 and read.keyframe is None
+    assert all(torch.equal(read.weights[k], weights[k]) for k in weights)
+
+
+# ---- I4: hostile updates and keyframes -----------------------------------------------------
+
+
+def refused(transport, weights, match):
+    with pytest.raises(BadDelta, match=match) as info:
+        GlobalReader(transport, weights).read(1 << 22)
+    assert "\n" not in str(info.value)
+
+
+def test_I4_a_keyframe_edited_since_the_update_named_it_is_refused(tmp_path, weights):
+    transport, keyframe = LocalTransport(tmp_path / "repo"), as_keyframe(weights, 0)
+    published(transport, moved(weights), 1, keyframe)
+    other = encode_weights(moved(weights, seed=7), 0)
+    (tmp_path / "repo" / keyframe.path).write_bytes(other)
+    refused(transport, weights, "does not match the sha256 the global's update names")
+
+
+def test_I4_a_missing_keyframe_is_named(tmp_path, weights):
+    transport, keyframe = LocalTransport(tmp_path / "repo"), as_keyframe(weights, 0)
+    published(transport, moved(weights), 1, keyframe)
+    (tmp_path / "repo" / keyframe.path).unlink()
+    refused(transport, weights, f"{keyframe.path} is missing")
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"keyframe_step": "9"}, "names a later keyframe"),
+        ({"encoding": "int2"}, "update encoding 'int2'"),
+        ({"keyframe_sha256": "../../etc"}, "not 64 lowercase hex digits"),
+        ({"layout": "0123456789abcdef"}, "packed for other tensor names or shapes"),
+        ({"format": "speedtronic-global-9"}, "weights format 'speedtronic-global-9'"),
+    ],
+)
+def test_I4_an_update_header_that_does_not_hold_is_refused(tmp_path, weights, changes, match):
+    transport, keyframe = LocalTransport(tmp_path / "repo"), as_keyframe(weights, 0)
+    data = published(transport, moved(weights), 1, keyframe)
+    (tmp_path / "repo" / GLOBAL_WEIGHTS).write_bytes(resaved(data, changes))
+    refused(transport, weights, match)
+
+
+def test_I4_an_update_with_a_negative_scale_is_refused(tmp_path, weights):
+    transport, keyframe = LocalTransport(tmp_path / "repo"), as_keyframe(weights, 0)
+    data = published(transport, moved(weights), 1, keyframe)
+    scales = safetensors.torch.load(data)[PACKED_SCALES].clone()
+    scales[0] = -1.0
+    (tmp_path / "repo" / GLOBAL_WEIGHTS).write_bytes(resaved(data, None, {PACKED_SCALES: scales}))
+    refused(transport, weights, "negative, NaN or Inf scale")
+
+
+# ---- a master publishing updates -----------------------------------------------------------
+
+
+def int8_loop(tmp_path, transport, log=None, state="state"):
+    overrides = dict(global_dtype="int8", keyframe_every=2)
+    weights = {"weight": torch.ones(1, 2)}
+    return MasterLoop(settings(**overrides), weights, transport, log or Log(), tmp_path / state)
+
+
+def step_to(loop, step, value):
+    loop.master._weights = {"weight": torch.full((1, 2), value)}  # a round makes new tensors
+    loop.master._step = step
+    loop.republish()
+
+
+def keyframes(tmp_path):
+    folder = tmp_path / "repo" / KEYFRAMES_DIR
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_master_renews_its_keyframe_and_deletes_the_one_it_replaces(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = int8_loop(tmp_path, transport)
+    loop.start()
+    assert keyframes(tmp_path) == [loop.publisher.keyframe.path.split("/")[-1]]
+    first = keyframes(tmp_path)
+    step_to(loop, 1, 0.7)  # an update on keyframe 0
+    assert keyframes(tmp_path) == first
+    step_to(loop, 2, 0.4)  # keyframe_every 2: a new keyframe, the old one deleted
+    assert len(keyframes(tmp_path)) == 1 and keyframes(tmp_path) != first
+    read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
+    assert read.outer_step == 2 and torch.equal(read.weights["weight"], torch.full((1, 2), 0.4))
+
+
+def test_I3_a_restarted_master_holds_the_repo_to_the_same_bytes(tmp_path):
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = int8_loop(tmp_path, transport)
+    loop.start()
+    step_to(loop, 1, 0.7)
+    path = tmp_path / "repo" / STEP_COUNT
+    count, written = path.read_bytes(), (path.stat().st_ino, path.stat().st_mtime_ns)
+    restarted = int8_loop(tmp_path, transport, log)
+    restarted.start()
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == written, log.warnings  # not again
+    assert restarted.publisher.keyframe.step == 0
+    restarted.republish()  # the same step again: the same keyframe, the same bytes
+    assert json.loads((tmp_path / "repo" / STEP_COUNT).read_bytes())["weights_sha256"] == (
+        json.loads(count)["weights_sha256"]
+    )
+
+
+def test_a_worker_installs_the_updated_global_as_every_node_reads_it(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = int8_loop(tmp_path, transport)
+    loop.start()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 4)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)  # a boundary: its delta goes up
+    worker.uploader.drain(5.0)
+    assert loop.poll_once().outer_step == 1
+    expected = loop.publisher.as_published(loop.master.global_weights, 1)
+    worker.fetcher.refresh()
+    trainer.train_step(worker)
+    trainer.train_step(worker)  # the next boundary installs the global
+    assert worker.base_outer_step == 1
+    assert torch.equal(worker.base["weight"], expected["weight"])
+    worker.on_train_end(trainer, None)
+
+
+def test_the_runs_last_round_publishes_a_keyframe_so_it_ends_exact(tmp_path):
+    transport = LocalTransport(tmp_path / "repo")
+    loop = int8_loop(tmp_path, transport)
+    loop.start()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 2)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=-0.3)
+    trainer.train_step(worker, move=-0.3)
+    worker.uploader.drain(5.0)
+    assert loop.poll_once(force=True).outer_step == 1
+    assert loop.publisher.keyframe.step == 1
+    read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
+    assert torch.equal(read.weights["weight"], loop.master.global_weights["weight"])
+    worker.on_train_end(trainer, None)
