@@ -30,11 +30,13 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 
 import fleet_support as fleet
 import pytest
+import safetensors.torch
+import torch
 from hub_emulator import HubEmulator
 from s3_proxy import LOST
 from s3_support import S3Store, fresh_bucket, running_store
 
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path, keyframe_path
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.errors import DamagedRepoFile, TransportError
 
@@ -244,6 +246,43 @@ def test_I3_a_publish_is_seen_whole_and_deletes_what_it_consumed(repo):
     assert {k: counted[k] for k in step_count(1)} == step_count(1)
     assert worker.read(GLOBAL_WEIGHTS, 1000) == weights(1)
     assert list(deltas(master)) == [delta_path("worker-1", 2)]
+
+
+def test_I3_a_keyframe_is_read_back_until_the_publish_that_replaces_it_deletes_it(repo):
+    """Issue 38: updates build on a keyframe the master uploads once; the publish that first
+    names a newer one deletes the old one, and only a keyframe or a delta may be deleted."""
+    master, worker = repo.transport("master"), repo.transport("worker-1")
+    first, second = keyframe_path(0, "a" * 64), keyframe_path(4, "b" * 64)
+    master.read_step_count()
+    master.upload(first, b"keyframe 0")
+    master.publish(weights(0), step_count(0), [])
+    assert worker.read_step_count()["outer_step"] == 0
+    assert worker.read(first, 1000) == b"keyframe 0"
+    master.upload(second, b"keyframe 4")
+    master.publish(weights(4), step_count(4), [first])
+    assert worker.read_step_count()["outer_step"] == 4
+    assert worker.read(second, 1000) == b"keyframe 4" and worker.read(first, 1000) is None
+    assert deltas(master) == {}  # a keyframe is no delta
+
+
+def test_I6_a_fleet_on_compressed_globals_ends_whole_with_one_final_global(repo, tmp_path):
+    """int8 updates on keyframes renewed every 2 outer steps, int2 deltas: every node's last
+    delta is counted and every node leaves the same final global, the master's exactly."""
+    compressed = dict(global_dtype="int8", keyframe_every=2, delta_dtype="int2")
+    master = fleet.training_master(repo, tmp_path, **compressed)
+    master.start(8, 0.02)
+    assert wait(lambda: fleet.step_count(repo) is not None)
+    workers = [fleet.worker(repo, f"worker-{i}", tmp_path, **compressed) for i in (1, 2)]
+    for node in workers:
+        node.start(8, 0.02)
+    for node in [master, *workers]:
+        node.join()
+    fleet.assert_every_last_delta_counted(repo, [master, *workers])
+    finals = [
+        safetensors.torch.load_file(tmp_path / n / "final_global" / "model.safetensors")
+        for n in ("master", "worker-1", "worker-2")
+    ]
+    assert all(torch.equal(f["weight"], finals[0]["weight"]) for f in finals)
 
 
 @pytest.mark.parametrize("path", [STEP_COUNT, GLOBAL_WEIGHTS, "nodes/a", "README.md"])
