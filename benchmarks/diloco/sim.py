@@ -49,10 +49,11 @@ from typing import Any
 
 import torch
 
-from speedtronic.distributed.codec import decode_weights, expected_delta_bytes
+from speedtronic.distributed.codec import expected_delta_bytes
+from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterConfig
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, BadDelta
+from speedtronic.distributed.protocol import BadDelta, is_keyframe_path
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of
 from speedtronic.errors import SpeedtronicError
@@ -104,6 +105,18 @@ class Latency:
             return self.link.fixed_s + self.link.weights_bytes / self.link.down
         return self.fraction * self.loop_s / 2
 
+    def publish_time(self, nbytes: int) -> float:
+        """A publish of ``nbytes`` (an update, a keyframe with it): over the link, by its
+        bytes; without one, ``publish_s`` whatever it holds (the f arms' model)."""
+        if self.link:
+            return self.link.fixed_s + nbytes / self.link.master_up
+        return self.publish_s
+
+    def download_time(self, nbytes: int) -> float:
+        if self.link:
+            return self.link.fixed_s + nbytes / self.link.down
+        return self.download_s
+
     @property
     def poll_s(self) -> float:
         # a link: poll about as often as an upload takes, the product's advice (diloco_facts)
@@ -153,15 +166,29 @@ class LatentTransport:
     def __init__(self, inner: LocalTransport, clock: SimClock):
         self.inner, self.clock = inner, clock
         self.upload_s = self.publish_s = 0.0
+        self.latency: Latency | None = None  # publishes charged by their bytes when set
+        self.keyframes: list[tuple[str, bytes]] = []  # the master's, landing with its publish
         self._in_air: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
 
     # -- writes land late
     def upload(self, path: str, data: bytes) -> None:
+        if is_keyframe_path(path):  # the master's uplink: sent just before the publish naming it
+            self.keyframes.append((path, data))
+            return
         self._later(self.upload_s, lambda: self.inner.upload(path, data))
 
     def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
-        self._later(self.publish_s, lambda: self.inner.publish(weights, step_count, consumed))
+        keyframes, self.keyframes = self.keyframes, []
+        sent = len(weights) + sum(len(data) for _, data in keyframes)
+        self.publish_s = self.latency.publish_time(sent) if self.latency else self.publish_s
+
+        def land() -> None:
+            for path, data in keyframes:
+                self.inner.upload(path, data)
+            self.inner.publish(weights, step_count, consumed)
+
+        self._later(self.publish_s, land)
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         at = round(self.clock.now + delay, 9)  # as the event loop rounds its times
@@ -255,9 +282,10 @@ class Evaluator:
         counted = transport.read_step_count()
         if self.cache and counted and counted["outer_step"] == self.cache[0] and not final:
             return self.cache
-        data = transport.read(GLOBAL_WEIGHTS, expected_delta_bytes(self.reference, "fp32") + 2**20)
-        outer_step, weights = decode_weights(data, self.reference)
-        self.cache = (outer_step, self.loss(weights, final))
+        read = GlobalReader(transport, self.reference).read(
+            expected_delta_bytes(self.reference, "fp32") + 2**20
+        )  # full weights, or an update on a keyframe (global_dtype)
+        self.cache = (read.outer_step, self.loss(read.weights, final))
         return self.cache
 
 
@@ -362,6 +390,7 @@ class Simulation:
         """Until every node has finished; returns the time of the last step."""
         lat = self.latency
         self.transport.upload_s, self.transport.publish_s = lat.upload_s, lat.publish_s
+        self.transport.latency = lat
         self.at(lat.poll_s, MASTER)
         for i, node in enumerate(self.nodes):
             self.at(node.step_s, STEP, i)
@@ -439,7 +468,7 @@ class Simulation:
         if result is None:
             self.at(now + self.latency.poll_s, MASTER)
             return
-        landed = now + self.latency.publish_s  # busy publishing until then
+        landed = now + self.transport.publish_s  # busy publishing until then (its bytes)
         self.at(landed, LANDED)
         self.at(landed + self.latency.poll_s, MASTER)
 
@@ -448,23 +477,28 @@ class Simulation:
         node = self.nodes[i]
         if node.finished:
             return
-        if node.waiting_since is None and self._start_download(now, node, i, FETCH_DONE):
-            self.at(now + self.latency.download_s + self.latency.poll_s, FETCH, i)
+        took = (
+            self._start_download(now, node, i, FETCH_DONE) if node.waiting_since is None else None
+        )
+        if took is not None:
+            self.at(now + took + self.latency.poll_s, FETCH, i)
         else:
             self.at(now + self.latency.poll_s, FETCH, i)
 
-    def _start_download(self, now: float, node: SimNode, i: int, done: int) -> bool:
-        """Look for a newer global; if there is one, it is ready ``download_s`` later."""
+    def _start_download(self, now: float, node: SimNode, i: int, done: int) -> float | None:
+        """Look for a newer global; if there is one, it is ready the time its bytes take later
+        (an update; a keyframe too when the node does not hold it). None: nothing to fetch."""
         fetcher = node.plugin.fetcher
         if node.downloading is not None:  # one refresh at a time (the fetcher's lock)
-            return False
-        before = fetcher.ready
+            return None
+        before, counted = fetcher.ready, fetcher.status.counters["bytes_down"]
         fetcher.refresh()
         if fetcher.ready is before:
-            return False
+            return None
         node.downloading, fetcher.ready = fetcher.ready, before  # not there before the download
-        self.at(now + self.latency.download_s, done, i)
-        return True
+        took = self.latency.download_time(fetcher.status.counters["bytes_down"] - counted)
+        self.at(now + took, done, i)
+        return took
 
     def _fetch_done(self, now: float, i: int) -> None:
         node = self.nodes[i]
@@ -483,7 +517,7 @@ class Simulation:
         uploader = node.plugin.uploader
         landed = node.upload_free_at <= now and not uploader.unsent()
         if node.downloading is not None or (
-            landed and self._start_download(now, node, i, FETCH_DONE)
+            landed and self._start_download(now, node, i, FETCH_DONE) is not None
         ):
             node.parked = True  # the check follows the download
             return
@@ -515,7 +549,7 @@ class Simulation:
                 self._finish(end, node, -1)
         self.clock.now = self.transport.land(everything=True)
         self.loop.poll_once(force=True)
-        self.clock.now += self.latency.publish_s
+        self.clock.now += self.transport.publish_s
         self.transport.land(everything=True)
         return self.clock.now
 
@@ -583,6 +617,8 @@ class Arm:
     encoding: str = "bf16"  # distributed.delta_dtype
     feedback: bool = True  # distributed.error_feedback
     bandwidth: bool = False  # latency from bytes over a link (``Link``), f = a bf16 delta's
+    global_dtype: str = "fp32"  # distributed.global_dtype (``gint8``, ``gint4``)
+    keyframe_every: int = 10  # distributed.keyframe_every (``kf<n>``)
 
 
 POLICY_KEYS = {
@@ -604,6 +640,7 @@ FLAGS = {
     "noef": {"feedback": False},
     "bw": {"bandwidth": True},
     **{encoding: {"encoding": encoding} for encoding in ("fp32", "bf16", "int8", "int4", "int2")},
+    **{f"g{dtype}": {"global_dtype": dtype} for dtype in ("int8", "int4")},
 }
 # Muon as the inner optimizer (issue 30): the settings time_to_quality.py chose at the 0.43M
 # size, and what a step costs over an AdamW step at this benchmark's batch (8 x 64 tokens),
@@ -617,7 +654,8 @@ def parse_arm(name: str) -> Arm:
     ``f<fraction>`` latency, ``eager``, ``sync``, ``keep``, ``bare``, ``tok``, ``dylu``, ``la``,
     ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``, an encoding
     (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``), ``noef`` (no error feedback), ``bw``
-    (latency from bytes over a link: ``link_latency``)."""
+    (latency from bytes over a link: ``link_latency``), ``gint8`` / ``gint4`` (the global as an
+    update on a keyframe: ``global_dtype``), ``kf<n>`` (``keyframe_every``)."""
     head, *mods = name.split("_")
     values: dict[str, Any] = {"policy": {}}
     if "muon" in mods:
@@ -638,6 +676,8 @@ def parse_arm(name: str) -> Arm:
             values["policy"]["policy"] = "naive"
         elif mod.startswith("f") and _number(mod[1:]) is not None:
             values["latency"] = _number(mod[1:])
+        elif mod.startswith("kf") and mod[2:].isdigit() and int(mod[2:]) >= 1:
+            values["keyframe_every"] = int(mod[2:])
         else:
             prefix = next((p for p in ("md", "sd", "ms", "lr", "m") if mod.startswith(p)), None)
             if prefix is None or _number(mod[len(prefix) :]) is None:
@@ -851,6 +891,8 @@ class Job:
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait
             delta_dtype=arm.encoding,
             error_feedback=arm.feedback,
+            global_dtype=arm.global_dtype,
+            keyframe_every=arm.keyframe_every,
             upload_timeout_s=1.0,
             install=arm.install,
         )

@@ -50,3 +50,44 @@ def test_a_bf16_delta_takes_f_of_an_inner_loop_and_smaller_encodings_less():
 def test_the_f_arms_are_unchanged():
     latency = sim.Latency(0.25, 15.0)
     assert (latency.upload_s, latency.publish_s, latency.download_s) == (3.75, 3.75, 1.875)
+
+
+def test_arm_names_pick_the_globals_encoding_and_keyframe_interval():
+    arm = sim.parse_arm("c_f0.25_eager_keep_muon_bw_int2_gint8_kf5")
+    assert (arm.global_dtype, arm.keyframe_every) == ("int8", 5)
+    assert (sim.parse_arm("c_f0.25").global_dtype, sim.parse_arm("c_f0.25").keyframe_every) == (
+        "fp32",
+        10,
+    )
+    with pytest.raises(ValueError, match="kf0"):
+        sim.parse_arm("c_f0.25_kf0")
+
+
+def test_a_publish_and_a_download_are_charged_by_their_bytes_over_a_link():
+    scale = sim.Scale()
+    link = sim.link_latency(sim.parse_arm("c_f0.25_bw_int2_gint8"), scale, PARAMS)
+    fixed = sim.FIXED_SHARE * scale.loop_s
+    full = link.link.weights_bytes
+    assert link.publish_time(full) == pytest.approx(link.publish_s)
+    assert link.publish_time(full // 4) - fixed == pytest.approx((link.publish_s - fixed) / 4)
+    assert link.download_time(full // 4) - fixed == pytest.approx((link.download_s - fixed) / 4)
+    plain = sim.Latency(0.25, 15.0)  # the f arms: whatever the bytes
+    assert (plain.publish_time(1), plain.download_time(10**9)) == (3.75, 1.875)
+
+
+def test_a_keyframe_lands_with_the_publish_that_names_it_and_its_bytes_are_charged(tmp_path):
+    from speedtronic.distributed.protocol import keyframe_path
+    from speedtronic.distributed.transport import LocalTransport
+
+    clock = sim.SimClock()
+    transport = sim.LatentTransport(LocalTransport(tmp_path / "repo"), clock)
+    scale = sim.Scale()
+    transport.latency = sim.link_latency(sim.parse_arm("c_f0.25_bw_gint8"), scale, PARAMS)
+    path = keyframe_path(0, "a" * 64)
+    transport.upload(path, b"k" * 1000)
+    assert transport.read(path, 10**6) is None  # not before its publish
+    transport.publish(b"update", {"outer_step": 0, "format": 1}, [])
+    assert transport.publish_s == pytest.approx(transport.latency.publish_time(1006))
+    clock.now = transport.publish_s
+    assert transport.read(path, 10**6) == b"k" * 1000
+    assert transport.read_step_count()["outer_step"] == 0
