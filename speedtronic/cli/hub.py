@@ -228,15 +228,18 @@ def _view(report: dict[str, Any]) -> Any:
         f"size {size_text(report['size_bytes'])}; commits in the last hour "
         f"{report['commits_1h']}/{report['commits_limit_1h']}; API calls by this command "
         f"{report['api_calls_5min']} in 5 min (account limit {report['api_calls_limit_5min']})",
+        _round_bytes(report),
     ]
     table = Table(title_justify="left")
-    columns = ("node", "pending", "newest pending", "last delta", "base step", "staleness")
+    columns = ("node", "pending", "delta size", "newest pending", "last delta", "base step")
+    columns = (*columns, "staleness")
     for column in (*columns, "tokens"):
         table.add_column(column, justify="left" if column == "node" else "right")
     for n in report["nodes"]:
         table.add_row(
             n["node_id"],
             str(n["pending_deltas"]),
+            "-" if n["delta_bytes"] is None else size_text(n["delta_bytes"]),
             _ago(n["newest_pending_age_s"]),
             _ago(n["last_delta_age_s"]),
             count_text(n["base_outer_step"]),
@@ -246,6 +249,18 @@ def _view(report: dict[str, Any]) -> Any:
     notes = [f"[yellow]{p}[/]" for p in report["problems"]]
     body = table if report["nodes"] else "no node has uploaded a delta yet"
     return Group(*lines, body, *notes)
+
+
+def _round_bytes(report: dict[str, Any]) -> str:
+    """A round's bytes: the global each node downloads, the keyframe of an update once."""
+    if report["global_bytes"] is None:
+        return "per round: no global yet; each node uploads its delta (delta size)"
+    once = report["keyframe_bytes"]
+    kind = "full weights" if once is None else f"an update; its keyframe {size_text(once)} once"
+    return (
+        f"per round: each node downloads the global, {size_text(report['global_bytes'])} "
+        f"({kind}), and uploads its delta (delta size)"
+    )
 
 
 def _ago(seconds: float | None) -> str:

@@ -18,8 +18,10 @@ import proc_support
 import pytest
 from typer.testing import CliRunner
 
+from speedtronic.cli import hub as hub_module
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.distributed.hub import admin as hub_admin
+from speedtronic.distributed.protocol import keyframe_path
 from speedtronic.errors import ConfigError, TransportError
 from speedtronic.hub.budget import Budget
 
@@ -243,10 +245,25 @@ def test_status_reports_steps_nodes_and_budgets():
     assert (a["node_id"], a["pending_deltas"], a["base_outer_step"]) == ("node-a", 0, 4)
     assert a["staleness_steps"] == 3 and a["tokens"] == 9 and a["last_delta_age_s"] >= 119
     assert (b["node_id"], b["pending_deltas"], b["pending_bytes"]) == ("node-b", 2, 15)
+    assert (a["delta_bytes"], b["delta_bytes"]) == (None, 5)  # the newest delta: a round's upload
+    assert (report["global_bytes"], report["keyframe_bytes"]) == (None, None)
     assert b["base_outer_step"] is None and b["staleness_steps"] is None
     assert b["newest_pending_age_s"] < late and b["last_delta_at"] == b["newest_pending_at"]
     assert report["problems"] == ["1 file(s) under nodes/ are not deltas: ignored"]
-    assert report["api_calls_5min"] == len(fake.log) == 7  # 2 commits + 5 calls of status
+    assert report["api_calls_5min"] == len(fake.log) == 8  # 2 commits + 6 calls of status
+
+
+def test_status_reports_the_globals_bytes_per_round_and_its_keyframes():
+    fake = Fake()
+    fake.commit({"global/step_count.json": step_count(3, hub_admin.iso(time.time()), {})}, [], "")
+    fake.commit({"global/latest.safetensors": b"w" * 40}, [], "")
+    assert hub_admin.RepoWatcher(fake).status()["global_bytes"] == 40  # full weights
+    older = keyframe_path(0, "a" * 64)
+    fake.commit({older: b"k" * 160, keyframe_path(2, "b" * 64): b"k" * 170}, [], "")
+    report = hub_admin.RepoWatcher(fake).status()
+    assert (report["global_bytes"], report["keyframe_bytes"]) == (40, 170)  # the newest
+    line = hub_module._round_bytes(report)
+    assert "40 B (an update; its keyframe 170 B once)" in line, line
 
 
 def test_status_refetches_only_when_the_head_moved():

@@ -16,9 +16,11 @@ from typing import Any
 
 from speedtronic.config.rules import is_hub_user_name
 from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
     announced_node,
+    is_keyframe_path,
     parse_delta_path,
     parse_step_count,
 )
@@ -296,8 +298,10 @@ def _instructions(repo: str, owner: str, kind: str, users: list[str]) -> list[st
 class RepoWatcher:
     """``hub status``: one snapshot per ``status()`` call, refetching only when head moved.
 
-    An unchanged repo costs one API call (``head``); a changed one about six (step count,
-    listing with times, size, commits of the last hour). Ages are recomputed every time.
+    An unchanged repo costs one API call (``head``); a changed one about seven (step count,
+    listing with times, the global's files, size, commits of the last hour). Ages are
+    recomputed every time. Bytes per round: each node's newest delta (up), the global's file
+    (down: full weights, or an update) and the keyframe an update builds on (down once).
     """
 
     def __init__(self, client: Any, clock: Any = time.time):
@@ -328,6 +332,7 @@ class RepoWatcher:
         return {
             "counted": counted,
             "files": files,
+            "global_files": {f.path: f.size for f in client.list_files("global", head)},
             "size_bytes": client.storage_bytes(),
             "commit_times": [c.time for c in client.commits(since=since)],
             "problems": problems,
@@ -354,6 +359,7 @@ class RepoWatcher:
             "updated_at": iso(updated),
             "age_s": age(updated, now),
             "pending_deltas": sum(n["pending_deltas"] for n in nodes),
+            **global_bytes(facts["global_files"]),
             "nodes": nodes,
             "size_bytes": facts["size_bytes"],
             "commits_1h": sum(t >= now - 3600 for t in facts["commit_times"]),
@@ -388,6 +394,10 @@ def node_rows(files: list[Any], counted: dict[str, Any], now: float) -> list[dic
                 "node_id": node,
                 "pending_deltas": len(mine),
                 "pending_bytes": sum(f.size for f in mine),
+                # a round's upload: the newest delta's size (the listing's, when one is there)
+                "delta_bytes": max(mine, key=lambda f: parse_delta_path(f.path)[1]).size
+                if mine
+                else None,
                 "newest_pending_at": iso(newest),
                 "newest_pending_age_s": age(newest, now),
                 "last_delta_at": iso(last),
@@ -400,6 +410,16 @@ def node_rows(files: list[Any], counted: dict[str, Any], now: float) -> list[dic
             }
         )
     return rows
+
+
+def global_bytes(sizes: dict[str, int]) -> dict[str, int | None]:
+    """What a node downloads per round (the file at ``global/latest.safetensors``) and, for an
+    update, once (its keyframe: the newest under ``global/keyframes/``)."""
+    keyframes = sorted(path for path in sizes if is_keyframe_path(path))
+    return {
+        "global_bytes": sizes.get(GLOBAL_WEIGHTS),
+        "keyframe_bytes": sizes[keyframes[-1]] if keyframes else None,
+    }
 
 
 def _count(value: Any) -> int | None:
