@@ -1,5 +1,6 @@
 """``speedtronic storage init``: set up a bucket for a DumbDiLoCo run, as ``hub init`` does a repo;
-``storage pull``: a run's newest global into a node's output directory (any repo kind).
+``storage status``: the run in a bucket at a glance, bytes per round included; ``storage pull``:
+a run's newest global into a node's output directory (any repo kind).
 
 The bucket side lives in ``speedtronic.distributed.s3.admin`` and is imported inside the
 command, so ``speedtronic --help`` never loads boto3 (an optional extra: ``[s3]``). Store
@@ -122,10 +123,51 @@ def pull(
     print(f"{ended}: outer step {got['outer_step']}{fleet}; written to {got['path']}")
 
 
+def status(
+    repo: str = RepoArg,
+    endpoint_url: str | None = EndpointOpt,
+    output_format: OutputFormat = format_option("a table"),
+) -> None:
+    """The run at a glance: the global outer step and its age, a round's bytes (the global each
+    node downloads, the keyframe of an update once, each node's newest delta), per-node deltas.
+
+    Exit codes: 0 shown, 1 the store failed, 2 bad usage.
+    """
+    from speedtronic.distributed.s3.status import bucket_status
+
+    report = bucket_status(_client(repo, endpoint_url))
+    if output_format is OutputFormat.json:
+        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **report}, indent=2))
+        return
+    _print_status(report)
+
+
+def _print_status(report: dict[str, Any]) -> None:
+    from speedtronic.data.describe import size_text
+
+    step = "-" if report["outer_step"] is None else report["outer_step"]
+    print(f"{report['repo']}  outer step {step}, updated {report['updated_at'] or '-'}")
+    if report["global_bytes"] is not None:
+        once = report["keyframe_bytes"]
+        kind = "full weights" if once is None else f"an update; its keyframe {size_text(once)} once"
+        print(f"per round: each node downloads {size_text(report['global_bytes'])} ({kind})")
+    for n in report["nodes"]:
+        delta = "-" if n["delta_bytes"] is None else size_text(n["delta_bytes"])
+        base = "-" if n["base_outer_step"] is None else n["base_outer_step"]
+        print(
+            f"  {n['node_id']}: delta {delta}, {n['pending_deltas']} pending "
+            f"({size_text(n['pending_bytes'])}), base outer step {base}"
+        )
+    for problem in report["problems"]:
+        print(f"  {problem}")
+
+
 def register(app: typer.Typer) -> None:
     # short_help: the line in `speedtronic storage --help`, where the docstring's is cut at 80
     short = "Create the bucket if missing; check these credentials can write."
     storage_app.command(short_help=short)(handle_errors(init))
+    short = "The run in a bucket at a glance: its step, a round's bytes, its nodes."
+    storage_app.command(short_help=short)(handle_errors(status))
     short = "Fetch the run's newest global into a node's output dir (final_global/)."
     storage_app.command(short_help=short)(handle_errors(pull))
     app.add_typer(storage_app, name="storage")

@@ -81,3 +81,28 @@ def test_refused_credentials_are_one_line_and_exit_1(s3_store, bucket):
 )
 def test_bad_usage_is_one_line_and_exit_2(args, needle):
     assert_one_line_error(invoke("storage", "init", *args), needle)
+
+
+def test_status_shows_a_rounds_bytes_and_the_nodes(s3_store, bucket):
+    """Issue 38: the global each node downloads (an update, its keyframe once) and each node's
+    newest delta, read from the bucket a master and a worker wrote."""
+    from speedtronic.distributed.protocol import delta_path, keyframe_path
+    from speedtronic.distributed.s3.transport import S3Transport
+
+    master = S3Transport(s3_store.client(bucket, "run", node_id="master"))
+    worker = S3Transport(s3_store.client(bucket, "run", node_id="worker-1"))
+    master.read_step_count()
+    master.upload(keyframe_path(0, "a" * 64), b"k" * 300)
+    count = {"outer_step": 2, "updated_at": "2026-01-01T00:00:00Z", "format": 1}
+    master.publish(b"u" * 80, count, [])
+    worker.upload(delta_path("worker-1", 1), b"d" * 40)
+    worker.upload(delta_path("worker-1", 2), b"e" * 30)
+    args = ("storage", "status", f"s3://{bucket}/run", "--endpoint-url", s3_store.url)
+    doc = json.loads(invoke(*args, "--format", "json").stdout)
+    assert (doc["outer_step"], doc["global_bytes"], doc["keyframe_bytes"]) == (2, 80, 300)
+    [node] = doc["nodes"]
+    assert (node["node_id"], node["pending_deltas"], node["delta_bytes"]) == ("worker-1", 2, 30)
+    text = invoke(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "each node downloads 80 B (an update; its keyframe 300 B once)" in text.stdout
+    assert "worker-1: delta 30 B, 2 pending (70 B)" in text.stdout
