@@ -107,7 +107,29 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
         ),
         "diloco_poll_interval": f"{dist.poll_interval:g} s (about {poll:.0f} s keeps the wait "
         "for a new global under an upload's)",
+        "diloco_global": _global_line(params, dist, kind, fleet, loop_s),
     }
+
+
+def _global_line(params: dict, dist: Any, kind: str, fleet: Fleet, loop_s: float) -> str:
+    """What the global costs a round: its bytes, and its publish on an uplink like a node's."""
+    from speedtronic.data.describe import size_text
+    from speedtronic.distributed.global_update import global_bytes_per_round
+    from speedtronic.distributed.latency import upload_seconds
+
+    size = global_bytes_per_round(params, dist.global_dtype, dist.keyframe_every)
+    publish_s = upload_seconds(size, kind, fleet.uplink_mbps)
+    what = (
+        "full fp32 weights"
+        if dist.global_dtype == "fp32"
+        else f"an {dist.global_dtype} update, a keyframe every {dist.keyframe_every} rounds"
+    )
+    hint = "; global_dtype int8 cuts it to about a third" if dist.global_dtype == "fp32" else ""
+    return (
+        f"{size_text(size)} per round ({what}): every node downloads it, and a master on an "
+        f"uplink like this one takes ~{publish_s:.1f} s ({publish_s / max(loop_s, 1e-9):.2f} "
+        f"of an inner loop) to publish it{hint}"
+    )
 
 
 def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict:
@@ -136,6 +158,7 @@ def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> 
 
 def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
     from speedtronic.distributed.codec import expected_delta_bytes
+    from speedtronic.distributed.global_update import global_bytes_per_round
     from speedtronic.distributed.s3.costs import describe, fleet_cost
     from speedtronic.distributed.worker.plugin import parameters_of
 
@@ -148,7 +171,7 @@ def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
         min_publish_interval_s=dist.min_publish_interval_s,
         min_deltas=dist.min_deltas,
         delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
-        weights_bytes=expected_delta_bytes(params, "fp32"),
+        weights_bytes=global_bytes_per_round(params, dist.global_dtype, dist.keyframe_every),
     )
     described = describe(cost, fleet.step_time_s)
     return {"diloco_bucket_per_hour": described, "diloco_bucket": cost.as_dict()}

@@ -111,6 +111,16 @@ def encode_global(
     return canonical(safetensors.torch.save(tensors, metadata=metadata))
 
 
+def global_bytes_per_round(reference: Tensors, dtype: str, keyframe_every: int) -> int:
+    """Tensor bytes a node downloads (and the master uploads) per round, on average: the full
+    weights (fp32), or an update plus a keyframe every ``keyframe_every`` rounds."""
+    full = sum(4 * value.numel() for value in reference.values())
+    if dtype == "fp32":
+        return full
+    codes, scales = blockquant.packed_sizes(_shapes(reference), GLOBAL_BITS[dtype])
+    return codes + 4 * scales + full // keyframe_every
+
+
 def published_weights(data: bytes, keyframe: Keyframe | None, reference: Tensors) -> Tensors:
     """The weights every node reads from ``data`` (``encode_global``'s bytes) on ``keyframe``."""
     header = update_header(data, reference)

@@ -228,3 +228,25 @@ def test_the_runs_last_round_publishes_a_keyframe_so_it_ends_exact(tmp_path):
     read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
     assert torch.equal(read.weights["weight"], loop.master.global_weights["weight"])
     worker.on_train_end(trainer, None)
+
+
+def test_validate_says_what_the_global_costs_a_round(tiny, tmp_path):
+    from cli.test_cli import invoke, write
+
+    tiny["distributed"] = {"enabled": True, "repo_id": str(tmp_path / "repo"), "node_id": "a"}
+    full = json.loads(invoke("validate", "-c", write(tmp_path, tiny), "--format", "json").stdout)
+    assert "full fp32 weights" in full["facts"]["diloco_global"]
+    assert "global_dtype int8 cuts it" in full["facts"]["diloco_global"]
+    tiny["distributed"]["global_dtype"] = "int8"
+    doc = json.loads(invoke("validate", "-c", write(tmp_path, tiny), "--format", "json").stdout)
+    line = doc["facts"]["diloco_global"]
+    assert "an int8 update, a keyframe every 10 rounds" in line and "of an inner loop" in line
+
+
+def test_a_rounds_global_bytes_count_the_keyframes_share():
+    from speedtronic.distributed.global_update import global_bytes_per_round
+
+    ref = {"w": torch.zeros(1024, 128)}  # 131072 values: 1024 blocks
+    assert global_bytes_per_round(ref, "fp32", 10) == 4 * 131072
+    int8 = global_bytes_per_round(ref, "int8", 10)
+    assert int8 == 131072 + 4 * 1024 + 4 * 131072 // 10  # codes, scales, a tenth of a keyframe
