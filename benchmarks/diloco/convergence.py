@@ -38,13 +38,16 @@ optimizer, ``sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_CO
 times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it;
 an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.delta_dtype``),
 ``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
-cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L).
+cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L),
+``gint8`` / ``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each
+publish and download charged by its bytes) and ``kf<n>`` (``keyframe_every``).
 Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
 policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
 reset).
 
 Presets for ``--arms`` (see ``PRESETS``): ``main`` (the latency grid), ``tokens``, ``uneven``,
-``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30).
+``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30),
+``compress`` and ``global`` (issue 38).
 
 Prints one table per view and one JSON line (``{"benchmark": "diloco_convergence", ...}``);
 ``--out`` writes the JSON, ``--png`` plots eval loss against simulated wall-clock per ``f``
@@ -107,6 +110,14 @@ PRESETS = {
             f"c_f0.25_eager_keep_muon_bw_{enc}{ef}"
             for enc in ("bf16", "int8", "int4", "int2")
             for ef in ("", "_noef")
+        ],
+    ],
+    # issue 38: the global as an int8 / int4 update on a keyframe, charged by its bytes
+    "global": [
+        "a_muon",
+        *[
+            f"c_f0.25_eager_keep_muon_bw_{arm}"
+            for arm in ("bf16_gint8", "int4_gint8", "int4_gint4", "int2_gint8")
         ],
     ],
 }
