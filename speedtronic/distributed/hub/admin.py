@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from speedtronic.config.rules import is_hub_user_name
 from speedtronic.distributed.protocol import (
-    GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
     announced_node,
-    is_keyframe_path,
     parse_delta_path,
     parse_step_count,
 )
+from speedtronic.distributed.repo_status import age, global_bytes, iso, node_rows, unix_time
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import ConfigError, TransportError
 from speedtronic.hub.access import WRITE_ROLES
@@ -369,81 +367,3 @@ class RepoWatcher:
             "api_calls_limit_5min": HUB_CALLS_PER_5_MIN,
             "problems": problems,
         }
-
-
-def node_rows(files: list[Any], counted: dict[str, Any], now: float) -> list[dict[str, Any]]:
-    """Per node: pending deltas from the listing, the rest from step_count's ``nodes`` map."""
-    pending: dict[str, list[Any]] = {}
-    for f in files:
-        parsed = parse_delta_path(f.path)
-        if parsed is not None:
-            pending.setdefault(parsed[0], []).append(f)
-    known = counted.get("nodes") if isinstance(counted.get("nodes"), dict) else {}
-    outer_step = counted.get("outer_step")
-    rows = []
-    for node in sorted(set(pending) | {n for n in known if isinstance(n, str)}):
-        info = known.get(node) if isinstance(known.get(node), dict) else {}
-        mine = pending.get(node, [])
-        times = [f.modified for f in mine if f.modified is not None]
-        newest = max(times) if times else None
-        applied = unix_time(info.get("last_delta_at"))
-        last = max((t for t in (newest, applied) if t is not None), default=None)
-        base = _count(info.get("base_outer_step"))
-        rows.append(
-            {
-                "node_id": node,
-                "pending_deltas": len(mine),
-                "pending_bytes": sum(f.size for f in mine),
-                # a round's upload: the newest delta's size (the listing's, when one is there)
-                "delta_bytes": max(mine, key=lambda f: parse_delta_path(f.path)[1]).size
-                if mine
-                else None,
-                "newest_pending_at": iso(newest),
-                "newest_pending_age_s": age(newest, now),
-                "last_delta_at": iso(last),
-                "last_delta_age_s": age(last, now),
-                "base_outer_step": base,
-                "staleness_steps": None
-                if base is None or not isinstance(outer_step, int)
-                else max(outer_step - base, 0),
-                "tokens": _count(info.get("tokens")),
-            }
-        )
-    return rows
-
-
-def global_bytes(sizes: dict[str, int]) -> dict[str, int | None]:
-    """What a node downloads per round (the file at ``global/latest.safetensors``) and, for an
-    update, once (its keyframe: the newest under ``global/keyframes/``)."""
-    keyframes = sorted(path for path in sizes if is_keyframe_path(path))
-    return {
-        "global_bytes": sizes.get(GLOBAL_WEIGHTS),
-        "keyframe_bytes": sizes[keyframes[-1]] if keyframes else None,
-    }
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def unix_time(value: Any) -> float | None:
-    """Seconds since the epoch from a number or an ISO 8601 string (``Z`` allowed); else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
-
-
-def iso(seconds: float | None) -> str | None:
-    if seconds is None:
-        return None
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def age(seconds: float | None, now: float) -> float | None:
-    return None if seconds is None else round(max(now - seconds, 0.0), 1)

@@ -13,7 +13,6 @@ the end of a run (``master/plugin``) waits for every node's last delta and runs 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 import warnings
@@ -77,15 +76,12 @@ class MasterLoop:
         self.roster = Roster(wall, config.poll_interval)
         self.roster.deadline_setting = getattr(config, "drain_timeout_s", None)
         self.intake = DeltaIntake(transport, logger, weights, now, self.roster)
-        # simulations and tests pass config objects that predate these keys
-        dtype = getattr(config, "global_dtype", "fp32")
-        keyframes = getattr(config, "keyframe_every", 10)
-        self.publisher = Publisher(transport, logger, self.state_dir, now, dtype, keyframes)
+        self.publisher = Publisher.for_config(config, transport, logger, self.state_dir, now)
         self.master_id = master_id(self.state_dir)
         # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
         every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
         self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
-        self.guard.sha_of = lambda state: hashlib.sha256(self.publisher.encoded(state)).hexdigest()
+        self.guard.sha_of = self.publisher.sha256_of  # what its publish of a state would send
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.sender: PublishSender | None = None  # publishes off the poll thread when running

@@ -91,6 +91,16 @@ class Publisher:
         # synchronous publish would otherwise race, and an older step could land last
         self.sending = threading.Lock()
 
+    @classmethod
+    def for_config(
+        cls, config: Any, transport: Transport, logger: Any, state_dir: Path, clock: Callable
+    ) -> Publisher:
+        """A publisher with the ``distributed`` section's ``global_dtype`` and
+        ``keyframe_every`` (simulations and tests pass configs that predate them)."""
+        dtype = getattr(config, "global_dtype", "fp32")
+        every = getattr(config, "keyframe_every", 10)
+        return cls(transport, logger, state_dir, clock, dtype, every)
+
     @property
     def unpublished(self) -> bool:
         """A saved step the repo does not hold: newer than the last landed, or lost since.
@@ -155,10 +165,11 @@ class Publisher:
         if state is not None and self.global_dtype != "fp32":
             self.keyframe, self.restored_step = state.keyframe, state.outer_step
 
-    def encoded(self, state: MasterState) -> bytes:
-        """The bytes a publish of ``state`` sends to ``global/latest.safetensors``."""
+    def sha256_of(self, state: MasterState) -> str:
+        """The sha256 of what a publish of ``state`` sends to ``global/latest.safetensors``."""
         keyframe = self.keyframe_for(state)
-        return encode_global(state.global_weights, state.outer_step, keyframe, self.global_dtype)
+        data = encode_global(state.global_weights, state.outer_step, keyframe, self.global_dtype)
+        return hashlib.sha256(data).hexdigest()
 
     def send(self, publication: Publication) -> bool:
         """Publish a saved step: weights and step_count together, consumed deltas deleted.

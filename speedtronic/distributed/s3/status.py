@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from speedtronic.distributed.hub.admin import age, global_bytes, iso, node_rows, unix_time
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
@@ -22,6 +21,7 @@ from speedtronic.distributed.protocol import (
     parse_delta_path,
     parse_step_count,
 )
+from speedtronic.distributed.repo_status import age, global_bytes, iso, node_rows, unix_time
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import TransportError
 
