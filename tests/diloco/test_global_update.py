@@ -188,8 +188,9 @@ def test_I3_a_restarted_master_holds_the_repo_to_the_same_bytes(tmp_path):
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == written, log.warnings  # not again
     assert restarted.publisher.keyframe.step == 0
     restarted.republish()  # the same step again: the same keyframe, the same bytes
-    assert json.loads((tmp_path / "repo" / STEP_COUNT).read_bytes())["weights_sha256"] == (
-        json.loads(count)["weights_sha256"]
+    assert (
+        json.loads((tmp_path / "repo" / STEP_COUNT).read_bytes())["weights_sha256"]
+        == (json.loads(count)["weights_sha256"])
     )
 
 

@@ -306,6 +306,7 @@ def test_one_unreadable_delta_does_not_stop_the_round(tmp_path):
     assert loop.counters["included"] == 1
 
 
+@pytest.mark.slow  # 10 s of real waiting: the default suite stays near 4 min
 def test_a_master_whose_final_round_stays_unpublished_does_not_end_quietly(tmp_path):
     from speedtronic.distributed.master.plugin import MasterPlugin
 

@@ -149,6 +149,7 @@ print(json.dumps([found.emulated, found.slowdown]))
 """
 
 
+@pytest.mark.slow  # 8 s of processes: the default suite stays near 4 min
 def test_processes_share_the_verdict_whatever_their_own_probe_reads(monkeypatch, tmp_path):
     fake_cpu(monkeypatch, tmp_path, None)
     readings = [

@@ -50,7 +50,10 @@ def logged_steps(path: Path) -> int:
     return len(lines)
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+)
 def test_first_signal_finishes_the_step_saves_and_says_how_to_resume(tiny, tmp_path, signum, code):
     out = tmp_path / "run"
     config = write_config(
@@ -69,6 +72,7 @@ def test_first_signal_finishes_the_step_saves_and_says_how_to_resume(tiny, tmp_p
     assert f"interrupted at step {latest['step']}" in stderr
 
 
+@pytest.mark.slow  # a process, 5 s: the default suite keeps one signal test
 def test_second_ctrl_c_aborts_at_once_and_keeps_the_last_good_checkpoint(tiny, tmp_path):
     out = tmp_path / "run"
     config = write_config(tiny, out, run={"max_steps": 100000}, checkpoint={"interval": 1})
@@ -165,6 +169,7 @@ print(result.status, result.signal)
 """
 
 
+@pytest.mark.slow  # a process, 4 s: the default suite keeps one signal test
 def test_a_signal_during_a_log_write_stops_the_run_instead_of_hanging_it(tiny, tmp_path):
     # The handler used to log its notice itself: inside the logger's lock, on the same thread,
     # it waited for that lock forever (found under load: a SIGTERM'd run hung for an hour).
