@@ -2,13 +2,13 @@
 
 This module owns the safetensors files that travel through the shared repo: a worker's
 pseudo-gradient (``pseudo_gradient``, ``encode_delta`` in fp32, bf16, int8 with per-row
-scales, or int4 / int2 with per-block scales, ``blockquant``, every tensor's codes in one
-packed tensor and its scales in another, so a small model's file is not mostly header) and
-the master's
-published weights (``encode_weights``). Decoding treats the bytes
-as hostile (DESIGN.md section 5, I4): nothing is ever unpickled; the 8-byte length and the
-JSON header are parsed and checked first (size, metadata, path agreement, keys, dtypes,
-shapes, offsets), tensors are materialised only after that, then checked for NaN/Inf and a
+scales, or int4 / int2 with per-block scales, ``blockquant``: every tensor's codes in one
+packed tensor and their scales in another, so a small model's file is not mostly header) and
+the master's full weights (``encode_weights``; its updates on a keyframe are
+``global_update``'s, with the checks here). Decoding treats the bytes as hostile (DESIGN.md
+section 5, I4): nothing is ever unpickled; the 8-byte length and the JSON header are parsed
+and checked first (size, metadata, path agreement, keys, dtypes, shapes, offsets), tensors
+are materialised only after that, then checked for NaN/Inf and a
 plausible norm. Every refusal is a ``BadDelta`` whose message is a one-line reason.
 """
 
