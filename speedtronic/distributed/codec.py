@@ -171,11 +171,13 @@ def decode_delta(
         raise BadDelta(f"header node_id {header.node_id!r} contradicts path node {node_id!r}")
     if header.seq != seq:
         raise BadDelta(f"header seq {header.seq} contradicts path seq {seq}")
-    specs = _expected_specs(reference, header.encoding)
+    # a tensor of codes per delta tensor: a node of the version before the packed layout
+    per_tensor = header.encoding in blockquant.BITS and PACKED_CODES not in entries
+    specs = _expected_specs(reference, header.encoding, per_tensor)
     _check_size(len(data), limits(specs)[1])
     check_entries(entries, specs, len(data) - 8 - header_length(data))
     shapes = _shapes(reference)
-    if header.encoding in blockquant.BITS:
+    if header.encoding in blockquant.BITS and not per_tensor:
         check_layout(meta, shapes, "delta")
     tensors = load(data, specs)
     decoded = _decoded(tensors, header.encoding, shapes)
@@ -233,11 +235,13 @@ def decode_weights(data: bytes, reference: dict[str, Tensor]) -> tuple[int, dict
     return outer_step, {key: tensors[key] for key in reference}
 
 
-def _expected_specs(reference: dict[str, Tensor], encoding: str) -> Specs:
-    """The tensors a file of ``reference`` in ``encoding`` holds, int8 scales included."""
+def _expected_specs(reference: dict[str, Tensor], encoding: str, per_tensor: bool = False) -> Specs:
+    """The tensors a file of ``reference`` in ``encoding`` holds, int8 scales included;
+    ``per_tensor``: int4 / int2 as written before the packed layout (codes and scales per
+    tensor), still read so that a fleet can be upgraded a node at a time."""
     if encoding not in _ENCODED_DTYPE:
         raise ValueError(f"encoding {short_repr(encoding)}: must be one of {ENCODINGS}")
-    if encoding in blockquant.BITS:
+    if encoding in blockquant.BITS and not per_tensor:
         return packed_specs(_shapes(reference), blockquant.BITS[encoding])
     specs: Specs = {}
     for key, value in reference.items():
@@ -248,6 +252,9 @@ def _expected_specs(reference: dict[str, Tensor], encoding: str) -> Specs:
                 raise ValueError(f"tensor name {key!r} ends with {SCALE_SUFFIX!r} (reserved)")
             # One scale per row (first dim); a 0-/1-D tensor is a single row.
             specs[key + SCALE_SUFFIX] = (torch.float32, shape[:1] if len(shape) >= 2 else (1,))
+        elif encoding in blockquant.BITS:
+            codes, scales = blockquant.packed_shapes(math.prod(shape), blockquant.BITS[encoding])
+            specs[key], specs[key + SCALE_SUFFIX] = (torch.uint8, codes), (torch.float32, scales)
     return specs
 
 
@@ -393,21 +400,28 @@ def _decoded(
     tensors: dict[str, Tensor], encoding: str, shapes: dict[str, tuple[int, ...]]
 ) -> dict[str, Tensor]:
     """Float32 tensors, keyed like ``shapes``, from a file's (already checked) tensors."""
-    if encoding in blockquant.BITS:
+    if encoding in blockquant.BITS and PACKED_CODES in tensors:
         return unpacked(tensors, blockquant.BITS[encoding], shapes)
-    return {key: _dequantized(tensors, key, encoding) for key in shapes}
+    return {key: _dequantized(tensors, key, encoding, shapes[key]) for key in shapes}
 
 
 def unpacked(tensors: dict[str, Tensor], bits: int, shapes: dict) -> dict[str, Tensor]:
     """The tensors of a packed file whose sizes passed, its scales checked first."""
-    scales = tensors[PACKED_SCALES]
+    _check_scales(tensors[PACKED_SCALES], PACKED_SCALES)
+    return blockquant.unpack(tensors[PACKED_CODES], tensors[PACKED_SCALES], shapes, bits)
+
+
+def _check_scales(scales: Tensor, name: str) -> None:
     # a negative scale would flip a block's signs unseen
     if not bool(((scales >= 0) & scales.isfinite()).all()):
-        raise BadDelta(f"tensor {PACKED_SCALES!r} has a negative, NaN or Inf scale")
-    return blockquant.unpack(tensors[PACKED_CODES], scales, shapes, bits)
+        raise BadDelta(f"tensor {name!r} has a negative, NaN or Inf scale")
 
 
-def _dequantized(tensors: dict[str, Tensor], key: str, encoding: str) -> Tensor:
+def _dequantized(tensors: dict[str, Tensor], key: str, encoding: str, shape: tuple) -> Tensor:
+    if encoding in blockquant.BITS:  # codes and scales per tensor (before the packed layout)
+        _check_scales(tensors[key + SCALE_SUFFIX], key + SCALE_SUFFIX)
+        bits = blockquant.BITS[encoding]
+        return blockquant.dequantize(tensors[key], tensors[key + SCALE_SUFFIX], shape, bits)
     values = tensors[key].to(torch.float32)
     if encoding != "int8":
         return values

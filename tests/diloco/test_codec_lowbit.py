@@ -149,7 +149,7 @@ def test_I4_rejects_scales_that_blow_the_norm(ref):
 
 def test_I4_an_int4_header_over_bf16_bytes_is_refused(ref):
     data = resaved(encode_delta(small_delta(ref), make_header("bf16")), {"encoding": "int4"})
-    reject(data, ref, "missing tensor '::codes'")
+    reject(data, ref, "missing tensor 'embed.weight::scale'")  # read as the per-tensor layout
 
 
 @pytest.mark.parametrize("layout", ["0123456789abcdef", None])
@@ -163,3 +163,33 @@ def test_I4_a_model_with_the_same_sizes_in_other_shapes_is_refused(ref):
     other = {**ref, "embed.weight": torch.zeros(10, 33)}
     data = encode_delta(small_delta(other), make_header("int4"))
     reject(data, ref, "packed for other tensor names or shapes")
+
+
+# ---- the layout before packing: a node of the previous version, a checkpoint's record -----
+
+
+def per_tensor_file(delta, encoding, scale_of=None):
+    """An int4 / int2 delta as the version before the packed layout wrote it."""
+    bits, tensors = blockquant.BITS[encoding], {}
+    for key, value in delta.items():
+        tensors[key], tensors[key + "::scale"] = blockquant.quantize(value.float(), bits)
+    tensors.update(scale_of or {})
+    return safetensors.torch.save(tensors, metadata=make_header(encoding).to_metadata())
+
+
+@pytest.mark.parametrize("encoding", ["int4", "int2"])
+def test_a_delta_in_the_layout_before_packing_decodes_to_the_same_values(ref, encoding):
+    # a fleet upgrades a node at a time: an older worker's deltas must still count (I1)
+    delta = small_delta(ref)
+    _, packed = decode_delta(encode_delta(delta, make_header(encoding)), PATH, ref)
+    old = per_tensor_file(delta, encoding)
+    _, decoded = decode_delta(old, PATH, ref)
+    assert all(torch.equal(decoded[k], packed[k]) for k in ref)
+    own = decode_own_delta(old, encoding, shapes_of(ref))  # an in-flight record of a checkpoint
+    assert all(torch.equal(own[k], packed[k]) for k in ref)
+
+
+def test_I4_a_delta_in_the_layout_before_packing_is_checked_like_any(ref):
+    negative = torch.full((3,), -1.0)
+    old = per_tensor_file(small_delta(ref), "int4", {"embed.weight::scale": negative})
+    reject(old, ref, "'embed.weight::scale' has a negative, NaN or Inf scale")
