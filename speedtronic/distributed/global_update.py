@@ -58,7 +58,6 @@ from speedtronic.distributed.protocol import (
 
 Tensors = dict[str, Tensor]
 GLOBAL_BITS = {"int8": 8, "int4": 4}  # ``distributed.global_dtype``; fp32: full weights
-GLOBAL_DTYPES = ("fp32", *GLOBAL_BITS)
 _SHA256_CHARS = frozenset("0123456789abcdef")
 
 
@@ -96,8 +95,10 @@ def encode_global(
     same inputs give the same sha256, so a master knows its own publish (I3)."""
     if keyframe is None:
         return encode_weights(weights, outer_step)
-    update = {key: value.detach().to("cpu", torch.float32) - keyframe.weights[key]
-              for key, value in weights.items()}  # fmt: skip
+    update = {
+        key: value.detach().to("cpu", torch.float32) - keyframe.weights[key]
+        for key, value in weights.items()
+    }
     codes, scales = blockquant.pack(update, GLOBAL_BITS[dtype])
     metadata = {
         "format": UPDATE_FORMAT,
@@ -105,7 +106,7 @@ def encode_global(
         "keyframe_step": str(keyframe.step),
         "keyframe_sha256": keyframe.sha256,
         "encoding": dtype,
-        LAYOUT_KEY: blockquant.layout_of({k: tuple(v.shape) for k, v in weights.items()}),
+        LAYOUT_KEY: blockquant.layout_of(_shapes(weights)),
     }
     tensors = {PACKED_CODES: codes, PACKED_SCALES: scales}
     return canonical(safetensors.torch.save(tensors, metadata=metadata))
