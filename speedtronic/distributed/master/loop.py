@@ -80,8 +80,8 @@ class MasterLoop:
         self.master_id = master_id(self.state_dir)
         # The repo is looked at every 10 polls, at most a minute apart (a Hub call each time)
         every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
-        self.guard = RepoGuard(transport, logger, self.master_id, weights, now, every)
-        self.guard.sha_of = self.publisher.sha256_of  # what its publish of a state would send
+        sha_of = self.publisher.sha256_of  # what its publish of a state would send
+        self.guard = RepoGuard(transport, logger, self.master_id, weights, now, sha_of, every)
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.sender: PublishSender | None = None  # publishes off the poll thread when running

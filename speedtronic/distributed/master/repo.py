@@ -16,7 +16,6 @@ published, so an edited field (a node's seq, the fleet's pace) is restored too.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +25,6 @@ import torch
 from speedtronic.distributed.codec import (
     BadDelta,
     check_plausible_global,
-    encode_weights,
     global_norm,
 )
 from speedtronic.distributed.global_update import GlobalReader
@@ -67,15 +65,14 @@ class RepoGuard:
         master_id: str,
         reference: Tensors,
         clock: Callable[[], float],
+        sha_of: Callable[[MasterState], str],
         interval_s: float = 60.0,
     ):
+        """``sha_of``: the sha256 of what a publish of a state sends (the publisher's)."""
         self.transport, self.logger, self.master_id = transport, logger, master_id
         self.reference, self.clock, self.interval_s = reference, clock, interval_s
         self.reader = GlobalReader(transport, reference)
-        # the sha256 of what a publish of a state sends (the publisher's encoding)
-        self.sha_of: Callable[[MasterState], str] = lambda state: weights_sha256(
-            state.global_weights, state.outer_step
-        )
+        self.sha_of = sha_of
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
         self._said: set[str] = set()  # problems logged already (each once)
@@ -276,11 +273,6 @@ class RepoGuard:
             self._said.add(message)
             self.logger.warn(f"diloco master: {message}")
         return True
-
-
-def weights_sha256(weights: Tensors, outer_step: int) -> str:
-    """The sha256 a publish of ``weights`` at ``outer_step`` carries (the encoding is canonical)."""
-    return hashlib.sha256(encode_weights(weights, outer_step)).hexdigest()
 
 
 def _edited_fields(found: dict, expected: dict) -> list[str]:
