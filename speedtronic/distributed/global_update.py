@@ -40,6 +40,7 @@ from speedtronic.distributed.codec import (
     check_layout,
     decode_weights,
     encode_weights,
+    expected_delta_bytes,
     header_length,
     limits,
     load,
@@ -115,7 +116,7 @@ def encode_global(
 def global_bytes_per_round(reference: Tensors, dtype: str, keyframe_every: int) -> int:
     """Tensor bytes a node downloads (and the master uploads) per round, on average: the full
     weights (fp32), or an update plus a keyframe every ``keyframe_every`` rounds."""
-    full = sum(4 * value.numel() for value in reference.values())
+    full = expected_delta_bytes(reference, "fp32")
     if dtype == "fp32":
         return full
     codes, scales = blockquant.packed_sizes(_shapes(reference), GLOBAL_BITS[dtype])
