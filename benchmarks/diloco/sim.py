@@ -271,6 +271,7 @@ class Evaluator:
             k: p.detach().clone() for k, p in parameters_of(self.runtime.model).items()
         }  # the seed's initial weights: every arm of a seed starts here
         self.cache: tuple[int, float] | None = None
+        self.reader: GlobalReader | None = None  # keeps the keyframe, as a node's does
 
     def loss(self, weights: dict[str, torch.Tensor], final: bool = False) -> float:
         load_weights(self.runtime.model, weights)
@@ -282,9 +283,9 @@ class Evaluator:
         counted = transport.read_step_count()
         if self.cache and counted and counted["outer_step"] == self.cache[0] and not final:
             return self.cache
-        read = GlobalReader(transport, self.reference).read(
-            expected_delta_bytes(self.reference, "fp32") + 2**20
-        )  # full weights, or an update on a keyframe (global_dtype)
+        if self.reader is None or self.reader.transport is not transport:  # another arm's repo
+            self.reader = GlobalReader(transport, self.reference)
+        read = self.reader.read(expected_delta_bytes(self.reference, "fp32") + 2**20)
         self.cache = (read.outer_step, self.loss(read.weights, final))
         return self.cache
 
