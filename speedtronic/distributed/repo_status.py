@@ -8,7 +8,38 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, is_keyframe_path, parse_delta_path
+from speedtronic.distributed.protocol import (
+    GLOBAL_WEIGHTS,
+    NODES_DIR,
+    announced_node,
+    is_keyframe_path,
+    parse_delta_path,
+)
+
+
+def run_summary(
+    counted: dict[str, Any], files: list[Any], sizes: dict[str, int], now: float, problems: list
+) -> dict[str, Any]:
+    """The run as ``step_count.json`` (``counted``), the listing of ``nodes/`` (``files``) and
+    the sizes under ``global/`` say: step and age, a round's bytes, per-node rows, and the
+    ``problems`` found, with the files under ``nodes/`` that are not ours added."""
+    nodes = node_rows(files, counted, now)
+    others = sum(  # a node's announcement (node.json) is ours, not a stranger
+        parse_delta_path(f.path) is None and announced_node(f.path) is None for f in files
+    )
+    if others:
+        problems = [*problems, f"{others} file(s) under {NODES_DIR}/ are not deltas: ignored"]
+    updated = unix_time(counted.get("updated_at"))
+    return {
+        "checked_at": iso(now),
+        "outer_step": counted.get("outer_step"),
+        "updated_at": iso(updated),
+        "age_s": age(updated, now),
+        "pending_deltas": sum(n["pending_deltas"] for n in nodes),
+        **global_bytes(sizes),
+        "nodes": nodes,
+        "problems": problems,
+    }
 
 
 def node_rows(files: list[Any], counted: dict[str, Any], now: float) -> list[dict[str, Any]]:

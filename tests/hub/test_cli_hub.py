@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from speedtronic.cli import hub as hub_module
 from speedtronic.config import SpeedtronicConfig
+from speedtronic.distributed import repo_status
 from speedtronic.distributed.hub import admin as hub_admin
 from speedtronic.distributed.protocol import keyframe_path
 from speedtronic.errors import ConfigError, TransportError
@@ -224,9 +225,9 @@ def step_count(outer_step, updated_at, nodes=None):
 def test_status_reports_steps_nodes_and_budgets():
     fake = Fake()
     published = time.time() - 120
-    last = hub_admin.iso(published)  # as the master writes it: the header's created_at
+    last = repo_status.iso(published)  # as the master writes it: the header's created_at
     nodes = {"node-a": {"seq": 3, "base_outer_step": 4, "last_delta_at": last, "tokens": 9}}
-    fake.commit({"global/step_count.json": step_count(7, hub_admin.iso(published), nodes)}, [], "")
+    fake.commit({"global/step_count.json": step_count(7, last, nodes)}, [], "")
     fake.commit(
         {
             "nodes/node-b/delta_00000001.safetensors": b"x" * 10,
@@ -255,7 +256,7 @@ def test_status_reports_steps_nodes_and_budgets():
 
 def test_status_reports_the_globals_bytes_per_round_and_its_keyframes():
     fake = Fake()
-    fake.commit({"global/step_count.json": step_count(3, hub_admin.iso(time.time()), {})}, [], "")
+    fake.commit({"global/step_count.json": step_count(3, repo_status.iso(time.time()), {})}, [], "")
     fake.commit({"global/latest.safetensors": b"w" * 40}, [], "")
     assert hub_admin.RepoWatcher(fake).status()["global_bytes"] == 40  # full weights
     older = keyframe_path(0, "a" * 64)
@@ -279,9 +280,9 @@ def test_status_refetches_only_when_the_head_moved():
 
 
 def test_times_parse_from_iso_strings_and_numbers():
-    assert hub_admin.unix_time("1970-01-01T00:01:00Z") == 60.0
-    assert hub_admin.unix_time(60) == 60.0 and hub_admin.unix_time("soon") is None
-    assert hub_admin.unix_time(True) is None and hub_admin.iso(60.0) == "1970-01-01T00:01:00Z"
+    assert repo_status.unix_time("1970-01-01T00:01:00Z") == 60.0
+    assert repo_status.unix_time(60) == 60.0 and repo_status.unix_time("soon") is None
+    assert repo_status.unix_time(True) is None and repo_status.iso(60.0) == "1970-01-01T00:01:00Z"
 
 
 # ------------------------------------------------------------- the CLI against the emulator
@@ -409,7 +410,8 @@ def test_cli_status_json_and_table(emu):
         }
     }
     emu.create_repo("alice/run", private=True)
-    emu.push("alice/run", {"global/step_count.json": step_count(5, hub_admin.iso(now - 60), nodes)})
+    count = step_count(5, repo_status.iso(now - 60), nodes)
+    emu.push("alice/run", {"global/step_count.json": count})
     emu.push("alice/run", {"nodes/node-b/delta_00000004.safetensors": b"d" * 100})
     result = hub("status", "alice/run", "--format", "json")
     assert result.exit_code == 0, result.stderr

@@ -17,11 +17,9 @@ from speedtronic.config.rules import is_hub_user_name
 from speedtronic.distributed.protocol import (
     NODES_DIR,
     STEP_COUNT,
-    announced_node,
-    parse_delta_path,
     parse_step_count,
 )
-from speedtronic.distributed.repo_status import age, global_bytes, iso, node_rows, unix_time
+from speedtronic.distributed.repo_status import run_summary
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import ConfigError, TransportError
 from speedtronic.hub.access import WRITE_ROLES
@@ -338,32 +336,17 @@ class RepoWatcher:
 
     def _render(self, now: float) -> dict[str, Any]:
         facts, budget = self.facts, self.client.budget
-        counted = facts["counted"]
-        outer_step = counted.get("outer_step")
-        updated = unix_time(counted.get("updated_at"))
-        nodes = node_rows(facts["files"], counted, now)
-        others = sum(  # a node's announcement (node.json) is ours, not a stranger
-            parse_delta_path(f.path) is None and announced_node(f.path) is None
-            for f in facts["files"]
+        summary = run_summary(
+            facts["counted"], facts["files"], facts["global_files"], now, facts["problems"]
         )
-        problems = list(facts["problems"])
-        if others:
-            problems.append(f"{others} file(s) under {NODES_DIR}/ are not deltas: ignored")
         return {
             "repo_id": self.client.repo_id,
-            "checked_at": iso(now),
             "head": self.head,
-            "outer_step": outer_step,
-            "updated_at": iso(updated),
-            "age_s": age(updated, now),
-            "pending_deltas": sum(n["pending_deltas"] for n in nodes),
-            **global_bytes(facts["global_files"]),
-            "nodes": nodes,
+            **summary,
             "size_bytes": facts["size_bytes"],
             "commits_1h": sum(t >= now - 3600 for t in facts["commit_times"]),
             "commits_limit_1h": HUB_COMMITS_PER_HOUR,
             "api_calls_5min": budget.calls(300),
             "api_calls_1h": budget.calls(3600),
             "api_calls_limit_5min": HUB_CALLS_PER_5_MIN,
-            "problems": problems,
         }

@@ -17,11 +17,9 @@ from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
     NODES_DIR,
     STEP_COUNT,
-    announced_node,
-    parse_delta_path,
     parse_step_count,
 )
-from speedtronic.distributed.repo_status import age, global_bytes, iso, node_rows, unix_time
+from speedtronic.distributed.repo_status import run_summary
 from speedtronic.distributed.transport import MAX_STEP_COUNT_BYTES
 from speedtronic.errors import TransportError
 
@@ -42,25 +40,7 @@ def bucket_status(client: Any, clock: Any = time.time) -> dict[str, Any]:
     sizes = {item.path: item.size for item in client.list("global")}
     if isinstance(counted.get("weights_key"), str):  # the object the step count names
         sizes[GLOBAL_WEIGHTS] = sizes.get(counted["weights_key"])
-    now = clock()
-    nodes = node_rows(files, counted, now)
-    strangers = sum(
-        parse_delta_path(f.path) is None and announced_node(f.path) is None for f in files
-    )
-    if strangers:
-        problems.append(f"{strangers} object(s) under {NODES_DIR}/ are not deltas: ignored")
-    updated = unix_time(counted.get("updated_at"))
-    return {
-        "repo": client.url(),
-        "checked_at": iso(now),
-        "outer_step": counted.get("outer_step"),
-        "updated_at": iso(updated),
-        "age_s": age(updated, now),
-        "pending_deltas": sum(n["pending_deltas"] for n in nodes),
-        **global_bytes(sizes),
-        "nodes": nodes,
-        "problems": problems,
-    }
+    return {"repo": client.url(), **run_summary(counted, files, sizes, clock(), problems)}
 
 
 def _step_count(client: Any) -> tuple[dict[str, Any], list[str]]:
