@@ -194,16 +194,22 @@ def test_I3_a_restarted_master_holds_the_repo_to_the_same_bytes(tmp_path):
     )
 
 
-def test_a_worker_installs_the_updated_global_as_every_node_reads_it(tmp_path):
+def fleet_after_one_inner_loop(tmp_path, max_steps, move=-0.25):
+    """An int8 master and a worker whose first boundary's delta has landed in the repo."""
     transport = LocalTransport(tmp_path / "repo")
     loop = int8_loop(tmp_path, transport)
     loop.start()
     net = model(1.0)
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 4)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, max_steps)
     worker.on_train_start(trainer)
-    trainer.train_step(worker)
-    trainer.train_step(worker)  # a boundary: its delta goes up
+    trainer.train_step(worker, move=move)
+    trainer.train_step(worker, move=move)  # a boundary: its delta goes up
     worker.uploader.drain(5.0)
+    return transport, loop, worker, trainer
+
+
+def test_a_worker_installs_the_updated_global_as_every_node_reads_it(tmp_path):
+    _, loop, worker, trainer = fleet_after_one_inner_loop(tmp_path, 4)
     assert loop.poll_once().outer_step == 1
     expected = loop.publisher.as_published(loop.master.global_weights, 1)
     worker.fetcher.refresh()
@@ -215,15 +221,7 @@ def test_a_worker_installs_the_updated_global_as_every_node_reads_it(tmp_path):
 
 
 def test_the_runs_last_round_publishes_a_keyframe_so_it_ends_exact(tmp_path):
-    transport = LocalTransport(tmp_path / "repo")
-    loop = int8_loop(tmp_path, transport)
-    loop.start()
-    net = model(1.0)
-    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 2)
-    worker.on_train_start(trainer)
-    trainer.train_step(worker, move=-0.3)
-    trainer.train_step(worker, move=-0.3)
-    worker.uploader.drain(5.0)
+    transport, loop, worker, trainer = fleet_after_one_inner_loop(tmp_path, 2, move=-0.3)
     assert loop.poll_once(force=True).outer_step == 1
     assert loop.publisher.keyframe.step == 1
     read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
