@@ -187,21 +187,23 @@ def decode_update(
 @dataclass(frozen=True)
 class GlobalRead:
     """A validated global: its outer step, weights, the sha256 of the file at
-    ``global/latest.safetensors`` (what step_count.json names) and the bytes it took."""
+    ``global/latest.safetensors`` (what step_count.json names; None unless the reader hashes)
+    and the bytes it took."""
 
     outer_step: int
     weights: Tensors
-    sha256: str
+    sha256: str | None
     bytes_read: int
     keyframe: str | None = None  # the keyframe's path, for an update
 
 
 class GlobalReader:
     """Reads the repo's global, full weights or an update, keeping the last keyframe it read
-    so a node that holds it downloads only the update."""
+    so a node that holds it downloads only the update. ``hashed``: say the file's sha256 (a
+    master checks the repo by it; a node has no use for it, so it does not spend the time)."""
 
-    def __init__(self, transport: Any, reference: Tensors):
-        self.transport, self.reference = transport, reference
+    def __init__(self, transport: Any, reference: Tensors, hashed: bool = False):
+        self.transport, self.reference, self.hashed = transport, reference, hashed
         self.keyframe: tuple[str, Tensors] | None = None  # (sha256, weights)
 
     def read(self, max_bytes: int) -> GlobalRead | None:
@@ -210,7 +212,7 @@ class GlobalReader:
         if data is None:
             return None
         data = bytes(data)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = hashlib.sha256(data).hexdigest() if self.hashed else None
         header = update_header(data, self.reference)
         if header is None:
             step, weights = decode_weights(data, self.reference)

@@ -59,7 +59,7 @@ def test_an_update_is_a_fraction_of_the_weights_and_within_half_a_step(
     transport = LocalTransport(tmp_path / "repo")
     data = published(transport, now, 5, keyframe, dtype)
     assert len(data) <= share * len(encode_weights(now, 5))
-    read = GlobalReader(transport, weights).read(1 << 22)
+    read = GlobalReader(transport, weights, hashed=True).read(1 << 22)
     assert read.outer_step == 5 and read.sha256 == hashlib.sha256(data).hexdigest()
     top = {"int8": 127, "int4": 7}[dtype]
     for key, value in now.items():

@@ -71,7 +71,7 @@ class RepoGuard:
         """``sha_of``: the sha256 of what a publish of a state sends (the publisher's)."""
         self.transport, self.logger, self.master_id = transport, logger, master_id
         self.reference, self.clock, self.interval_s = reference, clock, interval_s
-        self.reader = GlobalReader(transport, reference)
+        self.reader = GlobalReader(transport, reference, hashed=True)
         self.sha_of = sha_of
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
