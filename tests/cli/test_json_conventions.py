@@ -21,7 +21,7 @@ from hub.test_cli_hub import emu, step_count  # noqa: F401 - emu is a fixture
 from typer.testing import CliRunner
 
 from speedtronic.cli.app import app
-from speedtronic.distributed.hub import admin as hub_admin
+from speedtronic.distributed import repo_status
 from speedtronic.runtime import train_from_config
 
 runner = CliRunner()
@@ -124,7 +124,7 @@ def test_train_events(tiny, tmp_path):
 def test_hub_status_json(emu):  # noqa: F811 - the fixture
     emu.create_repo("alice/run", private=True)
     nodes = {"node-a": {"seq": 1, "base_outer_step": 0, "last_delta_at": 0, "tokens": 8}}
-    published = step_count(1, hub_admin.iso(time.time()), nodes)
+    published = step_count(1, repo_status.iso(time.time()), nodes)
     emu.push("alice/run", {"global/step_count.json": published})
     emu.push("alice/run", {"nodes/node-b/delta_00000001.safetensors": b"d" * 10})
     doc = checked(invoke("hub", "status", "alice/run", "--format", "json"))
