@@ -75,7 +75,9 @@ def read_json(
     try:
         return json.loads(text, parse_constant=_no_constant)
     except _NonFinite as exc:
-        raise error(f"{name}: holds {exc.args[0]}, which is not JSON (numbers must be finite)")
+        raise error(
+            f"{name}: holds {exc.args[0]}, which is not JSON (numbers must be finite)"
+        ) from None
     except RecursionError:
         raise error(f"{name}: nested too deeply to read") from None
     except ValueError as exc:

@@ -37,7 +37,7 @@ def test_refuses_a_file_over_the_limit_naming_it(tmp_path):
     assert read_text(p, 4096) == "x" * 2049
 
 
-@pytest.mark.parametrize("body", ['{"a": NaN}', '{"a": Infinity}', '[-Infinity]'])
+@pytest.mark.parametrize("body", ['{"a": NaN}', '{"a": Infinity}', "[-Infinity]"])
 def test_json_constants_that_are_not_json_are_refused(tmp_path, body):
     p = tmp_path / "c.json"
     p.write_text(body)
