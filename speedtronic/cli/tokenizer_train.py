@@ -42,7 +42,8 @@ def train(
         "--special",
         metavar="TOKEN",
         help="A special token to add after <|endoftext|> (the document separator, id 0); "
-        "repeatable.",
+        "repeatable. Delimited as ordinary text is not: <|name|>, <name> or [NAME], no spaces "
+        "inside (any text holding it encodes as that token).",
     ),
     held_out: float = typer.Option(
         0.01,
@@ -65,7 +66,8 @@ def train(
 ) -> None:
     """Train a byte-level BPE tokenizer on SOURCES... into OUT; report bytes per token.
 
-    Exit codes: 0 written, 1 disk failure, 2 bad input.
+    A document of whitespace alone (an empty .txt) is skipped; sources holding nothing else are
+    refused. Exit codes: 0 written, 1 disk failure, 2 bad input.
     """
     from speedtronic.data.tokenizer_train import TrainRequest
     from speedtronic.data.tokenizer_train import train as train_tokenizer

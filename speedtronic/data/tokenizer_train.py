@@ -14,7 +14,12 @@ result: UTF-8 bytes per token (higher compresses better), and the same for ``--c
 safely (``encode.splits_like_bytelevel``): GPT-2's regex byte-level pre-tokenizer without a prefix
 space, BPE merges over the 256 byte symbols, the byte-level decoder, no post-processor. The
 special tokens take the first ids, the document separator ``<|endoftext|>`` id 0, which is the
-token ``data tokenize --tokenizer OUT`` puts before each document (``encode.EOT_NAMES``).
+token ``data tokenize --tokenizer OUT`` puts before each document (``encode.EOT_NAMES``). Every
+occurrence of a special token in text encodes as that token (and vanishes when decoded with
+``skip_special_tokens``), so one must be delimited as text seldom is (``SPECIAL_SHAPE``).
+
+**No document**: a document of whitespace alone (an empty ``.txt``, ``{"text": ""}``) is skipped
+in every format; sources holding nothing else are refused, nothing written.
 
 **Owning OUT** (DESIGN §5c): OUT is written atomically (a temporary sibling, fsync, rename), then
 a record beside it, ``.OUT.tokenizer-train.json`` (its sha256, the request, the figures). An
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +48,9 @@ SEPARATOR = "<|endoftext|>"  # the first name data tokenize looks for (encode.EO
 MAX_VOCAB = 1 << 20
 HELD_OUT_BYTES = 8 << 20  # held-out text kept to measure on; the rest is only counted
 RECORD_KIND = "speedtronic data tokenizer train"
+# <name> (no whitespace or angle brackets inside, a letter or digit among them) or [NAME]: words,
+# punctuation and operators such as <=> or [1] occur in ordinary text, and would be cut out of it
+SPECIAL_SHAPE = re.compile(r"<[^\s<>]*[A-Za-z0-9][^\s<>]*>|\[[A-Z][A-Z0-9_]*\]")
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,13 @@ def check_request(request: TrainRequest) -> None:
         raise DataError(f"--min-frequency: must be >= 1 (got {request.min_frequency})")
     if request.max_document_bytes < 1:
         raise DataError(f"--max-document-bytes: must be >= 1 (got {request.max_document_bytes})")
-    if any(not s.strip() for s in request.specials):
-        raise DataError("--special: a special token cannot be empty or blank")
+    for token in request.specials:
+        if not SPECIAL_SHAPE.fullmatch(token):
+            raise DataError(
+                f"--special {token!r}: a special token must be delimited as ordinary text is not: "
+                "<|name|>, <name> or [NAME], no spaces inside (text holding it would be encoded as "
+                "that token and lost when decoded with skip_special_tokens)"
+            )
 
 
 def tokenizers_module() -> Any:
@@ -158,6 +172,8 @@ class Documents:
     def __iter__(self) -> Iterator[str]:
         try:
             for text in self._all():
+                if not text or text.isspace():  # nothing to learn a merge from
+                    continue
                 if not held_out(text, self.request.held_out):
                     self._count("", text)
                     yield text
@@ -240,10 +256,20 @@ def train(request: TrainRequest, out: Path, compare: str | None = None) -> dict:
         if documents.error is not None:
             raise documents.error
         if not documents.counts["documents"]:
-            raise DataError("the sources hold no document outside the held-out slice to train on")
+            raise no_document(request, documents.counts["held_out_documents"])
         report = _report(request, out, tokenizer, documents, other, compare)
         write_owned(out, tokenizer.to_str(), {"request": asdict(request), "report": report})
     return report
+
+
+def no_document(request: TrainRequest, held: int) -> DataError:
+    sources = ", ".join(request.sources)
+    if held:
+        return DataError(
+            f"{sources}: all {held} document(s) fell in the held-out slice; lower --held-out "
+            f"(got {request.held_out}) or add text"
+        )
+    return DataError(f"{sources}: no document to train on (empty or whitespace-only text)")
 
 
 def load_compare(tk: Any, path: str) -> Any:
