@@ -185,6 +185,9 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
 def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]) -> dict:
     """The files in ``tmp``, each fsynced, the mark last; returns name -> size."""
     save_file(llama.llama_state(run.model, dtype), str(tmp / MODEL_FILE), metadata={"format": "pt"})
+    # safetensors creates its file 0600 whatever the umask; every other file here (and every
+    # checkpoint file) is created with the user's umask, so the weights get it too.
+    os.chmod(tmp / MODEL_FILE, 0o666 & ~_umask())
     fsync_file(tmp / MODEL_FILE)
     records = {MODEL_FILE: _record_of(tmp / MODEL_FILE)}
     for name, data in files.items():
@@ -213,6 +216,13 @@ def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]
         os.fsync(f.fileno())
     fsync_dir(tmp)
     return {name: record["bytes"] for name, record in records.items()}
+
+
+def _umask() -> int:
+    """The process's umask; setting it is the only portable way to read it, so it is set back."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _record_of(path: Path) -> dict:

@@ -1,11 +1,13 @@
 """What ``export`` does to an OUT that already holds something (issue 35): a README edited by hand
 after an earlier export is refused by name and kept, an OUT that is a link is the directory it
-points at (the link stays, no ``.tmp-*`` is left), and a full disk is one line naming OUT, exit 1.
+points at (the link stays, no ``.tmp-*`` is left), a full disk is one line naming OUT, exit 1,
+and every file it writes gets the user's umask (safetensors alone would write 0600).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 from modelout_support import assert_one_line_error, invoke, train_text
@@ -57,3 +59,15 @@ def test_a_full_disk_is_one_line_naming_out(byte_run, tmp_path, monkeypatch, whe
     line = assert_one_line_error(invoke("export", byte_run, out), code=1)
     assert f"OUT: could not write {out}" in line and "No space left on device" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_every_exported_file_gets_the_users_umask(byte_run, tmp_path):
+    out = tmp_path / "model"
+    old = os.umask(0o027)  # not the usual 022, so a hard-coded 0644 fails too
+    try:
+        assert invoke("export", byte_run, out).exit_code == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert modes["model.safetensors"] == "0o640"  # safetensors alone wrote 0600
+    assert set(modes.values()) == {"0o640"}, modes
