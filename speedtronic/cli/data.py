@@ -17,7 +17,13 @@ from pathlib import Path
 import typer
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option, load_config
+from speedtronic.cli.options import (
+    JSON_SCHEMA_VERSION,
+    OutputFormat,
+    format_option,
+    load_config,
+    text_suffix_option,
+)
 
 data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
 PLAIN_EVERY_S = 10.0
@@ -29,8 +35,8 @@ def tokenize(
     sources: list[str] = typer.Argument(
         ...,
         help="What to tokenize, in order: .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet "
-        "files, directories (their files of those kinds, sorted), globs, or "
-        "hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB].",
+        "files, directories (their files of those kinds, sorted; others with --text-suffix), "
+        "globs, or hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB].",
     ),
     out: str = typer.Argument(
         ...,
@@ -87,6 +93,7 @@ def tokenize(
         help="Keep Hub downloads here and reuse them. Default: delete each source file once "
         "its tokens are written.",
     ),
+    text_suffix: list[str] = text_suffix_option(),
     config: Path | None = typer.Option(
         None, "--config", "-c", help="Take data.tokenizer from this config file."
     ),
@@ -100,9 +107,11 @@ def tokenize(
         tokenizer = load_config(config, []).data.tokenizer
     from speedtronic.data.ingest.pipeline import tokenize_corpus
     from speedtronic.data.ingest.plan import Request
+    from speedtronic.data.ingest.spec import with_text_suffixes
 
+    named = with_text_suffixes(tuple(sources), tuple(text_suffix))
     request = Request(
-        tuple(sources), tokenizer or "byte", column, val_fraction, max_tokens, dtype,
+        named, tokenizer or "byte", column, val_fraction, max_tokens, dtype,
         shard_tokens, separator, flat=out.endswith(".bin"), max_document_bytes=max_document_bytes,
     )  # fmt: skip
     started = time.monotonic()

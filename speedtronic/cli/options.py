@@ -47,6 +47,18 @@ def log_format_option() -> Any:
     )
 
 
+def text_suffix_option() -> Any:
+    """``--text-suffix`` of ``data tokenize`` and ``data tokenizer train``: a directory SOURCE's
+    files of another kind (source code, Markdown) read as text."""
+    return typer.Option(
+        [],
+        "--text-suffix",
+        metavar="SUFFIX",
+        help="Also read a directory SOURCE's files ending in SUFFIX (e.g. .py) as UTF-8 text, "
+        "one document each, as the glob 'DIR/**/*SUFFIX' would; repeatable.",
+    )
+
+
 # Every --format json document carries this (and bumps it on a rename or removal).
 JSON_SCHEMA_VERSION = 1
 

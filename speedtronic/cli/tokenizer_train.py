@@ -12,7 +12,12 @@ from pathlib import Path
 import typer
 
 from speedtronic.cli.errors import handle_errors
-from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
+from speedtronic.cli.options import (
+    JSON_SCHEMA_VERSION,
+    OutputFormat,
+    format_option,
+    text_suffix_option,
+)
 
 tokenizer_app = typer.Typer(help="Make a tokenizer of your own.", no_args_is_help=True)
 MAX_DOCUMENT_BYTES = 64 << 20  # = speedtronic.data.ingest.formats.MAX_DOCUMENT_BYTES
@@ -22,7 +27,8 @@ def train(
     sources: list[str] = typer.Argument(
         ...,
         help="What to train on, read as data tokenize reads it: .txt, .jsonl, .jsonl.gz, "
-        ".jsonl.zst or .parquet files, directories (their files of those kinds), globs.",
+        ".jsonl.zst or .parquet files, directories (their files of those kinds; others with "
+        "--text-suffix), globs.",
     ),
     out: Path = typer.Argument(
         ..., help="The tokenizer file to write (a .json name; use it as --tokenizer OUT)."
@@ -62,6 +68,7 @@ def train(
         "--max-document-bytes",
         help="Refuse a JSON Lines line or Parquet value longer than this (as data tokenize).",
     ),
+    text_suffix: list[str] = text_suffix_option(),
     output_format: OutputFormat = format_option("one summary line"),
 ) -> None:
     """Train a byte-level BPE tokenizer on SOURCES... into OUT; report bytes per token.
@@ -69,11 +76,13 @@ def train(
     A document of whitespace alone (an empty .txt) is skipped; sources holding nothing else are
     refused. Exit codes: 0 written, 1 disk failure, 2 bad input.
     """
+    from speedtronic.data.ingest.spec import with_text_suffixes
     from speedtronic.data.tokenizer_train import TrainRequest
     from speedtronic.data.tokenizer_train import train as train_tokenizer
 
+    named = with_text_suffixes(tuple(sources), tuple(text_suffix))
     request = TrainRequest(
-        tuple(sources), vocab_size, column, held_out, tuple(special), min_frequency,
+        named, vocab_size, column, held_out, tuple(special), min_frequency,
         max_document_bytes,
     )  # fmt: skip
     report = train_tokenizer(request, out, compare)

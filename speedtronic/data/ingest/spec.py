@@ -5,8 +5,10 @@ their paths), a glob (``*`` within a path segment, ``**`` across them; matches i
 or ``hf://datasets/OWNER/NAME[@REVISION][/PATH-OR-GLOB]`` (listed by ``hub_source``). The
 format comes from the name: ``.txt`` text, ``.jsonl`` / ``.ndjson`` JSON Lines, the same
 ``.gz`` or ``.zst`` compressed (``.json.gz`` too), ``.parquet``; a file named on its own with
-another suffix is read as text (what ``data.text_path`` accepts). A glob that matches nothing,
-a directory without a known file and a missing file are one-line errors naming them.
+another suffix is read as text (what ``data.text_path`` accepts); ``with_text_suffixes``
+(``--text-suffix .py``) reads a directory's files of other suffixes as text, as the glob
+``DIR/**/*.py``. A glob that matches nothing, a directory without a known file (naming the glob
+that reads its commonest suffix) and a missing file are one-line errors naming them.
 
 Stdlib only: the CLI's checks and the loader's refusal of a ``.jsonl`` as ``data.text_path``
 use it without pyarrow or torch.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -187,16 +190,56 @@ def local_inputs(source: str, avoid: tuple[str, ...] = ()) -> list[InputFile]:
             raise DataError(f"{source}: no file matches this glob")
         return [_local(p, file_format(p.name) or "text") for p in files]
     if path.is_dir():
-        below = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p.name))
-        below = [p for p in below if not any(part.startswith(".") for part in p.parts[-1:])]
+        below = [p for p in _dir_files(path) if file_format(p.name)]
         if not below:
-            raise DataError(f"{source}: the directory holds no file of a known format ({KNOWN})")
+            raise _no_known_file(source, path)
         return [_local(p, file_format(p.name)) for p in below]
     if not path.exists():
         raise DataError(f"{source}: file not found")
     if not path.is_file():
         raise DataError(f"{source}: not a regular file or a directory")
     return [_local(path, file_format(path.name) or "text")]
+
+
+def _dir_files(path: Path) -> list[Path]:
+    """A directory's files, recursively, in sorted order, leaving out hidden ones."""
+    return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _no_known_file(source: str, path: Path) -> DataError:
+    """The refusal of a directory of no known format, naming the glob and the option that read
+    its commonest suffix (``.py``, ``.md``) as text."""
+    suffixes = Counter(p.suffix for p in _dir_files(path) if p.suffix)
+    text = f"{source}: the directory holds no file of a known format ({KNOWN})"
+    if not suffixes:
+        return DataError(text)
+    common = suffixes.most_common(1)[0][0]
+    pattern = os.path.join(glob.escape(source), "**", f"*{common}")
+    return DataError(
+        f"{text}; to read its {common} files as text, add --text-suffix {common} or name them "
+        f"with the glob '{pattern}'"
+    )
+
+
+def with_text_suffixes(sources: tuple[str, ...], suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    """``sources`` with each local directory also read for its files ending in ``suffixes``, as
+    text (``--text-suffix``): the globs ``DIR/**/*SUFFIX`` follow the directory, which stays
+    where it holds files of a known format. Globs, files and Hub sources are left as they are."""
+    for suffix in suffixes:
+        if not re.fullmatch(r"\.[^/\\*?\[\]]+", suffix) or file_format(suffix):
+            raise DataError(
+                f"--text-suffix {suffix!r}: must be a file suffix such as .py, not one of a known "
+                f"format ({KNOWN})"
+            )
+    out: list[str] = []
+    for source in sources:
+        if not suffixes or is_hub(source) or is_glob(source) or not Path(source).is_dir():
+            out.append(source)
+            continue
+        if any(file_format(p.name) for p in _dir_files(Path(source))):
+            out.append(source)
+        out += [os.path.join(glob.escape(source), "**", f"*{s}") for s in dict.fromkeys(suffixes)]
+    return tuple(out)
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
