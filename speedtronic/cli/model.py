@@ -104,6 +104,8 @@ def generate(
         import torch
 
         torch.set_num_threads(threads)
+    if any(not t for t in stop or ()):
+        raise ConfigError("--stop: an empty text would stop at once; give the text to stop at")
     stops = (tuple(stop or ()), not no_stop)
     _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format, stops)
 
@@ -150,6 +152,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
 
     from speedtronic.modelout.generate import Decoder, check_prompt, generate, vocab_size
     from speedtronic.modelout.source import open_run
+    from speedtronic.modelout.stops import Completion, Stopper, stop_tokens
 
     run = open_run(run_path, tokenizer, log=_note)
     tok = run.require_tokenizer()
@@ -161,17 +164,18 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
     seed = secrets.randbelow(2**31) if seed is None else seed
     generator = torch.Generator().manual_seed(seed)
     how = "KV cache" if callable(getattr(model, "forward_cached", None)) else "no KV cache"
-    stopper = _stopper(run, tok, *stops)
+    texts, at_tokens = stops
+    end_ids = stop_tokens(tok, run.config) if at_tokens else {}
     for index in range(num_samples):
         decoder = Decoder(model, window, precision)
-        on_token = None
-        if output_format is OutputFormat.text:
-            if index:
-                print("\n---", flush=True)
-            print(text, end="", flush=True)
-            on_token = _streamer(tok.decode_stream(prompt_ids))
-        sample = generate(decoder, prompt_ids, sampling, generator, on_token, stopper)
-        if output_format is OutputFormat.text:
+        as_text = output_format is OutputFormat.text
+        if as_text:
+            print("\n---\n" if index else "", text, sep="", end="", flush=True)
+        completion = Completion(tok.decode_stream(prompt_ids), texts, _write if as_text else None)
+        stopper = Stopper(end_ids, completion)
+        sample = generate(decoder, prompt_ids, sampling, generator, None, stopper)
+        completed = completion.finish()  # what was held back in case a stop text began there
+        if as_text:
             print(flush=True)
         where = f"{precision.device.type}, {precision.mode}, {how}"
         _note(
@@ -186,19 +190,8 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
                 f"time generation went on from its newest {window // 2 or 1} tokens"
             )
         if output_format is OutputFormat.json:
-            record = _sample_json(run, text, tok, sample, index, seed)
-            shown = sample.ids[:-1] if sample.stop_reason == "eos" else sample.ids  # as streamed
-            record.update(completion=stopper.cut(tok.decode(shown)), stop=sample.stop_reason)
+            record = _sample_json(run, text, completed, sample, index, seed)
             print(json.dumps(record), flush=True)
-
-
-def _stopper(run: Any, tok: Any, texts: tuple[str, ...], at_tokens: bool) -> Any:
-    from speedtronic.modelout.stops import Stopper, stop_tokens
-
-    if any(not t for t in texts):
-        raise ConfigError("--stop: an empty text would stop at once; give the text to stop at")
-    tokens = stop_tokens(tok, run.config) if at_tokens else {}
-    return Stopper(tokens, texts, tok.decode)
 
 
 def _precision(run: Any, device: str) -> Any:
@@ -215,22 +208,17 @@ def _precision(run: Any, device: str) -> Any:
     return precision
 
 
-def _streamer(decode_next):
-    def on_token(token: int) -> None:
-        piece = decode_next(token)
-        if piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-
-    return on_token
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
-def _sample_json(run, text: str, tok, sample, index: int, seed: int) -> dict:
+def _sample_json(run, text: str, completion: str, sample, index: int, seed: int) -> dict:
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "sample": index,
         "prompt": text,
-        "completion": tok.decode(sample.ids),
+        "completion": completion,
         "tokens": sample.ids,
         "num_tokens": len(sample.ids),
         "prompt_tokens": len(sample.prompt_ids),
@@ -239,6 +227,7 @@ def _sample_json(run, text: str, tok, sample, index: int, seed: int) -> dict:
         "seed": seed,
         "checkpoint": str(run.checkpoint),
         "step": run.step,
+        "stop": sample.stop_reason,
     }
 
 

@@ -8,7 +8,7 @@ next document starting) or its end-of-text token (``<|endoftext|>``, ``</s>``, .
 separator the run's token data recorded in its manifest. ``export`` writes the same ids as
 ``eos_token_id``, so transformers' ``generate`` stops where ``speedtronic generate`` does.
 ``Stopper`` is what ``generate`` asks after each token; the reason is ``eos``, ``stop_text``
-or ``max_tokens``.
+or ``max_tokens``. ``Completion`` is the sample's text, the one the text and JSON outputs show.
 """
 
 from __future__ import annotations
@@ -80,23 +80,59 @@ def _manifest_separator(config: dict | None) -> dict[int, str]:
 
 
 @dataclass
+class Completion:
+    """A sample's text, decoded after the prompt (``decode_next``: ``decode_stream``), handed to
+    ``write`` as soon as no stop text can begin in it, and ending before the first stop text.
+    The text output prints what ``text`` ends as, and that is the JSON ``completion``: one text,
+    the stop text left out of both. A character whose bytes the sample ends inside (a stop text
+    or the token budget cut it) is not shown: ``decode_stream`` hands out whole characters."""
+
+    decode_next: Callable[[int], str]
+    texts: tuple[str, ...] = ()
+    write: Callable[[str], None] | None = None
+    text: str = ""
+    shown: int = 0  # characters of text already written
+
+    def add(self, token: int) -> bool:
+        """Take one more token; True once a stop text is complete (``text`` now ends before it)."""
+        self.text += self.decode_next(token)
+        # a stop text cannot begin in what is shown: _safe held back every tail that could
+        found = [i for stop in self.texts if (i := self.text.find(stop, self.shown)) >= 0]
+        if found:
+            self.text = self.text[: min(found)]
+        self._show(len(self.text) if found else self._safe())
+        return bool(found)
+
+    def finish(self) -> str:
+        """Write what was held back (no stop text followed it); the whole completion."""
+        self._show(len(self.text))
+        return self.text
+
+    def _safe(self) -> int:
+        """Where the earliest tail of ``text`` that a stop text begins with starts."""
+        longest = max((len(stop) for stop in self.texts), default=0)
+        for start in range(max(self.shown, len(self.text) - longest + 1), len(self.text)):
+            if any(stop.startswith(self.text[start:]) for stop in self.texts):
+                return start
+        return len(self.text)
+
+    def _show(self, end: int) -> None:
+        if end > self.shown and self.write is not None:
+            self.write(self.text[self.shown : end])
+        self.shown = max(self.shown, end)
+
+
+@dataclass
 class Stopper:
-    """Asked after each new token: why generation stops there, or None to go on."""
+    """Asked after each new token: why generation stops there, or None to go on. A token that
+    is not an end-of-document token goes to ``completion``, whose text decides stop texts."""
 
     tokens: dict[int, str]
-    texts: tuple[str, ...] = ()
-    decode: Callable[[list[int]], str] | None = None
+    completion: Completion | None = None
 
     def __call__(self, ids: list[int]) -> str | None:
         if ids and ids[-1] in self.tokens:
             return STOP_EOS
-        if self.texts and self.decode is not None:
-            text = self.decode(ids)
-            if any(stop in text for stop in self.texts):
-                return STOP_TEXT
+        if ids and self.completion is not None and self.completion.add(ids[-1]):
+            return STOP_TEXT
         return None
-
-    def cut(self, text: str) -> str:
-        """``text`` up to the first stop text in it (the stop text left out)."""
-        ends = [text.find(stop) for stop in self.texts if stop in text]
-        return text[: min(ends)] if ends else text
