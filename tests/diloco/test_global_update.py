@@ -229,6 +229,25 @@ def test_the_runs_last_round_publishes_a_keyframe_so_it_ends_exact(tmp_path):
     worker.on_train_end(trainer, None)
 
 
+def test_a_run_whose_last_round_ran_before_its_end_still_ends_on_a_keyframe(tmp_path):
+    """Issue 46: the last round ran in the background (an update on an older keyframe), so the
+    end found nothing pending; the final global must still be the master's weights exactly."""
+    from speedtronic.distributed.master.plugin import finish
+
+    transport = LocalTransport(tmp_path / "repo")
+    loop = int8_loop(tmp_path, transport)
+    loop.start()
+    loop.master._weights = {"weight": torch.tensor([[0.7, 0.123]])}  # int8 cannot say it
+    loop.master._step = 1
+    loop.republish()  # an update on keyframe 0
+    finish(loop)
+    read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
+    assert read.outer_step == 2 and loop.publisher.keyframe.step == 2
+    assert torch.equal(read.weights["weight"], loop.master.global_weights["weight"])
+    assert torch.equal(read.weights["weight"], torch.tensor([[0.7, 0.123]]))
+    assert keyframes(tmp_path) == [loop.publisher.keyframe.path.split("/")[-1]]
+
+
 def test_validate_says_what_the_global_costs_a_round(tiny, tmp_path):
     from cli.test_cli import invoke, write
 

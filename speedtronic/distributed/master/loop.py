@@ -186,15 +186,22 @@ class MasterLoop:
         if not force and not self.publisher.due():
             return None  # the offered deltas wait for the next poll's round
         result = self._round(force)
+        if result is None and force and not self.publisher.exact_at(self.master.outer_step):
+            # the last round went out as an update on an older keyframe (it ran before the end
+            # was known): one more step, the same weights as a keyframe, so the run ends exact
+            result = self._round(force, same=True)
         if result is None and force and self.summary_unpublished():
             self.republish()  # e.g. an end marker: the step count says the node has ended
         return result
 
-    def _round(self, force: bool) -> RoundResult | None:
-        """Propose a round, save it, then commit and publish it; a failed save drops the
-        proposal (its deltas stay pending for the next poll) and names the file."""
+    def _round(self, force: bool, same: bool = False) -> RoundResult | None:
+        """Propose a round (``same``: a step of the same weights), save it, then commit and
+        publish it; a failed save drops the proposal (its deltas stay pending for the next
+        poll) and names the file."""
         with self.lock:
-            result = self.master.propose(self.clock(), force=force)
+            result = (
+                self.master.propose_same() if same else self.master.propose(self.clock(), force)
+            )
         if result is None:
             return None
         nodes = self.intake.summary_after(result)

@@ -399,6 +399,19 @@ class Master:
             step, weights, got.included, stale, bad, bool(full), got.tokens, mode, candidate
         )
 
+    def propose_same(self) -> RoundResult:
+        """An outer step holding the same weights and no delta: the run's end takes one when
+        its last round was published as an update on an older keyframe (``global_dtype``), so
+        the final global is the master's weights exactly, under a step of its own (I3)."""
+        cfg = self.config
+        mode = "off" if cfg.outer_momentum == 0 else "pending"
+        fleet, settled = dict(self._fleet), set(self._processed)
+        candidate = _Candidate(
+            self._step + 1, self._weights, self._optimizer, fleet, settled, cfg.max_staleness
+        )
+        stale, bad = list(self._stale), dict(self._bad)
+        return RoundResult(candidate.step, self._weights, [], stale, bad, False, 0, mode, candidate)
+
     def commit(self, result: RoundResult) -> None:
         """Take on a proposed round's state (once it is saved): its deltas are settled."""
         c = result.candidate

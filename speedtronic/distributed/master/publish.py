@@ -160,6 +160,12 @@ class Publisher:
             return as_keyframe(state.global_weights, step)
         return current
 
+    def exact_at(self, outer_step: int) -> bool:
+        """Whether nodes read ``outer_step``'s global as the master's weights exactly: full
+        weights (fp32), or a step published on a keyframe of itself."""
+        keyframe = self.keyframe
+        return self.global_dtype == "fp32" or keyframe is None or keyframe.step == outer_step
+
     def restore(self, state: MasterState | None) -> None:
         """A loaded state's keyframe is the one its step was published on."""
         if state is not None and self.global_dtype != "fp32":
