@@ -9,7 +9,7 @@ stdout, progress to stderr.
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -18,8 +18,13 @@ from typing import Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, SpeedtronicError
+
+# A text is tokenized whole and every token held as a window: 64 MiB is a big held-out set
+# already, and the most a laptop should be asked to hold for it.
+MAX_TEXT_BYTES = 64 << 20
 
 
 def evaluate(
@@ -33,7 +38,8 @@ def evaluate(
         [],
         "--text",
         metavar="FILE",
-        help="A UTF-8 text file to report loss and bits per byte over; repeat for several.",
+        help="A UTF-8 text file (at most 64 MiB) to report loss and bits per byte over; repeat "
+        "for several.",
     ),
     stride: int | None = typer.Option(
         None,
@@ -85,7 +91,7 @@ def evaluate(
     if output_format is OutputFormat.json:
         if not per_example:
             report.pop("examples", None)
-        print(json.dumps(report, indent=2))
+        print(json_text(report))
         return
     _print_text(report, per_example)
 
@@ -110,11 +116,9 @@ def _task_file(data: str | None) -> Path:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"--text: cannot read {path} as UTF-8 text: {reason}") from None
+    from speedtronic.readlimit import read_text
+
+    return read_text(path, MAX_TEXT_BYTES, "--text", ConfigError)
 
 
 def _run(run_path, texts, stride, task, items, batch_size, device, tokenizer) -> dict:
@@ -142,6 +146,7 @@ def _score_text(scorer, tok, path: Path, body: str, stride: int | None) -> dict:
     started = time.perf_counter()
     result = score_text(scorer, tok, body, stride, _progress(f"{path}", count))
     seconds = time.perf_counter() - started
+    _require_finite([result.loss], f"--text {path}")
     return {"path": str(path), **result.as_dict(), "stride": stride or scorer.window, "s": seconds}
 
 
@@ -151,6 +156,7 @@ def _score_task(scorer, tok, task: str, items) -> dict:
     count = sum(len(item.choices) for item in items)
     started = time.perf_counter()
     result = score_choices(scorer, tok, items, _progress(task, count))
+    _require_finite([p for e in result.examples for p in e["logprobs"]], f"--task {task}")
     return {
         "task": task,
         "n": result.n,
@@ -159,6 +165,17 @@ def _score_task(scorer, tok, task: str, items) -> dict:
         "s": time.perf_counter() - started,
         "examples": result.examples,
     }
+
+
+def _require_finite(values: list[float], what: str) -> None:
+    """A NaN or infinite score has no meaning (a NaN accuracy reads as 0.0): refused, never
+    reported, and never written into JSON, which has no NaN."""
+    if not all(math.isfinite(v) for v in values):
+        raise SpeedtronicError(
+            f"{what}: the model gives non-finite log-probabilities (NaN or infinity); its "
+            "weights hold NaN/inf or its logits overflow at this precision",
+            hint="an earlier checkpoint (a step_* directory under checkpoints/) may be sound",
+        )
 
 
 def _progress(label: str, total: int):

@@ -29,7 +29,10 @@ def requests_of(tokenizer: Any, items: Sequence[Item]) -> list[Request]:
     requests = []
     for item in items:
         context = list(tokenizer(item.context))
-        requests += [Request(context, list(tokenizer(c))) for c in item.choices]
+        requests += [
+            Request(context, list(tokenizer(c)), f"{item.where}: ending {j}")
+            for j, c in enumerate(item.choices)
+        ]
     return requests
 
 

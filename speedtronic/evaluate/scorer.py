@@ -32,6 +32,7 @@ IGNORE = -100
 class Request:
     context: Sequence[int]
     continuation: Sequence[int]
+    where: str = ""  # what the request came from (FILE:LINE, ending N), for messages
 
 
 @dataclass(frozen=True)
@@ -80,17 +81,18 @@ class Scorer:
     def _row(self, index: int, request: Request) -> tuple[list[int], int]:
         """(the ids to read, newest ``window`` + 1 of them, and how many of the last are scored)."""
         context, continuation = list(request.context), list(request.continuation)
+        where = request.where or f"request {index}"
         if not context or not continuation:
-            raise DataError(f"request {index}: needs a context and a continuation of >= 1 token")
+            raise DataError(f"{where}: needs a context and a continuation of >= 1 token")
         if len(continuation) > self.window:
             raise DataError(
-                f"request {index}: a continuation of {len(continuation)} tokens does not fit "
+                f"{where}: a continuation of {len(continuation)} tokens does not fit "
                 f"the model's window ({self.window} tokens)"
             )
         full = (context + continuation)[-(self.window + 1) :]
         if self.vocab is not None and max(full) >= self.vocab:
             raise DataError(
-                f"request {index}: token id {max(full)} is outside the model's vocabulary "
+                f"{where}: token id {max(full)} is outside the model's vocabulary "
                 f"({self.vocab}): the tokenizer does not fit this model"
             )
         return full, len(continuation)

@@ -20,6 +20,8 @@ byte-level tokenizer or a byte-level BPE.
 from __future__ import annotations
 
 import codecs
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from speedtronic.evaluate.scorer import Request
 from speedtronic.evaluate.text import first_token_bytes, windows
 
 BYTES_PER_TOKEN = 16
+PIECE_BYTES = 1 << 20
 CORPUS_FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
 
 
@@ -72,15 +75,27 @@ def _read_text(path: str, key: str, limit: int) -> str:
     fmt = file_format(path)
     if fmt in CORPUS_FORMATS:
         return _corpus_text(path, fmt, limit)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit)
-    except OSError as exc:
-        raise DataError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
+    data = _head(path, key, limit)
     try:  # final=False: a character cut at the limit is left out, not an error
         return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
     except UnicodeDecodeError as exc:
         raise DataError(f"{key}: {path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _head(path: str, key: str, limit: int) -> bytearray:
+    """The first ``limit`` bytes of a regular file, read in pieces: ``read(limit)`` would
+    allocate ``limit`` bytes at once (32 GiB for ``max_tokens: 2**31``) however short the file.
+    O_NONBLOCK: a FIFO with no writer is refused below rather than waited on."""
+    data = bytearray()
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise DataError(f"{key}: {path} must be a regular file (got a FIFO or device)")
+            while len(data) < limit and (piece := handle.read(min(PIECE_BYTES, limit - len(data)))):
+                data += piece
+    except OSError as exc:
+        raise DataError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
+    return data
 
 
 def _corpus_text(path: str, fmt: str, limit: int) -> str:

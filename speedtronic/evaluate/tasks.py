@@ -5,7 +5,8 @@ of the right one); scoring them is ``choice``'s, the same for every task. HellaS
 is one object per line with ``ctx`` (text), ``endings`` (a list of texts) and ``label`` (an index
 into them, an integer or a numeric string as the Hub's copy has it). Each ending is scored as the
 continuation ``" " + ending`` after ``ctx``, as nanoGPT and llm.c do. A bad line is one DataError
-naming the file, the line and what is wrong, before any scoring.
+naming the file, the line and what is wrong, before any scoring; a line is read
+``MAX_LINE_BYTES`` at most, so an endless one (``/dev/zero``) is refused, never held whole.
 
 Another multiple-choice task (ARC-easy, PIQA, ...) is one more function here that maps its
 records to ``Item``s and one entry in ``ADAPTERS``.
@@ -13,13 +14,14 @@ records to ``Item``s and one entry in ``ADAPTERS``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from speedtronic.errors import DataError
+
+MAX_LINE_BYTES = 1 << 20  # a task item is a few KB; a longer line is not one
 
 
 @dataclass(frozen=True)
@@ -31,35 +33,52 @@ class Item:
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line; anything else is one DataError."""
+    """(line number, object) for every non-blank line; anything else is one DataError. A line
+    is read ``MAX_LINE_BYTES`` at most: a longer one (or ``/dev/zero``) is refused, not held."""
     try:
-        handle = path.open("r", encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise DataError(f"--data: cannot read {path}: {exc.strerror or exc}") from None
     with handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield number, _object(path, number, line)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        here, number = 0, 0
+        while line := _line(handle, path, number + 1):
+            number, here = number + 1, here + len(line)
+            if line.strip():
+                yield number, _object(f"{path}:{number}", line, here - len(line))
 
 
-def _object(path: Path, number: int, line: str) -> dict[str, Any]:
+def _line(handle: BinaryIO, path: Path, number: int) -> bytes:
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
+        line = handle.readline(MAX_LINE_BYTES + 1)
+    except OSError as exc:
+        raise DataError(f"--data: cannot read {path}: {exc.strerror or exc}") from None
+    if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):  # a newline is not content
+        raise DataError(
+            f"{path}:{number}: the line is longer than {MAX_LINE_BYTES:,} bytes, more than a "
+            "task item needs (one JSON object per line)"
+        )
+    return line
+
+
+def _object(where: str, line: bytes, here: int) -> dict[str, Any]:
+    from speedtronic.data.ingest.formats import no_surrogate, parse_line
+
+    record = parse_line(line, here, where, "")
     if not isinstance(record, dict):
-        raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for value in record.values():  # the texts an adapter can read: strings, lists of strings
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                no_surrogate(text, line, where)
     return record
 
 
 def hellaswag_item(record: dict[str, Any], where: str) -> Item:
     """One HellaSwag record as an Item; DataError naming ``where`` and the field otherwise."""
     ctx, endings = record.get("ctx"), record.get("endings")
-    if not isinstance(ctx, str):
-        raise DataError(f"{where}: field 'ctx' must be a string ({_got(record, 'ctx')})")
+    if not isinstance(ctx, str) or not ctx:
+        got = "got ''" if ctx == "" else _got(record, "ctx")
+        raise DataError(f"{where}: field 'ctx' must be a non-empty string ({got})")
     if not (isinstance(endings, list) and len(endings) >= 2):
         raise DataError(f"{where}: field 'endings' must be a list of >= 2 strings")
     if not all(isinstance(e, str) and e for e in endings):
@@ -69,7 +88,7 @@ def hellaswag_item(record: dict[str, Any], where: str) -> Item:
 
 
 def _label(value: Any, count: int, where: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise DataError(f"{where}: field 'label' must be an integer index (got {value!r})")

@@ -138,7 +138,7 @@ def test_a_bad_task_file_is_one_line_naming_file_and_line(bpe_run, tmp_path, bod
         ((), "nothing to evaluate"),
         (("--task", "hellaswag"), "needs --data"),
         (("--task", "piqa", "--data", "x.jsonl"), "unknown task 'piqa'"),
-        (("--text", "missing.txt"), "--text: cannot read missing.txt"),
+        (("--text", "missing.txt"), "cannot read --text missing.txt"),
     ],
 )
 def test_usage_errors_are_one_line(bpe_run, tmp_path, args, needle, monkeypatch):

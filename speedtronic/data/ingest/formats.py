@@ -255,16 +255,18 @@ def json_lines(
         if len(line) > limit:
             raise too_long(name, f"the line at byte {here:,}{where}", limit)
         value = _field(
-            _json(line, here, name, where), column, name, f"the line at byte {here}{where}"
+            parse_line(line, here, name, where), column, name, f"the line at byte {here}{where}"
         )
         if value is None:
             skipped += 1
         else:
-            docs.append(_no_surrogate(value, line, f"{name}: the line at byte {here}{where}"))
+            docs.append(no_surrogate(value, line, f"{name}: the line at byte {here}{where}"))
     return docs, skipped
 
 
-def _json(line: bytes, here: int, name: str, where: str) -> object:
+def parse_line(line: bytes, here: int, name: str, where: str) -> object:
+    """One JSON line starting at byte ``here`` of ``name``, or one DataError line saying why not
+    (also ``speedtronic eval``'s task reader: one wording for both)."""
     try:
         return json.loads(line)
     except UnicodeDecodeError as exc:
@@ -282,7 +284,7 @@ def _json(line: bytes, here: int, name: str, where: str) -> object:
         ) from None
 
 
-def _no_surrogate(value: str, line: bytes, where: str) -> str:
+def no_surrogate(value: str, line: bytes, where: str) -> str:
     """``value``, if it is text UTF-8 can hold: a ``\\ud800`` escape without its pair decodes to
     a lone surrogate, which no tokenizer can encode. Only a line with such an escape is checked
     (the raw bytes are valid UTF-8, so a surrogate can come from an escape alone)."""
