@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_home_"))
@@ -63,3 +64,24 @@ def test_a_missing_hub_file_is_one_line(hub, tmp_path):
         "eval", run, "--task", "hellaswag", "--data", "hf://datasets/alice/swag/no.jsonl"
     )
     assert_one_line_error(result, "no file no.jsonl in datasets/alice/swag")
+
+
+def test_an_edited_cached_task_file_is_not_scored_under_the_pinned_name(hub, tmp_path, monkeypatch):
+    """The cache is checked against the listing recorded at download: an edit is fetched anew
+    while the Hub answers, and refused in one line naming the file when it does not."""
+    run = train_text(tmp_path)
+    args = ("--task", "hellaswag", "--format", "json", "--per-example", "--data")
+    first = invoke("eval", run, *args, "hf://datasets/alice/swag/data/val.jsonl")
+    assert first.exit_code == 0, first.stderr
+    pinned = next(w for w in first.stderr.split() if w.startswith("hf://datasets/alice/swag@"))
+    cached = Path(first.stderr.split("(cached at ")[1].split(")")[0])
+    edited = BODY.replace(b'"label": 0', b'"label": 2')
+    cached.write_bytes(edited)
+    again = invoke("eval", run, *args, pinned)
+    assert again.exit_code == 0, again.stderr
+    assert [e["label"] for e in json.loads(again.stdout)["examples"]] == [0, 1]
+    assert cached.read_bytes() == BODY  # fetched anew
+    cached.write_bytes(edited)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    offline = invoke("eval", run, *args, pinned)
+    assert_one_line_error(offline, str(cached), "does not match")

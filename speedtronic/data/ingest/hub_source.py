@@ -17,6 +17,7 @@ budget and token handling as the DiLoCo transport. The token is ``HF_TOKEN`` or 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -168,9 +169,10 @@ def _repo_path(source: str, parts: list[str]) -> str:
 
 def cached_dataset_file(source: str, base: str | Path | None = None) -> tuple[Path, str]:
     """``hf://datasets/OWNER/NAME[@REVISION]/PATH`` in the user cache (``<cache>/hub/datasets/
-    <owner>--<name>/<sha>/PATH``), and the source pinned to that sha. A revision that is a
-    commit sha whose file is there already needs no request (it works offline); otherwise one
-    request pins the revision and the first use downloads the file (sha256-checked)."""
+    <owner>--<name>/<sha>/PATH``), and the source pinned to that sha. The file's listing entry
+    is recorded beside the cache (``.listing/<sha>/PATH.json``) at its download, and every use
+    checks the cached bytes against it (sha256, or git blob id): a commit sha already cached
+    needs no request (it works offline); an edited copy is fetched anew, or refused."""
     from platformdirs import user_cache_dir
 
     parts = source.removeprefix("hf://").split("/")
@@ -179,14 +181,72 @@ def cached_dataset_file(source: str, base: str | Path | None = None) -> tuple[Pa
     name, _, revision = parts[2].partition("@")
     repo, path = f"{parts[1]}/{name}", _repo_path(source, parts[3:])
     root = Path(base or user_cache_dir("speedtronic"), "hub", "datasets", repo.replace("/", "--"))
-    if len(revision) == 40 and (root / revision / path).is_file():
-        return root / revision / path, f"hf://datasets/{repo}@{revision}/{path}"
+    listed = _recorded(root, revision, path) if len(revision) == 40 else None
+    if listed is not None:
+        return _checked(repo, listed, revision, root / revision / path), _pinned(
+            repo, revision, path
+        )
     client = _client(repo, "dataset")
     sha = client.resolve(revision or "main")
-    dest = root / sha / path
-    if not dest.is_file():
-        listed = [f for f in client.list_files(sha, path.rpartition("/")[0]) if f.path == path]
-        if not listed:
+    listed = _recorded(root, sha, path)
+    if listed is None:
+        found = [f for f in client.list_files(sha, path.rpartition("/")[0]) if f.path == path]
+        if not found:
             raise DataError(f"{source}: no file {path} in datasets/{repo} at {sha[:12]}")
-        client.download(listed[0], sha, dest)
-    return dest, f"hf://datasets/{repo}@{sha}/{path}"
+        listed = found[0]
+    client.download(listed, sha, root / sha / path)  # checks a cached copy, fetches a bad one
+    _record(root, sha, listed)
+    return root / sha / path, _pinned(repo, sha, path)
+
+
+def _pinned(repo: str, sha: str, path: str) -> str:
+    return f"hf://datasets/{repo}@{sha}/{path}"
+
+
+def _checked(repo: str, listed, sha: str, dest: Path) -> Path:
+    """``dest`` once its bytes are the listing's: no request when they are; an edited or
+    damaged copy is downloaded again, and refused in one line when the Hub cannot be reached."""
+    from speedtronic.errors import SpeedtronicError
+
+    try:
+        _client(repo, "dataset").download(listed, sha, dest)
+    except SpeedtronicError as exc:
+        pinned = _pinned(repo, sha, listed.path)
+        raise DataError(
+            f"{dest}: the cached copy does not match the listing of {pinned} (sha256) and "
+            f"cannot be fetched again: {exc}"
+        ) from None
+    return dest
+
+
+def _listing_path(root: Path, sha: str, path: str) -> Path:
+    return root / ".listing" / sha / f"{path}.json"  # beside the commits: no repo file's name
+
+
+def _record(root: Path, sha: str, listed) -> None:
+    target = _listing_path(root, sha, listed.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"size": listed.size, "oid": listed.oid, "sha256": listed.sha256}
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, target)
+
+
+def _recorded(root: Path, sha: str, path: str):
+    """The listing entry recorded at the download, None if none (or one that is not ours)."""
+    from speedtronic.hub.files import HubFile
+    from speedtronic.readlimit import read_json
+
+    where = _listing_path(root, sha, path)
+    if not where.is_file():
+        return None
+    try:
+        entry = read_json(where, 4096)
+        size, oid, digest = entry["size"], entry["oid"], entry["sha256"]  # type: ignore[index]
+    except (DataError, KeyError, TypeError):
+        return None  # unreadable: list the file again
+    if not (
+        isinstance(size, int) and isinstance(oid, str) and isinstance(digest, (str, type(None)))
+    ):
+        return None
+    return HubFile(path, size, oid, digest, None)
