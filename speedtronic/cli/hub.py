@@ -28,7 +28,7 @@ from speedtronic.cli.options import (
     format_option,
     size_text,
 )
-from speedtronic.errors import TransportError
+from speedtronic.errors import ConfigError, TransportError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -155,7 +155,13 @@ def status(
     Exit codes: 0 shown (Ctrl-C ends --watch with 0), 1 Hub error, 2 bad usage.
     """
     from speedtronic.distributed.hub.admin import RepoWatcher
+    from speedtronic.distributed.repos import is_local_repo
 
+    if is_local_repo(repo):
+        raise ConfigError(
+            f"REPO: {repo} is a shared directory, not a Hub repo",
+            hint=f"speedtronic storage status {repo} shows a directory run",
+        )
     watcher = RepoWatcher(_client(repo))
     as_json = output_format is OutputFormat.json
     with _explained(repo, "read"):

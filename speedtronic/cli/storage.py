@@ -1,6 +1,6 @@
 """``speedtronic storage init``: set up a bucket for a DumbDiLoCo run, as ``hub init`` does a repo;
-``storage status``: the run in a bucket at a glance, bytes per round included; ``storage pull``:
-a run's newest global into a node's output directory (any repo kind).
+``storage status``: the run in a bucket or a shared directory at a glance, bytes per round
+included; ``storage pull``: a run's newest global into a node's output directory (any repo kind).
 
 The bucket side lives in ``speedtronic.distributed.s3.admin`` and is imported inside the
 command, so ``speedtronic --help`` never loads boto3 (an optional extra: ``[s3]``). Store
@@ -124,7 +124,11 @@ def pull(
 
 
 def status(
-    repo: str = RepoArg,
+    repo: str = typer.Argument(
+        ...,
+        help="The run's bucket and prefix (s3://bucket/prefix) or its shared directory "
+        "(a path or file:// URL).",
+    ),
     endpoint_url: str | None = EndpointOpt,
     output_format: OutputFormat = format_option("a table"),
 ) -> None:
@@ -133,13 +137,30 @@ def status(
 
     Exit codes: 0 shown, 1 the store failed, 2 bad usage.
     """
-    from speedtronic.distributed.s3.status import bucket_status
+    from speedtronic.distributed.repos import is_local_repo
 
-    report = bucket_status(_client(repo, endpoint_url))
+    if is_local_repo(repo):
+        report = _directory_status(repo, endpoint_url)
+    else:
+        from speedtronic.distributed.s3.status import bucket_status
+
+        report = bucket_status(_client(repo, endpoint_url))
     if output_format is OutputFormat.json:
         print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **report}, indent=2))
         return
     _print_status(report)
+
+
+def _directory_status(repo: str, endpoint_url: str | None) -> dict[str, Any]:
+    from speedtronic.distributed.repo_status import directory_status
+    from speedtronic.distributed.transport import LocalTransport
+
+    if endpoint_url is not None:
+        raise ConfigError(f"--endpoint-url: a bucket's option; {repo} is a shared directory")
+    path = Path(repo.removeprefix("file://")).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"REPO: {repo} is not a directory (a run's shared directory or s3://)")
+    return directory_status(LocalTransport(path))
 
 
 def _print_status(report: dict[str, Any]) -> None:
@@ -166,7 +187,7 @@ def register(app: typer.Typer) -> None:
     # short_help: the line in `speedtronic storage --help`, where the docstring's is cut at 80
     short = "Create the bucket if missing; check these credentials can write."
     storage_app.command(short_help=short)(handle_errors(init))
-    short = "The run in a bucket at a glance: its step, a round's bytes, its nodes."
+    short = "A run in a bucket or directory at a glance: step, a round's bytes, nodes."
     storage_app.command(short_help=short)(handle_errors(status))
     short = "Fetch the run's newest global into a node's output dir (final_global/)."
     storage_app.command(short_help=short)(handle_errors(pull))

@@ -1,20 +1,25 @@
 """What ``hub status`` and ``storage status`` show of a run, whatever holds it: per-node rows
 (pending deltas, the newest one's size, staleness) from a listing and ``step_count.json``'s
-``nodes``, the global's bytes per round, and times. Stdlib only.
+``nodes``, the global's bytes per round, and times; ``directory_status`` reads a shared
+directory for it (the Hub's and a bucket's readers live in their rooms). Stdlib only.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 from speedtronic.distributed.protocol import (
     GLOBAL_WEIGHTS,
+    KEYFRAMES_DIR,
     NODES_DIR,
     announced_node,
     is_keyframe_path,
     parse_delta_path,
 )
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.errors import DamagedRepoFile
 
 
 def run_summary(
@@ -40,6 +45,25 @@ def run_summary(
         "nodes": nodes,
         "problems": problems,
     }
+
+
+def directory_status(transport: LocalTransport, clock: Any = time.time) -> dict[str, Any]:
+    """The run in a shared directory, as ``run_summary`` tells it, read as nodes read it: no
+    link followed, ``step_count.json`` checked (a damaged one is a problem, not a failure)."""
+    counted, problems = {}, []
+    try:
+        counted = transport.read_step_count() or {}
+    except DamagedRepoFile as exc:  # the file's content, not the directory, is wrong
+        problems.append(str(exc))
+    refs = transport.list_deltas()
+    # a link or a folder under a delta's name is no delta: run_summary goes by names alone
+    strangers = sum(r.problem is not None and announced_node(r.path) is None for r in refs)
+    if strangers:
+        problems.append(f"{strangers} file(s) under {NODES_DIR}/ are not deltas: ignored")
+    files = [r for r in refs if r.problem is None or announced_node(r.path) is not None]
+    sizes = {**transport.file_sizes("global"), **transport.file_sizes(KEYFRAMES_DIR)}
+    summary = run_summary(counted, files, sizes, clock(), problems)
+    return {"repo": transport.describe(), **summary}
 
 
 def node_rows(files: list[Any], counted: dict[str, Any], now: float) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ class DeltaRef:
     size: int
     version: str
     problem: str | None = None
+    modified: float | None = None  # seconds since the epoch, where the listing gives it
 
 
 class Transport(Protocol):
@@ -162,7 +163,24 @@ class LocalTransport:
         if problem is not None:
             return _stranger(entry, path, problem)
         info = entry.stat(follow_symlinks=False)
-        return DeltaRef(path, info.st_size, f"{info.st_mtime_ns}-{info.st_size}")
+        version = f"{info.st_mtime_ns}-{info.st_size}"
+        return DeltaRef(path, info.st_size, version, modified=info.st_mtime)
+
+    def file_sizes(self, folder: str) -> dict[str, int]:
+        """The regular files in ``folder`` by repo path, with their sizes; links, folders and
+        writes in flight are left out, a missing folder is empty. What a status view reads of
+        ``global/``; nodes never need it."""
+        try:
+            with repo_files.folder(self.root, tuple(self._parts(folder)), create=False) as fd:
+                return {
+                    f"{folder}/{e.name}": e.stat(follow_symlinks=False).st_size
+                    for e in os.scandir(fd)
+                    if e.is_file(follow_symlinks=False) and not e.name.startswith(TMP_PREFIX)
+                }
+        except (FileNotFoundError, repo_files.NotAFolder):
+            return {}
+        except OSError as exc:
+            raise TransportError(f"cannot list {self.root / folder}: {exc.strerror}") from exc
 
     def read(self, path: str, max_bytes: int) -> bytes | None:
         """The file's bytes, None if it is gone; refuses links (at any depth), non-regular and
