@@ -121,3 +121,25 @@ def test_a_large_eval_max_tokens_reads_in_pieces(tmp_path):
     assert cut == "h"
     with pytest.raises(DataError, match="must be a regular file"):
         sets._read_text("/dev/zero", "eval.sets[z]", sets.BYTES_PER_TOKEN << 31)
+
+
+def test_the_largest_eval_max_tokens_runs_and_its_cost_is_said_at_the_start(tmp_path, monkeypatch):
+    """``eval.max_tokens: 2**31`` (inside its range) trains instead of a MemoryError, and one
+    notice prices the evaluations before the first one (the time floor lowered for a tiny run);
+    a small evaluation says nothing."""
+    from speedtronic.evaluate import plugin
+
+    monkeypatch.setattr(plugin, "NOTICE_S", 0.0)
+    held = tmp_path / "held.txt"
+    held.write_text("It was the best of times, it was the worst of times. " * 40)
+    log = tmp_path / "events.jsonl"
+    big = {"every": 3, "sets": [f"held={held}"], "max_tokens": 2**31}
+    train_text(tmp_path, eval=big, logging={"json_file": str(log)})
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    said = [r["message"] for r in records if r["event"] == "notice" and "eval.sets" in r["message"]]
+    assert len(said) == 1 and "2,119 tokens scored per evaluation x 2 evaluations" in said[0]
+    first_eval = next(i for i, r in enumerate(records) if r["event"] == "eval_set")
+    assert records.index(next(r for r in records if r.get("message") == said[0])) < first_eval
+    small = {**big, "max_tokens": 16}
+    train_text(tmp_path, name="small", eval=small, logging={"json_file": str(tmp_path / "s.jsonl")})
+    assert "eval.sets:" not in (tmp_path / "s.jsonl").read_text()
