@@ -19,9 +19,11 @@ from speedtronic.distributed.global_update import (
     encode_global,
 )
 from speedtronic.distributed.master.loop import MasterLoop
+from speedtronic.distributed.master.plugin import MasterPlugin
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, KEYFRAMES_DIR, STEP_COUNT
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin
+from speedtronic.errors import ConfigError
 from tests.diloco.test_codec import resaved
 from tests.diloco.test_nodes import FakeTrainer, model
 
@@ -145,8 +147,8 @@ def test_I4_an_update_with_a_negative_scale_is_refused(tmp_path, weights):
 # ---- a master publishing updates -----------------------------------------------------------
 
 
-def int8_loop(tmp_path, transport, log=None, state="state"):
-    overrides = dict(global_dtype="int8", keyframe_every=2)
+def int8_loop(tmp_path, transport, log=None, state="state", dtype="int8"):
+    overrides = dict(global_dtype=dtype, keyframe_every=2)
     weights = {"weight": torch.ones(1, 2)}
     return MasterLoop(settings(**overrides), weights, transport, log or Log(), tmp_path / state)
 
@@ -192,6 +194,65 @@ def test_I3_a_restarted_master_holds_the_repo_to_the_same_bytes(tmp_path):
         json.loads((tmp_path / "repo" / STEP_COUNT).read_bytes())["weights_sha256"]
         == (json.loads(count)["weights_sha256"])
     )
+
+
+@pytest.mark.parametrize(("first", "then"), [("int4", "int8"), ("int8", "fp32"), ("fp32", "int8")])
+def test_I3_a_master_refuses_another_global_dtype_at_start(tmp_path, first, then):
+    """Issue 46: accepted, the switch published other weights under the saved step (or tripped
+    the state's own I3 guard and looped); refused in one line, the repo left as it was."""
+    transport = LocalTransport(tmp_path / "repo")
+    first_loop = int8_loop(tmp_path, transport, dtype=first)
+    first_loop.start()
+    step_to(first_loop, 1, 0.7)
+    repo = {p: p.read_bytes() for p in (tmp_path / "repo").rglob("*") if p.is_file()}
+    refused = f"distributed.global_dtype: {first} -> {then} cannot change within a run"
+    with pytest.raises(ConfigError, match=refused) as caught:
+        int8_loop(tmp_path, transport, dtype=then).start()
+    assert "\n" not in str(caught.value) and f"back to {first}" in caught.value.hint
+    # the trainer checkpoint's copy says the same, for a master whose state_dir is lost
+    copy = MasterPlugin(first_loop).state_dict()
+    plugin = MasterPlugin(int8_loop(tmp_path, transport, state="elsewhere", dtype=then))
+    plugin.load_state_dict(copy)
+    with pytest.raises(ConfigError, match=refused):
+        plugin.loop.start(plugin.restored)
+    assert {p: p.read_bytes() for p in (tmp_path / "repo").rglob("*") if p.is_file()} == repo
+
+
+def lose_by_deleting(path):
+    path.unlink()
+
+
+def lose_by_flipping_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def lose_by_replacing(path):
+    other = as_keyframe({"weight": torch.full((1, 2), 5.0)}, 0)
+    path.write_bytes(other.data)
+
+
+@pytest.mark.parametrize("lose", [lose_by_deleting, lose_by_flipping_a_byte, lose_by_replacing])
+def test_I3_a_lost_keyframe_is_uploaded_again_from_the_masters_state(tmp_path, lose):
+    """Issue 46: the master published on a keyframe the repo no longer held, so no node could
+    read a global again. The periodic look covers the keyframe; named once, then restored."""
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = int8_loop(tmp_path, transport, log)
+    loop.start()
+    step_to(loop, 1, 0.7)  # an update on keyframe 0
+    path = tmp_path / "repo" / loop.publisher.keyframe.path
+    lose(path)
+    with pytest.raises(BadDelta):
+        GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
+    for _ in range(3):  # the next look restores it, and says so once
+        loop.guard.last_check = -float("inf")
+        loop.poll_once()
+    assert path.read_bytes() == loop.publisher.keyframe.data
+    read = GlobalReader(transport, {"weight": torch.zeros(1, 2)}).read(1 << 20)
+    assert read.outer_step == 1 and torch.allclose(read.weights["weight"], torch.full((1, 2), 0.7))
+    said = [w for w in log.warnings if "uploading it again" in w]
+    assert len(said) == 1 and loop.publisher.keyframe.path in said[0], log.warnings
 
 
 def fleet_after_one_inner_loop(tmp_path, max_steps, move=-0.25):

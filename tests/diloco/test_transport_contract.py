@@ -266,6 +266,22 @@ def test_I3_a_keyframe_is_read_back_until_the_publish_that_replaces_it_deletes_i
     assert deltas(master) == {}  # a keyframe is no delta
 
 
+def test_I3_a_keyframes_version_says_whether_it_is_there_as_uploaded(repo):
+    """Issue 46: the master's periodic look at its keyframe asks this (one call) rather than
+    download the full weights; it reads and hashes them only when the version changed."""
+    master = repo.transport("master")
+    if getattr(master, "file_version", None) is None:
+        pytest.skip("a directory has no version to ask: the master reads and hashes the file")
+    path = keyframe_path(0, "a" * 64)
+    master.read_step_count()
+    assert master.file_version(path) is None
+    master.upload(path, b"keyframe 0")
+    uploaded = master.file_version(path)
+    assert uploaded is not None and master.file_version(path) == uploaded
+    repo.plant(path, b"keyframe X")  # a stranger replaced it
+    assert master.file_version(path) not in (None, uploaded)
+
+
 def test_I6_a_fleet_on_compressed_globals_ends_whole_on_the_repos_global(repo, tmp_path):
     """int8 updates on keyframes renewed every 2 outer steps, int2 deltas: every node's last
     delta is counted and the master's final global is the repo's, as every node reads it."""

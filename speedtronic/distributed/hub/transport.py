@@ -137,6 +137,13 @@ class HubTransport:
                 self.view.forget()
             raise
 
+    def file_version(self, path: str) -> str | None:
+        """``path``'s blob id at the current head (it changes with the bytes), None if absent:
+        one call, where reading a keyframe to check it would download the full weights."""
+        check_repo_path(path)
+        found = self.client.paths_info([path], self.view.current_head(self.client)).get(path)
+        return None if found is None else found.oid
+
     def read_step_count(self) -> dict[str, Any] | None:
         """``step_count.json`` at the current head; the cached value (1 call) if unchanged."""
         head = self.view.current_head(self.client)

@@ -30,7 +30,7 @@ from speedtronic.distributed.master.roster import Roster
 from speedtronic.distributed.master.state import master_id, newest_saved_step
 from speedtronic.distributed.node_status import Throttle
 from speedtronic.distributed.transport import Transport
-from speedtronic.errors import CheckpointError, SpeedtronicError
+from speedtronic.errors import CheckpointError, ConfigError, SpeedtronicError
 
 Tensors = dict[str, torch.Tensor]
 
@@ -115,6 +115,7 @@ class MasterLoop:
         restored = self._restored
         if restored is not None and (state is None or restored.outer_step > state.outer_step):
             state = restored
+        refuse_another_global_dtype(state, self.publisher.global_dtype)
         try:
             view = self.guard.inspect(with_weights=True, max_bytes=self.intake.max_bytes)
         except Exception as exc:  # the repo is unreachable now: judged at the next poll
@@ -174,6 +175,7 @@ class MasterLoop:
                 raise self.sender.fatal
         if self.guard.due():
             self._check_repo()
+            self._check_keyframe()
         self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
         self.intake.poll(self.master)
         if not self.polled:  # the repo's backlog is read: later nodes are stragglers
@@ -247,6 +249,16 @@ class MasterLoop:
         expected, saved = self.publisher.last_count, self.publisher.saved_step
         if expected is not None and self.guard.check(expected, saved, self.intake.max_bytes):
             self.publisher.repo_lost_it = True  # restored by this poll's publish
+
+    def _check_keyframe(self) -> None:
+        """The keyframe the repo's update builds on is master state too (I3): deleted, damaged
+        or replaced, the next poll's publish uploads it again (``Publisher._upload_keyframe``)."""
+        keyframe, publisher = self.publisher.keyframe, self.publisher
+        if keyframe is None or publisher.uploaded != keyframe.path or publisher.repo_lost_it:
+            return  # none, or not uploaded yet: the next publish uploads it anyway
+        cap, version = len(keyframe.data) + 1, publisher.uploaded_version
+        if self.guard.keyframe_lost(keyframe.path, keyframe.sha256, cap, version):
+            publisher.repo_lost_it = True
 
     def _send(self, publication: Publication) -> None:
         """Publish a saved step (in the sender's thread when running), deleting every settled
@@ -322,6 +334,27 @@ def log_round(logger: Any, counters: dict[str, int], result: RoundResult, stats:
             **{f"total_{k}": v for k, v in counters.items()},
             **stats,
         },
+    )
+
+
+class GlobalDtypeChanged(ConfigError):
+    """The master's state was published in another ``global_dtype`` (exit 2, at start)."""
+
+    permanent = True  # a poll that meets it stops the master: retrying cannot help
+
+
+def refuse_another_global_dtype(state: MasterState | None, configured: str) -> None:
+    """I3: a step always means the same weights, and another ``global_dtype`` would publish
+    other weights (or another keyframe) under the state's step, so a change is refused at
+    start, like a worker's ``delta_dtype`` on ``--resume``."""
+    saved = None if state is None else state.global_dtype
+    if saved is None or saved == configured:
+        return
+    raise GlobalDtypeChanged(
+        f"distributed.global_dtype: {saved} -> {configured} cannot change within a run: this "
+        f"master published outer step {state.outer_step} as {saved}",
+        hint=f"set distributed.global_dtype back to {saved}; {configured} needs a new run (another "
+        "repo and state_dir)",
     )
 
 

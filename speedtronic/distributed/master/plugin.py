@@ -23,6 +23,7 @@ from typing import Any
 from speedtronic.distributed.global_update import Keyframe
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterState
+from speedtronic.distributed.master.state import checked_global_dtype
 from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.errors import TransportError
 
@@ -257,6 +258,7 @@ class MasterPlugin:
             "processed": sorted(state.processed),
             "nodes": nodes,
             "fleet": state.fleet,
+            "global_dtype": self.loop.publisher.global_dtype,  # what the step was published in
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -271,3 +273,6 @@ class MasterPlugin:
             )
             if "keyframe" in state:  # what the step was published on: a republish is the same
                 self.restored.keyframe = Keyframe(state["keyframe_step"], state["keyframe"])
+            self.restored.global_dtype = checked_global_dtype(
+                state.get("global_dtype"), self.restored.keyframe
+            )

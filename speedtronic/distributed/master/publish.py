@@ -75,6 +75,7 @@ class Publisher:
         self.global_dtype, self.keyframe_every = global_dtype, keyframe_every
         self.keyframe: Keyframe | None = None  # the newest saved step's
         self.uploaded: str | None = None  # the keyframe path the repo holds, as far as known
+        self.uploaded_version: str | None = None  # its transport version, just after upload
         self.superseded: list[str] = []  # keyframes of ours to delete with the next publish
         self.restored_step = -1  # a loaded state's step: saved, so it keeps its keyframe
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
@@ -139,6 +140,7 @@ class Publisher:
         ``last``: the run's last round (a new step then is a keyframe: the run ends exact)."""
         state.nodes = extra.get("nodes", {})
         state.keyframe = self.keyframe_for(state, last)
+        state.global_dtype = self.global_dtype
         state.save(self.state_dir)
         self.saved_step, self.keyframe = state.outer_step, state.keyframe
         weights, keyframe = state.global_weights, state.keyframe
@@ -228,8 +230,17 @@ class Publisher:
         self.transport.upload(keyframe.path, keyframe.data)
         if self.uploaded not in (None, keyframe.path):
             self.superseded.append(self.uploaded)
-        self.uploaded = keyframe.path
+        self.uploaded, self.uploaded_version = keyframe.path, self._version_of(keyframe.path)
         return len(keyframe.data)
+
+    def _version_of(self, path: str) -> str | None:
+        """The version of the file just uploaded, where the transport says one: the periodic
+        look (``RepoGuard.keyframe_lost``) then knows it without downloading it."""
+        version_of = getattr(self.transport, "file_version", None)
+        try:
+            return None if version_of is None else version_of(path)
+        except Exception:  # the upload landed: a failed look only costs one read later
+            return None
 
 
 class PublishSender:

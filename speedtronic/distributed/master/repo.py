@@ -6,7 +6,8 @@ edited by anyone with write access. So the state dir is the source of truth for 
 untrusted data and says what is wrong with it, naming the file; ``at_start`` decides which
 state the master resumes and whether to republish; ``check`` is the periodic look that restores
 a global that was deleted, damaged or left behind, and stops this master when another one
-publishes. The repo is adopted only where nothing local can say better: with no state dir (a
+publishes, and ``keyframe_lost`` the look at the keyframe the current update builds on. The
+repo is adopted only where nothing local can say better: with no state dir (a
 master on a new machine), or when it holds this master's own later publish whose state was
 lost (a publish follows its save, so never past an intact state dir). A step count that names
 this master past its saved state, or names no master, is no master's publish: named once, and
@@ -16,6 +17,7 @@ published, so an edited field (a node's seq, the fleet's pace) is restored too.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,6 +78,7 @@ class RepoGuard:
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
         self._said: set[str] = set()  # problems logged already (each once)
+        self._keyframe_seen: tuple[str, str | None] | None = None  # (path, version) verified
 
     # ------------------------------------------------------------------ reading
 
@@ -259,6 +262,40 @@ class RepoGuard:
         if full.step is not None and full.step >= published_step:
             raise self._another_master(full)
         return self._say(f"{STEP_COUNT} says outer step {full.step}; {again}")
+
+    def keyframe_lost(
+        self, path: str, sha256: str, max_bytes: int, uploaded: str | None = None
+    ) -> bool:
+        """Whether the repo no longer holds the keyframe ``path`` as this master uploaded it
+        (deleted, damaged or replaced): every global naming it is unreadable until the master
+        uploads it again from its state (I3), so True is named once. A transport that says a
+        file's version (``file_version``: the Hub's blob id, a bucket's ETag) is asked that, and
+        the bytes are read and hashed only when it differs from the one seen just after this
+        master's upload (``uploaded``) or at the last look; a directory's are read each look."""
+        version_of = getattr(self.transport, "file_version", None)
+        version = version_of(path) if version_of is not None else None
+        if version is not None and version == uploaded:
+            self._keyframe_seen = (path, version)
+        if version is not None and self._keyframe_seen == (path, version):
+            return False
+        problem = "is missing" if version_of is not None and version is None else None
+        if problem is None:
+            try:
+                data = self.transport.read(path, max_bytes)
+            except DamagedRepoFile as exc:
+                data, problem = None, f"is damaged ({exc})"
+            if data is None:
+                problem = problem or "is missing"
+            elif hashlib.sha256(bytes(data)).hexdigest() != sha256:
+                problem = "is not the keyframe this master uploaded (its sha256 differs)"
+        if problem is None:
+            self._keyframe_seen = (path, version)
+            return False
+        self._keyframe_seen = None
+        return self._say(
+            f"{path} {problem}: every global on it is unreadable; uploading it again from this "
+            "master's state"
+        )
 
     def _another_master(self, view: RepoView) -> AnotherMaster:
         return AnotherMaster(

@@ -41,6 +41,7 @@ _TMP_PREFIX = ".tmp-"
 MASTER_ID_FILE = "master_id"  # this master's name in step_count.json, made once per state dir
 _MASTER_ID_RE = re.compile(r"[0-9a-f]{16}")
 _WEIGHTS, _MOMENTUM, _KEYFRAME = "weights/", "momentum/", "keyframe/"
+GLOBAL_DTYPES = ("fp32", "int8", "int4")
 Tensors = dict[str, Tensor]  # by parameter name, as in a state_dict
 
 
@@ -68,6 +69,9 @@ class MasterState:
     # what this step's publish builds on (global_dtype int8 / int4): a republish of the step
     # must give the same bytes (I3), so it is saved with the step
     keyframe: Keyframe | None = None
+    # the ``global_dtype`` the step was published in (None: an older int8 / int4 state that
+    # did not say): another one would publish other weights under the same step (I3)
+    global_dtype: str | None = None
 
     def save(self, state_dir: str | os.PathLike) -> Path:
         """Write atomically and durably; return the manifest.
@@ -108,6 +112,7 @@ class MasterState:
             "nodes": self.nodes,
             "fleet": self.fleet,
             "keyframe_step": self.keyframe.step if self.keyframe else None,
+            "global_dtype": self.global_dtype,
         }
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
@@ -249,7 +254,18 @@ def _read_state(root: Path, step: int) -> MasterState:
     kept = _checked_keyframe(manifest.get("keyframe_step"), keyframe, step)
     state = MasterState(step, weights, {"momentum_buffer": buffers}, set(processed), nodes, fleet)
     state.keyframe = kept
+    state.global_dtype = checked_global_dtype(manifest.get("global_dtype"), kept)
     return state
+
+
+def checked_global_dtype(value: Any, keyframe: Any) -> str | None:
+    """A saved ``global_dtype``; absent (older states): fp32 when there is no keyframe (every
+    int8 / int4 step saves one), else unknown (None)."""
+    if value is None:
+        return "fp32" if keyframe is None else None
+    if value not in GLOBAL_DTYPES:
+        raise CheckpointError(f"manifest global_dtype {value!r} is not one of {GLOBAL_DTYPES}")
+    return value
 
 
 def _checked_keyframe(step: Any, weights: Tensors, outer_step: int) -> Keyframe | None:

@@ -142,6 +142,13 @@ class S3Transport:
             return None  # replaced since the listing: the next one lists its new version
         return None if got is None else got.data
 
+    def file_version(self, path: str) -> str | None:
+        """``path``'s ETag (it changes with the bytes), None if absent: one listing of its
+        folder, where reading a keyframe to check it would download the full weights."""
+        check_repo_path(path)
+        listed = self.client.list(path.rsplit("/", 1)[0])
+        return next((item.etag for item in listed if item.path == path), None)
+
     def _read_global(self, max_bytes: int) -> bytes | None:
         with self._lock:
             pointer = self._pointer
