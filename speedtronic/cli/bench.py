@@ -9,7 +9,6 @@ that draws, not at the top: ``--help`` and shell completion load this module at 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import ConfigOpt, OutputFormat, SetOpt, format_option, load_config
 from speedtronic.errors import ConfigError
 
@@ -77,7 +77,7 @@ def bench(
     with make_progress() as progress:
         doc = run_bench(cfg, options, progress.on_event)
     if output_format is OutputFormat.json:
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
         return
     from rich.console import Console
 

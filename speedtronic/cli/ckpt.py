@@ -9,7 +9,6 @@ Rich is imported by the code that draws: ``--help`` and completion load this mod
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import OutputFormat, count_text, format_option, size_text
 from speedtronic.errors import ConfigError
 
@@ -47,7 +47,7 @@ def inspect(
 
     report = inspect_path(path, verify=verify)
     if output_format is OutputFormat.json:
-        print(json.dumps(report, indent=2))
+        print(json_text(report))
         return
     from rich.console import Console
 

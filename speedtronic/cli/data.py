@@ -9,7 +9,6 @@ body: ``--help`` and completion import this one.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
     OutputFormat,
@@ -137,7 +137,7 @@ def _report(report: dict, elapsed: float, output_format: OutputFormat) -> None:
         doc.update(shards=shards, elapsed_s=round(elapsed, 3))
         fresh = elapsed and not report["already_done"]
         doc["tokens_per_s"] = round(report["tokens"] / elapsed, 1) if fresh else None
-        print(json.dumps(doc))
+        print(json_text(doc, indent=None))
         return
     out, flat = report["out"], report["out"].endswith(".bin")
     verb = "already complete:" if report["already_done"] else "wrote"

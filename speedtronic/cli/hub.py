@@ -11,7 +11,6 @@ is imported by the code that draws: ``--help`` and shell completion load this mo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
     OutputFormat,
@@ -100,7 +100,7 @@ def init(
         result = init_repo(client, public=public, allow_public=allow_public, dry_run=dry_run)
     report = result.to_dict()
     if output_format is OutputFormat.json:
-        print(json.dumps(_versioned(report), indent=2))
+        print(json_text(_versioned(report)))
         return
     for line in result.actions + [f"note: {n}" for n in result.notes]:
         print(line)
@@ -129,7 +129,7 @@ def grant(
     with _explained(repo, "read"):
         result = grant_access(client, users)
     if output_format is OutputFormat.json:
-        print(json.dumps(_versioned(result.to_dict()), indent=2))
+        print(json_text(_versioned(result.to_dict())))
     else:
         for access in result.users:
             print(f"{access.user}: {access.status.replace('_', ' ')}: {access.detail}")
@@ -168,7 +168,7 @@ def status(
         if watch is None:
             report = watcher.status()
             if as_json:
-                print(json.dumps(_versioned(report), indent=2))
+                print(json_text(_versioned(report)))
             else:
                 _console().print(_view(report))
             return
@@ -181,7 +181,7 @@ def status(
 def _watch(watcher: Any, every: float, as_json: bool) -> None:
     if as_json:
         while True:
-            print(json.dumps(_versioned(_attempt(watcher))), flush=True)
+            print(json_text(_versioned(_attempt(watcher)), indent=None), flush=True)
             _sleep(every)
     console = _console()
     if not sys.stdout.isatty():  # a pipe gets one table per refresh

@@ -9,13 +9,13 @@ failures become one line naming the bucket and the store's answer; never a crede
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
 from speedtronic.errors import ConfigError
 
@@ -76,7 +76,7 @@ def init(
     snippet = config_snippet(client.url(), endpoint_url)
     if output_format is OutputFormat.json:
         doc = {"schema_version": JSON_SCHEMA_VERSION, **vars(report), "config": snippet}
-        print(json.dumps(doc, indent=2))
+        print(json_text(doc))
         return
     state = "exists" if report.existed else "created" if report.created else "missing"
     print(f"{report.url} at {report.endpoint}: bucket {state}")
@@ -115,7 +115,7 @@ def pull(
 
     got = pull_final_global(run_dir, repo)
     if output_format is OutputFormat.json:
-        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **got}, indent=2))
+        print(json_text({"schema_version": JSON_SCHEMA_VERSION, **got}))
         return
     ended = "the run's final global" if got["ended"] else "the newest global (the run goes on)"
     steps = got["optimizer_steps"]
@@ -146,7 +146,7 @@ def status(
 
         report = bucket_status(_client(repo, endpoint_url))
     if output_format is OutputFormat.json:
-        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **report}, indent=2))
+        print(json_text({"schema_version": JSON_SCHEMA_VERSION, **report}))
         return
     _print_status(report)
 
