@@ -255,6 +255,39 @@ def test_I3_a_lost_keyframe_is_uploaded_again_from_the_masters_state(tmp_path, l
     assert len(said) == 1 and loop.publisher.keyframe.path in said[0], log.warnings
 
 
+def test_I2_a_node_that_cannot_read_the_global_keeps_its_work_until_it_can(tmp_path):
+    """Issue 46: a cold worker that could not read the global (its keyframe lost) sent deltas
+    of its own weights as based on outer step 0, and the master dropped every one as too
+    stale. It keeps them until it reads a global, carries them onto it, and they count."""
+    transport, log = LocalTransport(tmp_path / "repo"), Log()
+    loop = int8_loop(tmp_path, transport, log)
+    loop.start()
+    for step in range(1, 7):  # past max_staleness (4) from outer step 0
+        step_to(loop, step, 1.0 + step / 10)
+    (tmp_path / "repo" / loop.publisher.keyframe.path).unlink()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 10)
+    worker.on_train_start(trainer)
+    assert worker.base_outer_step == -1  # the global is unreadable: its own weights
+    for _ in range(4):  # two boundaries on its own weights
+        trainer.train_step(worker, move=-0.1)
+    worker.uploader.drain(5.0)
+    loop.guard.last_check = -float("inf")
+    rounds = [loop.poll_once()]  # the master restores its keyframe
+    worker.fetcher.refresh()
+    for _ in range(4):  # a boundary installs the global, carrying the work; the next sends it
+        trainer.train_step(worker, move=-0.1)
+    assert worker.base_outer_step == 6
+    worker.uploader.drain(5.0)
+    rounds.append(loop.poll_once())
+    worker.on_train_end(trainer, None)
+    assert not [w for w in log.warnings if "too stale" in w], log.warnings
+    [applied] = [r for r in rounds if r is not None and r.included]
+    header = loop.intake.nodes["node-a"]
+    assert header["base_outer_step"] == 6 and header["steps_total"] == 8, header
+    assert applied.outer_step == 7
+
+
 def fleet_after_one_inner_loop(tmp_path, max_steps, move=-0.25):
     """An int8 master and a worker whose first boundary's delta has landed in the repo."""
     transport = LocalTransport(tmp_path / "repo")

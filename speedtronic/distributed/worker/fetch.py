@@ -56,6 +56,9 @@ class GlobalFetcher:
         self.params = params  # the reference for keys and shapes
         self.reader = GlobalReader(transport, params)  # keeps the keyframe updates build on
         self.installed_step = -1  # the outer step of the global the node's base came from
+        # a published outer step this node failed to read (or refused): its base is then no
+        # global of the run, and until one is installed its deltas wait (``unread_global``)
+        self.unread: int | None = None
         self.ready: Ready | None = None  # a validated global newer than the installed one
         # I4 plausibility: every global's L2 norm is within 10x of this node's own weights at
         # start, plus how far its own training has moved them since (codec). Neither follows
@@ -96,6 +99,15 @@ class GlobalFetcher:
             installed, waiting = self.installed_step, self._waiting_step()
         if counted is None or counted["outer_step"] in (installed, waiting):
             return
+        try:
+            self._read_newer(counted, installed, waiting)
+        except Exception:
+            with self.lock:
+                self.unread = counted["outer_step"]
+            raise
+
+    def _read_newer(self, counted: dict, installed: int, waiting: int) -> None:
+        """Download and validate the global ``counted`` names, and keep it as ``ready``."""
         # below what the node trains from: the repo went back (a waiting global newer than the
         # repo's is kept: a slower read must not replace it; installed, it is compared here)
         went_back = counted["outer_step"] < installed
@@ -125,6 +137,12 @@ class GlobalFetcher:
                 "master never goes back, so one of them was not its publish: following the "
                 "repo (a master restores its own within a minute)"
             )
+
+    def unread_global(self, base_outer_step: int) -> bool:
+        """Whether this node has no global for its base (``base_outer_step`` < 0) though the
+        run has one, which this node failed to read (a lost keyframe, a damaged file)."""
+        with self.lock:
+            return base_outer_step < 0 and self.unread is not None
 
     def moved(self, delta: dict[str, torch.Tensor]) -> None:
         """A boundary's delta (the training thread): its norm joins the travel, computed where

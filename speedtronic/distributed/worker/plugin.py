@@ -159,19 +159,20 @@ class WorkerPlugin:
         ``final``: the last of this node's run (I6); ``wait=False``: never ``sync_wait_s`` (a
         stop)."""
         start = time.perf_counter()
-        current = snapshot(self.params)
-        delta = {k: self.base[k] - current[k] for k in current}  # base - current, fp32
-        self.fetcher.moved(delta)  # how far this node's training went: the globals' bound (I4)
         steps = trainer.step - self.boundary_step
         tokens = trainer.tokens - self.boundary_tokens
-        pending = Pending(delta, self.base_outer_step, steps, tokens, 0, "", final, trainer.step)
-        if not self.uploader.replayed(pending):  # a resumed node's, sent before: I1
-            self.uploader.queue(pending)
-        self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
-        self.base, self.rate = current, tokens / max(steps, 1)
-        if self.config.sync_wait_s > 0 and self.background and wait:
-            self._wait_for_own_round()
-        installed = self.install_ready(trainer)
+        self.rate = tokens / max(steps, 1)
+        if not final and self.fetcher.unread_global(self.base_outer_step):
+            # The run has a global this node could not read (a master's keyframe lost, say): a
+            # delta on its own weights would reach the master as based on outer step 0 and be
+            # dropped as too stale. It keeps its base instead, so its work adds up, and the
+            # install carries all of it onto the global (I2): its next delta builds on that.
+            installed = self.install_ready(trainer, carry_progress=True)
+        else:
+            self._send_delta(trainer, final)
+            if self.config.sync_wait_s > 0 and self.background and wait:
+                self._wait_for_own_round()
+            installed = self.install_ready(trainer)
         if self._started is not None:  # the first loop gives the step time: check the budgets
             self.step_time_s, self._started = (start - self._started) / max(steps, 1), None
             for message in self.transport.cadence_warnings(self.config, self.step_time_s):
@@ -181,6 +182,19 @@ class WorkerPlugin:
         payload = {"step": trainer.step, "stall_s": stall, "installed": installed}
         payload["outer_step"] = self.base_outer_step
         self.logger.log("diloco_boundary", {**payload, **self.counters, **self.transport.stats()})
+
+    def _send_delta(self, trainer: Any, final: bool) -> None:
+        """Capture this inner loop's delta (base - current, fp32) and queue it for upload."""
+        current = snapshot(self.params)
+        delta = {k: self.base[k] - current[k] for k in current}
+        self.fetcher.moved(delta)  # how far this node's training went: the globals' bound (I4)
+        steps = trainer.step - self.boundary_step
+        tokens = trainer.tokens - self.boundary_tokens
+        pending = Pending(delta, self.base_outer_step, steps, tokens, 0, "", final, trainer.step)
+        if not self.uploader.replayed(pending):  # a resumed node's, sent before: I1
+            self.uploader.queue(pending)
+        self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        self.base = current
 
     def _wait_for_own_round(self) -> bool:
         """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
