@@ -5,7 +5,9 @@ A master whose own training has ended (``MasterPlugin``), or a coordinating mast
 ``outer_steps`` or whose whole fleet has ended (``serve``), keeps coordinating until every node
 that sent a delta this run has sent its last one (``Roster``), or has been silent past the drain
 deadline. Then ``finish`` runs the final round on whatever is pending, never held back by
-publish pacing, and publishes it, retrying until it lands or ``upload_timeout_s`` has passed;
+publish pacing (with an int8 / int4 global whose last round went out as an update, one more step
+of the same weights as a keyframe, so the run ends exact), and publishes it, retrying until it
+lands or ``upload_timeout_s`` has passed;
 one line says what the final global holds, and the ``final_writer`` writes it as a checkpoint.
 An interrupted master (Ctrl-C, SIGTERM) does not wait: after its checkpoint it applies what is
 in, publishing for at most ``stop_grace_s`` (a second signal: at once), and says which nodes'

@@ -6,7 +6,9 @@ an update builds on, once: ``global_update``), validates it (``codec``: keys, sh
 finiteness, a norm within 10x of this node's own weights at start plus how far its own training
 moved them) and keeps it as ``ready`` for the plug-in to install. A step count and weights that
 disagree are a publish in flight: skipped until the next poll. Every failure is logged and the
-last good global kept (I5); a permanent one stops the node through its ``NodeStatus``.
+last good global kept (I5); a permanent one stops the node through its ``NodeStatus``. A
+global it failed to read is remembered (``unread``): a node with none installed then holds its
+deltas back until it reads one (``WorkerPlugin.boundary``).
 
 The repo is untrusted: a writer may publish a global under a step far ahead of the master's.
 A master never goes back (I3), so a step count below the step installed means one of the two
