@@ -60,8 +60,9 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
     facts: dict[str, Any] = {
         "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
         "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
-        "diloco_uploads_per_hour": f"3600 / ({dist.inner_steps} x seconds per step) per node, "
-        f"{3600 / dist.inner_steps:.1f} at 1 s/step",
+        "diloco_uploads_per_hour": f"{3600 / (dist.inner_steps * fleet.step_time_s):.1f} per "
+        f"node: 3600 / ({dist.inner_steps} inner steps x {fleet.step_time_s:g} s/step, "
+        "--step-time)",
     }
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))

@@ -7,6 +7,7 @@ every command module imports this one, and ``--help`` and shell completion load 
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,116 @@ SetOpt = typer.Option(
     help="Override one key without editing the file, e.g. --set optimizer.lr=1e-3. "
     "Repeatable; values are parsed as YAML.",
 )
+
+
+# What ``train`` takes that changes the run; ``validate`` takes them too, to check that run.
+MaxStepsOpt = typer.Option(
+    None, "--max-steps", help="Train until this many optimizer steps in total (run.max_steps)."
+)
+OutputDirOpt = typer.Option(
+    None, "--output-dir", help="Directory for logs and checkpoints (run.output_dir)."
+)
+DeviceOpt = typer.Option(
+    None, "--device", help="Device to train on: auto, cpu, cuda, cuda:N or mps (run.device)."
+)
+SeedOpt = typer.Option(None, "--seed", help="Random seed of the run (run.seed).")
+ResumeOpt = typer.Option(
+    False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
+)
+RewarmOpt = typer.Option(
+    None,
+    "--rewarm",
+    metavar="STEPS",
+    help="With --resume: start a new LR schedule from the saved optimizer state: warm up "
+    "linearly over STEPS to optimizer.lr, then decay per scheduler.name to run.max_steps "
+    "(scheduler.rewarm_steps). Extends a finished run.",
+)
+OverwriteOpt = typer.Option(
+    False,
+    "--overwrite",
+    help="Start fresh where another run is: delete its checkpoints and logs first "
+    "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
+)
+InitFromOpt = typer.Option(
+    None,
+    "--init-from",
+    help="Start a new run from the weights of another: its output directory, its "
+    "checkpoints/ directory or one step_* directory, or a transformers model (a directory "
+    "such as speedtronic export's, or hf://OWNER/NAME[@REV]) (checkpoint.init_from). The "
+    "optimizer, LR schedule, step count and random streams start fresh; a config naming no "
+    "model (or no config) takes the source's model and tokenizer.",
+)
+InitOverrideOpt = typer.Option(
+    None,
+    "--init-override",
+    metavar="KEY",
+    help="Let this model key (e.g. rope_theta) differ from the --init-from source's, which "
+    "is otherwise refused (checkpoint.init_overrides); repeatable.",
+)
+RoleOpt = typer.Option(
+    None,
+    "--role",
+    help="DumbDiLoCo role of this node: master or worker (distributed.role). "
+    "Any of --role, --node-id and --repo turns distributed training on.",
+)
+NodeIdOpt = typer.Option(
+    None, "--node-id", help="This node's name in the shared repo (distributed.node_id)."
+)
+RepoOpt = typer.Option(
+    None,
+    "--repo",
+    help="The run's shared repo: a Hub repo id, a bucket s3://bucket/prefix, or a directory "
+    "path or file:// URL (distributed.repo_id).",
+)
+NprocOpt = typer.Option(
+    None,
+    "--nproc-per-node",
+    min=1,
+    help="Train with this many processes on this machine (DDP, one per GPU): runs "
+    "torchrun --nproc-per-node N -m speedtronic train with the other options unchanged.",
+)
+
+
+def run_sets(
+    flags: dict[str, Any],
+    nodes: dict[str, Any],
+    resume: bool,
+    rewarm: int | None,
+    overwrite: bool,
+    init_from: str | None,
+    init_overrides: list[str] | None,
+) -> list[str]:
+    """The ``--set`` overrides train's run options make: ``flags`` are ``run.*`` keys and
+    ``nodes`` ``distributed.*`` ones (any of which turns distributed training on)."""
+    sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    sets += [f"distributed.{k}={json.dumps(v)}" for k, v in nodes.items() if v is not None]
+    if any(v is not None for v in nodes.values()):
+        sets.append("distributed.enabled=true")
+    if resume:
+        sets.append("checkpoint.resume=true")
+    if rewarm is not None:
+        sets.append(f"scheduler.rewarm_steps={rewarm}")
+    if overwrite:
+        sets.append("checkpoint.overwrite=true")
+    if init_from is not None:
+        sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
+    if init_overrides:
+        sets.append(f"checkpoint.init_overrides={json.dumps(list(init_overrides))}")
+    return sets
+
+
+def load_run_config(path: Path | None, sets: list[str], init: bool) -> SpeedtronicConfig:
+    """The run's config; with --init-from and no --config, the smoke run without its model, so
+    that the source's model and tokenizer are taken."""
+    if path is not None or not init:
+        return load_config(path, sets)
+    import yaml
+
+    from speedtronic.config import SpeedtronicConfig, default_config_text
+
+    raw = yaml.safe_load(default_config_text())
+    raw.pop("model", None)
+    return SpeedtronicConfig.from_yaml(yaml.safe_dump(raw), sets)
 
 
 def load_config(path: Path | None, overrides: list[str]) -> SpeedtronicConfig:

@@ -20,11 +20,25 @@ from speedtronic.cli.machine_facts import data_facts, machine_warnings, precisio
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
     ConfigOpt,
+    DeviceOpt,
+    InitFromOpt,
+    InitOverrideOpt,
+    MaxStepsOpt,
+    NodeIdOpt,
+    NprocOpt,
+    OutputDirOpt,
     OutputFormat,
+    OverwriteOpt,
+    RepoOpt,
+    ResumeOpt,
+    RewarmOpt,
+    RoleOpt,
+    SeedOpt,
     SetOpt,
     format_option,
-    load_config,
+    load_run_config,
     log_format_option,
+    run_sets,
 )
 from speedtronic.errors import ConfigError
 
@@ -34,71 +48,19 @@ if TYPE_CHECKING:  # the config package loads with the command, not with --help
 
 def train(
     config: Path | None = ConfigOpt,
-    max_steps: int | None = typer.Option(
-        None, "--max-steps", help="Train until this many optimizer steps in total (run.max_steps)."
-    ),
-    output_dir: Path | None = typer.Option(
-        None, "--output-dir", help="Directory for logs and checkpoints (run.output_dir)."
-    ),
-    device: str | None = typer.Option(
-        None, "--device", help="Device to train on: auto, cpu, cuda, cuda:N or mps (run.device)."
-    ),
-    seed: int | None = typer.Option(None, "--seed", help="Random seed of the run (run.seed)."),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
-    ),
-    rewarm: int | None = typer.Option(
-        None,
-        "--rewarm",
-        metavar="STEPS",
-        help="With --resume: start a new LR schedule from the saved optimizer state: warm up "
-        "linearly over STEPS to optimizer.lr, then decay per scheduler.name to run.max_steps "
-        "(scheduler.rewarm_steps). Extends a finished run.",
-    ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Start fresh where another run is: delete its checkpoints and logs first "
-        "(checkpoint.overwrite). Without it, a directory holding a run is refused.",
-    ),
-    init_from: str | None = typer.Option(
-        None,
-        "--init-from",
-        help="Start a new run from the weights of another: its output directory, its "
-        "checkpoints/ directory or one step_* directory, or a transformers model (a directory "
-        "such as speedtronic export's, or hf://OWNER/NAME[@REV]) (checkpoint.init_from). The "
-        "optimizer, LR schedule, step count and random streams start fresh; a config naming no "
-        "model (or no config) takes the source's model and tokenizer.",
-    ),
-    init_overrides: list[str] | None = typer.Option(
-        None,
-        "--init-override",
-        metavar="KEY",
-        help="Let this model key (e.g. rope_theta) differ from the --init-from source's, which "
-        "is otherwise refused (checkpoint.init_overrides); repeatable.",
-    ),
-    role: str | None = typer.Option(
-        None,
-        "--role",
-        help="DumbDiLoCo role of this node: master or worker (distributed.role). "
-        "Any of --role, --node-id and --repo turns distributed training on.",
-    ),
-    node_id: str | None = typer.Option(
-        None, "--node-id", help="This node's name in the shared repo (distributed.node_id)."
-    ),
-    repo: str | None = typer.Option(
-        None,
-        "--repo",
-        help="The run's shared repo: a Hub repo id, a bucket s3://bucket/prefix, or a directory "
-        "path or file:// URL (distributed.repo_id).",
-    ),
-    nproc_per_node: int | None = typer.Option(
-        None,
-        "--nproc-per-node",
-        min=1,
-        help="Train with this many processes on this machine (DDP, one per GPU): runs "
-        "torchrun --nproc-per-node N -m speedtronic train with the other options unchanged.",
-    ),
+    max_steps: int | None = MaxStepsOpt,
+    output_dir: Path | None = OutputDirOpt,
+    device: str | None = DeviceOpt,
+    seed: int | None = SeedOpt,
+    resume: bool = ResumeOpt,
+    rewarm: int | None = RewarmOpt,
+    overwrite: bool = OverwriteOpt,
+    init_from: str | None = InitFromOpt,
+    init_overrides: list[str] | None = InitOverrideOpt,
+    role: str | None = RoleOpt,
+    node_id: str | None = NodeIdOpt,
+    repo: str | None = RepoOpt,
+    nproc_per_node: int | None = NprocOpt,
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
 ) -> None:
@@ -106,21 +68,8 @@ def train(
     quiet cores)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
-    sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    sets += [f"distributed.{k}={json.dumps(v)}" for k, v in nodes.items() if v is not None]
-    if any(v is not None for v in nodes.values()):
-        sets.append("distributed.enabled=true")
-    if resume:
-        sets.append("checkpoint.resume=true")
-    if rewarm is not None:
-        sets.append(f"scheduler.rewarm_steps={rewarm}")
-    if overwrite:
-        sets.append("checkpoint.overwrite=true")
-    if init_from is not None:
-        sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
-    if init_overrides:
-        sets.append(f"checkpoint.init_overrides={json.dumps(list(init_overrides))}")
-    cfg = _load(config, sets + list(overrides or []), init_from is not None)
+    sets = run_sets(flags, nodes, resume, rewarm, overwrite, init_from, init_overrides)
+    cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     if nproc_per_node is not None:
         # checked here, once: N children refusing the same config print N errors + torchrun's report
         cfg.accumulation_for(nproc_per_node)
@@ -152,20 +101,6 @@ def train(
             file=sys.stderr,
         )
         raise typer.Exit(128 + (result.signal or signal.SIGINT))
-
-
-def _load(config: Path | None, sets: list[str], init: bool) -> SpeedtronicConfig:
-    """The run's config; with --init-from and no --config, the smoke run without its model, so
-    that the source's model and tokenizer are taken."""
-    if config is not None or not init:
-        return load_config(config, sets)
-    import yaml
-
-    from speedtronic.config import SpeedtronicConfig, default_config_text
-
-    raw = yaml.safe_load(default_config_text())
-    raw.pop("model", None)
-    return SpeedtronicConfig.from_yaml(yaml.safe_dump(raw), sets)
 
 
 def exec_torchrun(nproc: int) -> None:
@@ -273,15 +208,35 @@ def validate(
         help="A worker's upload bandwidth in Mbit/s, for the time a delta takes to reach the "
         "repo (the latency fraction f); default 50.",
     ),
+    max_steps: int | None = MaxStepsOpt,
+    output_dir: Path | None = OutputDirOpt,
+    device: str | None = DeviceOpt,
+    seed: int | None = SeedOpt,
+    resume: bool = ResumeOpt,
+    rewarm: int | None = RewarmOpt,
+    overwrite: bool = OverwriteOpt,
+    init_from: str | None = InitFromOpt,
+    init_overrides: list[str] | None = InitOverrideOpt,
+    role: str | None = RoleOpt,
+    node_id: str | None = NodeIdOpt,
+    repo: str | None = RepoOpt,
+    nproc_per_node: int | None = NprocOpt,
 ) -> None:
     """Check a config: print the resolved (redacted) config and derived facts, or every problem.
 
-    Runs no code the config names unless --build is given: only registered models are built.
+    Takes train's options, so it checks the run that train with them starts: with --init-from,
+    the model and tokenizer taken from the source. Runs no code the config names unless --build
+    is given: only registered models are built.
     """
-    cfg = load_config(config, list(overrides or []))
+    flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    node = {"role": role, "node_id": node_id, "repo_id": repo}
+    sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides)
+    cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
     warnings: list[str] = []
-    facts = derived_facts(cfg, build=build, world_size=world_size, fleet=fleet, warnings=warnings)
+    cfg, facts = init_facts(cfg, warnings)
+    world_size = world_size or nproc_per_node
+    facts |= derived_facts(cfg, build=build, world_size=world_size, fleet=fleet, warnings=warnings)
     warnings += measured_warnings(cfg) if cfg.distributed.enabled else []
     for message in warnings:
         print(f"speedtronic: warning: {message}", file=sys.stderr)
@@ -294,6 +249,19 @@ def validate(
     print("---")
     for key, value in facts.items():
         print(f"# {key}: {json.dumps(value) if isinstance(value, dict) else value}")
+
+
+def init_facts(cfg: SpeedtronicConfig, warnings: list[str]) -> tuple[SpeedtronicConfig, dict]:
+    """With --init-from, the config train would run (the source's model and tokenizer where
+    it names none) and what it starts from; ``cfg`` and nothing without."""
+    from speedtronic.train.init_source import init_config, names_no_model
+
+    adopted, source = init_config(cfg, warnings.append)
+    if source is None:
+        return cfg, {}
+    model = "the source's" if names_no_model(cfg) else "the config's, checked against the source's"
+    tokenizer = adopted.data.tokenizer if adopted.data.resolved_source == "text" else "the data's"
+    return adopted, {"init_from": {"source": source.where, "model": model, "tokenizer": tokenizer}}
 
 
 def derived_facts(

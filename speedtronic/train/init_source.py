@@ -70,6 +70,22 @@ def _model_source(src: str, log: Callable[[str], None]) -> InitSource:
     return InitSource(source.origin, source.model_section(), source.tokenizer_path, load)
 
 
+def init_config(
+    config: SpeedtronicConfig, log: Callable[[str], None]
+) -> tuple[SpeedtronicConfig, InitSource | None]:
+    """The config a fresh run with ``checkpoint.init_from`` trains, and its source: the source's
+    model and tokenizer where the config names none, its model keys checked (as ``plan_start``
+    does before building anything); ``config`` and None without one. For ``validate``, and for
+    Python that builds parts of a run itself (``build_dataloader`` needs the source's
+    vocabulary)."""
+    if not config.checkpoint.init_from:
+        return config, None
+    source = open_init_source(config.checkpoint.init_from, log)
+    config = adopt(config, source, [])
+    check_same_function(config, source)
+    return config, source
+
+
 def names_no_model(config: SpeedtronicConfig) -> bool:
     spec = config.model
     return spec.name == REFERENCE and not spec.params and not spec.imports
