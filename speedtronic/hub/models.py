@@ -10,11 +10,16 @@ travel the Git LFS path, read from disk as they upload, and the commit lands exa
 ``download_model`` is ``speedtronic import``'s reading side: a model repo's revision pinned to
 its commit, and the files import reads (config, safetensors weights and their index, tokenizer
 files; never a pickle) fetched through ``RepoFiles`` into ``<cache>/<sha>/``, where a second
-import finds them without a download.
+import finds them without a download. Once every file is there, a listing of the commit is kept
+beside them (``LISTING``): a revision given as that full commit sha then needs no request at
+all, and works offline, as a pinned dataset file does.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +76,10 @@ WANTED_FILES = frozenset(
 )
 
 
+LISTING = ".speedtronic-listing.json"  # no wanted file starts with a dot
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
 def wanted(path: str) -> bool:
     return path in WANTED_FILES or ("/" not in path and path.endswith(".safetensors"))
 
@@ -80,6 +89,10 @@ def download_model(
 ) -> tuple[Path, str, list[str]]:
     """The files import reads of ``repo_id`` at ``revision``, in ``cache/<sha>/``: (folder,
     sha, every file the repo holds at that commit, for the caller's messages)."""
+    if _SHA.fullmatch(revision):
+        cached = _cached(Path(cache) / revision)
+        if cached is not None:  # a commit never changes: no request needed
+            return Path(cache) / revision, revision, cached
     files = RepoFiles(repo_id, "model", endpoint=endpoint)
     sha = files.resolve(revision)
     listed = files.list_files(sha)
@@ -87,4 +100,28 @@ def download_model(
     for file in listed:
         if wanted(file.path):
             files.download(file, sha, folder / file.path)
-    return folder, sha, [f.path for f in listed]
+    paths = [f.path for f in listed]
+    _keep_listing(folder, paths)
+    return folder, sha, paths
+
+
+def _keep_listing(folder: Path, paths: list[str]) -> None:
+    """Say that every wanted file of the commit is in ``folder`` (written last, renamed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{LISTING}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"files": paths}), encoding="utf-8")
+    os.replace(tmp, folder / LISTING)
+
+
+def _cached(folder: Path) -> list[str] | None:
+    """The commit's file listing, when the cache holds every wanted file of it; else None."""
+    from speedtronic.readlimit import MIB, read_json
+
+    try:
+        paths = read_json(folder / LISTING, 16 * MIB)["files"]
+    except (ConfigError, TypeError, KeyError):
+        return None
+    ok = isinstance(paths, list) and all(isinstance(p, str) for p in paths)
+    if not ok or not all((folder / p).is_file() for p in paths if wanted(p)):
+        return None
+    return paths
