@@ -9,10 +9,19 @@ one line naming the field and its value, before anything is read or written: ano
 architecture (GPT-2, ...), an activation other than SiLU, a bias on the output or MLP
 projections, a RoPE scaling other than Llama-3's, a sliding window, experts (MoE), a quantized
 checkpoint.
+
+Every value is then held to the rules a run's config is (``SpeedtronicConfig``'s model section and
+``registry.reference_config``: finite numbers, ranges, heads that divide, an even head width),
+and so is every number anywhere in config.json (no NaN or infinity), each problem named by
+config.json's key: ``config.json: rope_theta: must be finite (got inf)``. What import writes is
+what ``generate`` and ``train`` can rebuild. Stdlib only at import time: the rules are imported
+when applied.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from speedtronic.errors import ConfigError
@@ -22,6 +31,21 @@ SUPPORTED = "Llama-shaped decoders (model_type llama or qwen2: SmolLM2, TinyLlam
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Fields a Mixture-of-Experts config carries (Mixtral, Qwen-MoE, DeepSeek, OLMoE).
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+_ROPE_FIELDS = ("rope_scaling", "rope_parameters")  # transformers 4.x, 5.x
+# config.json's name of each reference key, for the messages (the RoPE ones depend on the file)
+_THEIR_NAMES = {
+    "vocab_size": "vocab_size",
+    "seq_len": "max_position_embeddings",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_kv_head": "num_key_value_heads",
+    "d_model": "hidden_size",
+    "mlp_hidden": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+    "init_std": "initializer_range",
+    "tie_embeddings": "tie_word_embeddings",
+    "head_dim": "head_dim",
+}
 
 
 class UnsupportedModel(ConfigError):
@@ -30,7 +54,9 @@ class UnsupportedModel(ConfigError):
 
 def reference_params(config: dict[str, Any], where: str) -> dict[str, Any]:
     """``model:`` keys (reference_transformer) for the transformers ``config`` read from
-    ``where``; an UnsupportedModel naming the field and value for anything that would not map."""
+    ``where``; a ConfigError naming config.json's keys for anything that would not map or that a
+    run's config would refuse (see the module docstring)."""
+    _check_finite(config, where)
     _check_architecture(config, where)
     _check_features(config, where)
     hidden, heads = _int(config, "hidden_size", where), _int(config, "num_attention_heads", where)
@@ -42,10 +68,10 @@ def reference_params(config: dict[str, Any], where: str) -> dict[str, Any]:
         "n_kv_head": _int(config, "num_key_value_heads", where, heads),
         "d_model": hidden,
         "mlp_hidden": _int(config, "intermediate_size", where),
-        "rope_theta": float(_number(config, "rope_theta", where, _rope_theta(config))),
-        "norm_eps": float(_number(config, "rms_norm_eps", where, 1e-6)),
-        "init_std": float(_number(config, "initializer_range", where, 0.02)),
-        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "rope_theta": _number(config, "rope_theta", where, _rope_theta(config)),
+        "norm_eps": _number(config, "rms_norm_eps", where, 1e-6),
+        "init_std": _number(config, "initializer_range", where, 0.02),
+        "tie_embeddings": config.get("tie_word_embeddings", False),
     }
     head_dim = config.get("head_dim")
     if head_dim is not None and (hidden % heads or head_dim != hidden // heads):
@@ -54,7 +80,62 @@ def reference_params(config: dict[str, Any], where: str) -> dict[str, Any]:
         params["qkv_bias"] = True  # Qwen2's q/k/v projections always carry one
     if _rope_type(config) == "llama3":
         params["rope_scaling"] = _llama3(config, where)
+    _check_run_rules(params, config, where)
+    for name in ("rope_theta", "norm_eps", "init_std"):  # finite now: float() cannot overflow
+        params[name] = float(params[name])
     return params
+
+
+def _check_run_rules(params: dict[str, Any], config: dict[str, Any], where: str) -> None:
+    """The rules a run's ``model:`` section is held to, in config.json's words."""
+    from speedtronic.config import SpeedtronicConfig
+    from speedtronic.registry import reference_config
+
+    problems: list[str] = []
+    for check in (
+        lambda: SpeedtronicConfig.load({"model": {"name": "reference_transformer", **params}}),
+        lambda: reference_config(params),
+    ):
+        try:
+            check()
+        except ConfigError as exc:
+            problems += [p for p in exc.problems if p not in problems]
+    if problems:
+        names = _their_names(config)
+        words = [_in_their_words(p.removeprefix("model."), names) for p in problems]
+        raise ConfigError(f"{where}: {'; '.join(words)}; nothing written")
+
+
+def _their_names(config: dict[str, Any]) -> dict[str, str]:
+    theta = "rope_theta" if "rope_theta" in config else "rope_parameters.rope_theta"
+    rope = _rope_source(config)
+    return {**_THEIR_NAMES, "rope_theta": theta, "rope_scaling": rope[0] if rope else "rope"}
+
+
+def _in_their_words(problem: str, names: dict[str, str]) -> str:
+    """``n_kv_head: must divide n_head=4`` as ``num_key_value_heads: must divide
+    num_attention_heads=4``: every reference key named as config.json names it."""
+    pattern = r"\b(" + "|".join(map(re.escape, names)) + r")\b"
+    return re.sub(pattern, lambda m: names[m.group(1)], problem)
+
+
+def _check_finite(config: dict[str, Any], where: str) -> None:
+    """No NaN or infinity anywhere in config.json (json reads ``Infinity`` and ``1e999``)."""
+    problems = _non_finite(config, "")
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}; nothing written")
+
+
+def _non_finite(value: Any, path: str) -> list[str]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{path}: must be finite (got {value})"]
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return []
+    return [problem for key, item in items for problem in _non_finite(item, key)]
 
 
 def _check_architecture(config: dict[str, Any], where: str) -> None:
@@ -82,34 +163,35 @@ def _check_features(config: dict[str, Any], where: str) -> None:
             _refuse(where, name, config[name], "a Mixture-of-Experts model is not supported")
     if config.get("quantization_config"):
         _refuse(where, "quantization_config", "(set)", "import reads unquantized weights")
+    for name in _ROPE_FIELDS:
+        if config.get(name) is not None and not isinstance(config[name], dict):
+            _invalid(where, name, config[name], "must be a mapping with a rope_type, or null")
     kind = _rope_type(config)
     if kind not in (None, "default", "llama3"):
-        _refuse(where, "rope_scaling.rope_type", kind, "only default and llama3 RoPE map")
+        field = f"{_rope_source(config)[0]}.rope_type"
+        _refuse(where, field, kind, "only default and llama3 RoPE map")
+
+
+def _rope_source(config: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The field that states the RoPE scaling kind and its mapping (``rope_scaling`` in 4.x,
+    ``rope_parameters`` in 5.x); None when neither states one."""
+    for name in _ROPE_FIELDS:
+        value = config.get(name)
+        if isinstance(value, dict) and (value.get("rope_type") or value.get("type")):
+            return name, value
+    return None
 
 
 def _rope_type(config: dict[str, Any]) -> Any:
-    """The RoPE scaling kind, from ``rope_scaling`` (4.x) or ``rope_parameters`` (5.x)."""
-    for name in ("rope_scaling", "rope_parameters"):
-        value = config.get(name)
-        if isinstance(value, dict) and (value.get("rope_type") or value.get("type")):
-            return value.get("rope_type") or value.get("type")
-        if value is not None and not isinstance(value, dict):
-            return value
-    return None
+    source = _rope_source(config)
+    return None if source is None else source[1].get("rope_type") or source[1].get("type")
 
 
 def _llama3(config: dict[str, Any], where: str) -> list:
     """Llama-3's four scaling numbers, as ReferenceConfig.rope_scaling holds them."""
-    scaling = next(
-        config[name]
-        for name in ("rope_scaling", "rope_parameters")
-        if isinstance(config.get(name), dict) and config[name].get("rope_type") == "llama3"
-    )
-    values = [_number(scaling, key, where, None) for key in _LLAMA3_KEYS]
-    values[3] = _int(scaling, "original_max_position_embeddings", where)
-    if not values[1] < values[2]:
-        _refuse(where, "rope_scaling", scaling, "low_freq_factor must be < high_freq_factor")
-    return values
+    name, scaling = _rope_source(config)
+    values = [_number(scaling, key, where, None, f"{name}.") for key in _LLAMA3_KEYS[:3]]
+    return [*values, _int(scaling, _LLAMA3_KEYS[3], where, None, f"{name}.")]
 
 
 def _rope_theta(config: dict[str, Any]) -> Any:
@@ -118,19 +200,23 @@ def _rope_theta(config: dict[str, Any]) -> Any:
     return 10000.0 if theta is None else theta
 
 
-def _int(config: dict[str, Any], name: str, where: str, default: Any = None) -> int:
+def _int(config: dict[str, Any], name: str, where: str, default: Any = None, at="") -> int:
     value = config.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        _refuse(where, name, value, "must be a positive integer")
+        _invalid(where, at + name, value, "must be a positive integer")
     return value
 
 
-def _number(config: dict[str, Any], name: str, where: str, default: Any) -> float:
+def _number(config: dict[str, Any], name: str, where: str, default: Any, at="") -> float:
     value = config.get(name)
     value = default if value is None else value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        _refuse(where, name, value, "must be a positive number")
+        _invalid(where, at + name, value, "must be a positive number")
     return value
+
+
+def _invalid(where: str, field: str, value: Any, rule: str) -> None:
+    raise ConfigError(f"{where}: {field}: {rule} (got {value!r}); nothing written")
 
 
 def _refuse(where: str, field: str, value: Any, rule: str) -> None:

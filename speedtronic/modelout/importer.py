@@ -8,9 +8,11 @@ state, and a meta.json whose config names the reference transformer with SRC's k
 tokenizer, so ``generate``, ``export``, ``ckpt inspect``, ``train --init-from OUT`` and a
 DumbDiLoCo master (its first global) read it as they read a trained run. The tokenizer files
 come along in ``OUT/tokenizer/`` and the checkpoint records ``tokenizer.json`` as a tokenized
-dataset's manifest does. Everything is written in a ``.tmp-*`` sibling, checked there
-(``--verify``) and renamed into place: OUT is new or empty, and an interrupted or refused
-import leaves it as it was.
+dataset's manifest does. Everything is written in a ``.tmp-import-*`` sibling, checked there
+(``--verify``) and renamed into place: OUT is new or empty (a link is the directory it points
+at, as export's OUT), and an interrupted or refused import leaves it as it was. The sibling
+holds a mark with its writer's pid and host until it is renamed; one whose writer is gone (a
+``kill -9``) is removed by the next import into the same OUT, by ``data tokenize``'s rule.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +32,11 @@ from speedtronic.checkpoint.save import save_checkpoint
 from speedtronic.checkpoint.tokenizer import tokenizer_record
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.modelout.card import json_bytes
+from speedtronic.modelout.export import link_target
 from speedtronic.modelout.source_model import SourceModel, load_state, open_source
 
 IMPORT_MARK = "speedtronic_import.json"
+WRITER_MARK = ".speedtronic-import-writer"  # in the temporary copy only: "<pid> <host>"
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -55,27 +60,49 @@ def import_model(
 ) -> Imported:
     """Write SRC as a run directory in OUT (see the module docstring); ``verify(run_dir,
     source)`` checks the written run before it is moved into place (it raises to refuse it)."""
-    out = Path(out)
+    given = Path(out)
+    out = link_target(given)
     _check_out(out)
     source = open_source(src, log)
-    tmp = out.parent / f"{TMP_PREFIX}import-{out.name}-{os.getpid()}"
+    tmp = out.parent / f"{_tmp_prefix(out)}{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(out)
         shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier attempt
         tmp.mkdir()
-        done = _write(tmp, out, source)
+        _write_file(tmp / WRITER_MARK, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        done = _write(tmp, given, source)
         if verify is not None:
             done.verified = verify(tmp, source)
+        (tmp / WRITER_MARK).unlink()
         install_dir(tmp, out)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise OutputError(f"OUT: could not write {out}: {exc.strerror or exc}") from exc
         raise
-    done.checkpoint = out / "checkpoints" / step_dir_name(0)
+    done.checkpoint = given / "checkpoints" / step_dir_name(0)
     if source.tokenizer_path is None:
         done.notes.append(f"{src} has no tokenizer.json: generate and train need --tokenizer")
     return done
+
+
+def _tmp_prefix(out: Path) -> str:
+    return f"{TMP_PREFIX}import-{out.name}-"
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporary copies of earlier imports into ``out`` whose writer is gone: marked as an
+    import's and naming a pid that no longer runs on this host. Anything else stays."""
+    from speedtronic.data.ingest.owner import _alive  # data tokenize's liveness rule, shared
+
+    prefix = _tmp_prefix(out)
+    for path in out.parent.iterdir() if out.parent.is_dir() else []:
+        pid = path.name.removeprefix(prefix)
+        if path.name.startswith(prefix) and pid.isdigit() and not path.is_symlink():
+            mark = path / WRITER_MARK
+            if mark.is_file() and not _alive(mark):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_out(out: Path) -> None:
@@ -90,12 +117,7 @@ def _check_out(out: Path) -> None:
 def _write(tmp: Path, out: Path, source: SourceModel) -> Imported:
     """The run in ``tmp``: tokenizer files, the step-0 checkpoint, the mark (last)."""
     copied = _copy_tokenizer(source, tmp / TOKENIZER_DIR)
-    tokenizer = None
-    if source.tokenizer_path is not None:
-        from speedtronic.data.tokenizer import HFTokenizer
-
-        tokenizer = HFTokenizer(out / TOKENIZER_DIR / "tokenizer.json", copied["tokenizer.json"])
-    record, data = tokenizer_record(tokenizer)
+    record, data = tokenizer_record(source.tokenizer)
     state = load_state(source)
     count = sum(t.numel() for k, t in state.items() if k != "lm_head.weight" or not _tied(source))
     meta = {
@@ -133,14 +155,13 @@ def stored_config(source: SourceModel, out: Path | None) -> dict:
 
 
 def _copy_tokenizer(source: SourceModel, folder: Path) -> dict[str, bytes]:
-    names = source.tokenizer_files()
-    if names:
+    """The tokenizer files as ``open_source`` read and checked them (read once, bounded)."""
+    copied = source.tokenizer_data
+    if copied:
         folder.mkdir()
-    copied = {}
-    for name in names:
-        copied[name] = (source.folder / name).read_bytes()
-        _write_file(folder / name, copied[name])
-    if names:
+    for name, data in copied.items():
+        _write_file(folder / name, data)
+    if copied:
         fsync_dir(folder)
     return copied
 

@@ -127,6 +127,12 @@ def reference_name(key: str) -> str | None:
     return None
 
 
+def layer_index(key: str) -> int | None:
+    """The layer a LlamaForCausalLM key belongs to (``model.layers.<i>.``); None outside one."""
+    match = _LLAMA_BLOCK_KEY.match(key)
+    return int(match.group(1)) if match else None
+
+
 def llama_state(model: ReferenceTransformer, dtype: str) -> dict[str, torch.Tensor]:
     """The weights under Llama's names in ``dtype`` (fp32 or bf16), CPU and contiguous; the
     tied head is stored once (as the embedding), the way transformers saves a tied model."""

@@ -5,10 +5,14 @@ shards with ``model.safetensors.index.json``) or ``hf://OWNER/NAME[@REV]``, down
 the project's one Hub client (``speedtronic.hub.models.download_model``) into the user cache
 at its commit, so the same revision is fetched once. Pickled weights are never read: a
 directory holding only ``pytorch_model.bin`` is refused. ``open_source`` reads what decides
-whether it maps (``hf_config``), the tensors' names, shapes and dtypes from the safetensors
-headers alone, and refuses any mismatch before anything is loaded or written; ``load_state``
-then reads the tensors one at a time under the reference transformer's names (one copy in
-memory, in the file's dtype). Both ``speedtronic import`` and ``train --init-from`` use it.
+whether it maps and the values a run's config allows (``hf_config``), the tensors' names,
+shapes and dtypes from the safetensors headers alone (the layer count against them before a
+model of that many layers is built, even on the meta device) and the tokenizer files (no more
+ids than the model's vocabulary), and refuses any mismatch before anything is loaded or
+written; every file read whole is read with a bound (``readlimit``). ``load_state`` then reads
+the tensors one at a time under the reference transformer's names (one copy in memory, in the
+file's dtype), each refused unless finite. Both ``speedtronic import`` and ``train
+--init-from`` use it.
 """
 
 from __future__ import annotations
@@ -19,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from speedtronic.errors import ConfigError
-from speedtronic.modelout import hf_config, llama
+from speedtronic.modelout import hf_config
+from speedtronic.modelout.source_weights import read_weights, weight_names
+from speedtronic.readlimit import MIB, read_bytes, read_text
 
 HUB_PREFIX = "hf://"
-INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -33,8 +36,10 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-_DTYPES = ("F32", "BF16", "F16")
-_IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved: derived, not weights
+# Bounds of the files read whole: a large vocabulary's tokenizer.json (Gemma's 262k ids) is
+# ~33 MB; the rest are a few KB.
+LIMITS = {"config.json": 4 * MIB, "tokenizer.json": 64 * MIB, "tokenizer_config.json": 16 * MIB}
+OTHER_LIMIT = 4 * MIB
 
 
 @dataclass
@@ -46,14 +51,15 @@ class SourceModel:
     hf_config: dict[str, Any]
     params: dict[str, Any]  # model: keys of reference_transformer
     names: dict[str, tuple[Path, str]] = field(default_factory=dict)  # ours -> (file, theirs)
+    tokenizer_data: dict[str, bytes] = field(default_factory=dict)  # the files, as read once
+    tokenizer: Any = None  # an HFTokenizer of tokenizer.json, when there is one
 
     @property
     def tokenizer_path(self) -> Path | None:
-        path = self.folder / "tokenizer.json"
-        return path if path.is_file() else None
+        return self.folder / "tokenizer.json" if self.tokenizer is not None else None
 
     def tokenizer_files(self) -> list[str]:
-        return [name for name in TOKENIZER_FILES if (self.folder / name).is_file()]
+        return list(self.tokenizer_data)
 
     def model_section(self) -> dict[str, Any]:
         return {"name": "reference_transformer", **self.params}
@@ -108,106 +114,44 @@ def fetch(src: str, log=None) -> tuple[Path, str]:
 def open_source(src: str | os.PathLike, log=None) -> SourceModel:
     """SRC checked through and through, nothing loaded (see the module docstring)."""
     folder, origin = fetch(str(src), log)
-    where = str(folder / "config.json")
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"SRC: cannot read {where}: {why}") from None
+    where = folder / "config.json"
+    text = read_text(where, LIMITS["config.json"], "SRC", ConfigError)
+    try:  # NaN and Infinity are read here, to be refused by hf_config naming their key
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"SRC: {where} is not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"SRC: {where} is not a JSON object")
-    params = hf_config.reference_params(config, where)
+    params = hf_config.reference_params(config, str(where))
     source = SourceModel(folder, origin, config, params)
-    source.names = _check_tensors(source, _weight_files(folder))
+    source.names = weight_names(folder, params)
+    _read_tokenizer(source)
     return source
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"SRC: {index} is not a safetensors index ({exc})") from None
-        bad = [n for n in names if not isinstance(n, str) or "/" in n or n.startswith(".")]
-        if bad:
-            raise ConfigError(f"SRC: {index} names a file outside its folder ({bad[0]!r})")
-        return [folder / name for name in names]
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    pickled = [p.name for p in sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))]
-    why = f"only pickled weights ({pickled[0]}), which are never loaded" if pickled else "none"
-    raise ConfigError(
-        f"SRC: {folder} holds no safetensors weights (model.safetensors or {INDEX_FILE}): {why}",
-        hint="convert it with transformers' save_pretrained(..., safe_serialization=True)",
-    )
+def load_state(source: SourceModel) -> dict[str, Any]:
+    """SRC's weights under the reference transformer's names (``source_weights.read_weights``)."""
+    return read_weights(source.names, bool(source.params["tie_embeddings"]))
 
 
-def _check_tensors(source: SourceModel, files: list[Path]) -> dict[str, tuple[Path, str]]:
-    """Every tensor's reference name, checked against the model's shapes (headers only)."""
-    from safetensors import safe_open
-
-    expected = _shapes(source.params)
-    names: dict[str, tuple[Path, str]] = {}
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    info = f.get_slice(key)
-                    _check_one(path, key, info.get_shape(), info.get_dtype(), expected, names)
-        except (OSError, Exception) as exc:  # safetensors raises its own error types
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"SRC: {path} is not a readable safetensors file ({exc})") from None
-    tied = source.params["tie_embeddings"]
-    missing = [k for k in expected if k not in names and not (tied and k == "lm_head.weight")]
-    if missing:
-        raise ConfigError(f"SRC: the weights lack {len(missing)} tensor(s) the config implies "
-                          f"(e.g. {llama.llama_name(missing[0])}); nothing written")  # fmt: skip
-    return names
-
-
-def _check_one(path, key, shape, dtype, expected, names) -> None:
-    ours = llama.reference_name(key)
-    if ours is None and key.endswith(_IGNORED):
+def _read_tokenizer(source: SourceModel) -> None:
+    """The tokenizer files, each read once with a bound; tokenizer.json may not hold more ids
+    than the model embeds."""
+    for name in TOKENIZER_FILES:
+        path = source.folder / name
+        if os.path.lexists(path):  # a link to a device is refused, not skipped
+            limit = LIMITS.get(name, OTHER_LIMIT)
+            source.tokenizer_data[name] = read_bytes(path, limit, "SRC", ConfigError)
+    data = source.tokenizer_data.get("tokenizer.json")
+    if data is None:
         return
-    if ours is None or ours not in expected:
-        raise ConfigError(f"SRC: {path.name}: tensor {key} has no place in the reference "
-                          "transformer; nothing written")  # fmt: skip
-    if list(shape) != expected[ours]:
-        raise ConfigError(f"SRC: {path.name}: {key} is {list(shape)}, the config implies "
-                          f"{expected[ours]}; nothing written")  # fmt: skip
-    if dtype not in _DTYPES:
-        raise ConfigError(f"SRC: {path.name}: {key} is {dtype}; import reads "
-                          f"{', '.join(_DTYPES)} weights; nothing written")  # fmt: skip
-    names[ours] = (path, key)
+    from speedtronic.data.tokenizer import HFTokenizer
 
-
-def _shapes(params: dict[str, Any]) -> dict[str, list[int]]:
-    from speedtronic.model import ReferenceConfig, ReferenceTransformer
-
-    with torch.device("meta"):
-        model = ReferenceTransformer(ReferenceConfig(**params))
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
-
-
-def load_state(source: SourceModel) -> dict[str, torch.Tensor]:
-    """The weights under the reference transformer's names, each read once in its file's
-    dtype; a tied head is the embedding itself (one tensor, stored once by a checkpoint)."""
-    from safetensors import safe_open
-
-    state: dict[str, torch.Tensor] = {}
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    tied = source.params["tie_embeddings"]
-    for ours, (path, theirs) in source.names.items():
-        if tied and ours == "lm_head.weight":  # a file may hold both: the embedding is the one
-            continue
-        by_file.setdefault(path, []).append((ours, theirs))
-    for path, pairs in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
-            for ours, theirs in pairs:
-                state[ours] = f.get_tensor(theirs)
-    if tied:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    return state
+    source.tokenizer = HFTokenizer(source.folder / "tokenizer.json", data)
+    ids, vocab = source.tokenizer.vocab_size, source.params["vocab_size"]
+    if ids > vocab:
+        raise ConfigError(
+            f"SRC: {source.folder / 'tokenizer.json'} has {ids} ids, more than the model's "
+            f"vocabulary (config.json vocab_size: {vocab}): ids >= {vocab} cannot be embedded; "
+            "nothing written"
+        )
