@@ -135,9 +135,7 @@ class MasterLoop:
         rate = (view.count or {}).get("fleet_tokens_per_step")  # the pace its state says
         publish = publish or bool(state and state.fleet and rate != round(self.master.fleet_rate))
         if not publish and view.step is not None:  # the repo holds this master's step
-            self.publisher.last_step, self.publisher.last_sha = view.step, view.sha256
-            self.publisher.last_count = view.count  # the whole file, for the periodic look
-            self.publisher.landed_nodes = dict(self.intake.nodes)
+            self.publisher.adopt_landed(view.step, view.sha256, view.count, self.intake.nodes)
         if publish:
             self._publish_safely()
 
@@ -174,15 +172,15 @@ class MasterLoop:
             if self.sender.fatal is not None:
                 raise self.sender.fatal
         if self.guard.due():
-            self._check_repo()
-            self._check_keyframe()
+            check_repo(self.guard, self.publisher, self.intake.max_bytes)
+            check_keyframe(self.guard, self.publisher)
         self.master.seen_step = self.publisher.last_step  # staleness: what nodes could see
         self.intake.poll(self.master)
         if not self.polled:  # the repo's backlog is read: later nodes are stragglers
             self.roster.settle_backlog()
         self.polled = True
         if self.publisher.outstanding:  # a saved step the repo lacks: no round before it lands
-            if self._sent():  # its send failed or the repo lost it: publish it again
+            if self.sender is None or self.sender.idle():  # its send failed or the repo lost it
                 self.republish()
             return None
         if not force and not self.publisher.due():
@@ -243,35 +241,17 @@ class MasterLoop:
         """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""
         return self.intake.summary_after(None) != (self.publisher.landed_nodes or {})
 
-    def _check_repo(self) -> None:
-        """Look at the repo's global (before every publish, and every few polls): whatever
-        happened to it is named in one line, and the next publish restores it."""
-        expected, saved = self.publisher.last_count, self.publisher.saved_step
-        if expected is not None and self.guard.check(expected, saved, self.intake.max_bytes):
-            self.publisher.repo_lost_it = True  # restored by this poll's publish
-
-    def _check_keyframe(self) -> None:
-        """The keyframe the repo's update builds on is master state too (I3): deleted, damaged
-        or replaced, the next poll's publish uploads it again (``Publisher._upload_keyframe``)."""
-        keyframe, publisher = self.publisher.keyframe, self.publisher
-        if keyframe is None or publisher.uploaded != keyframe.path or publisher.repo_lost_it:
-            return  # none, or not uploaded yet: the next publish uploads it anyway
-        cap, version = len(keyframe.data) + 1, publisher.uploaded_version
-        if self.guard.keyframe_lost(keyframe.path, keyframe.sha256, cap, version):
-            publisher.repo_lost_it = True
-
     def _send(self, publication: Publication) -> None:
         """Publish a saved step (in the sender's thread when running), deleting every settled
         file; if it fails, it is sent again (the sender) or the next poll publishes again."""
-        self._check_repo()  # also refuses to publish over another master's step
+        check_repo(
+            self.guard, self.publisher, self.intake.max_bytes
+        )  # also refuses to publish over another master's step
         if self.sender is not None:
             self.sender.submit(publication)
             return
         self.publisher.send(publication)
         self.intake.deleted(publication.consumed)
-
-    def _sent(self) -> bool:
-        return self.sender is None or self.sender.idle()
 
     def start_sending(self) -> None:
         """Publish from a thread of its own from now on: polls go on during a slow publish."""
@@ -317,6 +297,25 @@ class MasterLoop:
         finally:
             for message in getattr(self.transport, "take_warnings", list)():
                 self.logger.warn(f"diloco master: {message}")
+
+
+def check_repo(guard: RepoGuard, publisher: Publisher, max_bytes: int) -> None:
+    """Look at the repo's global (before every publish, and every few polls): whatever
+    happened to it is named in one line, and the next publish restores it."""
+    expected, saved = publisher.last_count, publisher.saved_step
+    if expected is not None and guard.check(expected, saved, max_bytes):
+        publisher.repo_lost_it = True  # restored by this poll's publish
+
+
+def check_keyframe(guard: RepoGuard, publisher: Publisher) -> None:
+    """The keyframe the repo's update builds on is master state too (I3): deleted, damaged
+    or replaced, the next poll's publish uploads it again (``Publisher._upload_keyframe``)."""
+    keyframe = publisher.keyframe
+    if keyframe is None or publisher.uploaded != keyframe.path or publisher.repo_lost_it:
+        return  # none, or not uploaded yet: the next publish uploads it anyway
+    cap, version = len(keyframe.data) + 1, publisher.uploaded_version
+    if guard.keyframe_lost(keyframe.path, keyframe.sha256, cap, version):
+        publisher.repo_lost_it = True
 
 
 def log_round(logger: Any, counters: dict[str, int], result: RoundResult, stats: dict) -> None:

@@ -168,6 +168,12 @@ class Publisher:
         keyframe = self.keyframe
         return self.global_dtype == "fp32" or keyframe is None or keyframe.step == outer_step
 
+    def adopt_landed(self, step: int, sha256: str, count: dict, nodes: dict) -> None:
+        """At start, the repo already holds this master's ``step`` (no publish needed): take it
+        as the last landed one; ``count`` is the whole step count, for the periodic look."""
+        self.last_step, self.last_sha, self.last_count = step, sha256, count
+        self.landed_nodes = dict(nodes)
+
     def restore(self, state: MasterState | None) -> None:
         """A loaded state's keyframe is the one its step was published on."""
         if state is not None and self.global_dtype != "fp32":

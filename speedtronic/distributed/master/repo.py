@@ -278,16 +278,10 @@ class RepoGuard:
             self._keyframe_seen = (path, version)
         if version is not None and self._keyframe_seen == (path, version):
             return False
-        problem = "is missing" if version_of is not None and version is None else None
-        if problem is None:
-            try:
-                data = self.transport.read(path, max_bytes)
-            except DamagedRepoFile as exc:
-                data, problem = None, f"is damaged ({exc})"
-            if data is None:
-                problem = problem or "is missing"
-            elif hashlib.sha256(bytes(data)).hexdigest() != sha256:
-                problem = "is not the keyframe this master uploaded (its sha256 differs)"
+        gone = version_of is not None and version is None
+        problem = (
+            "is missing" if gone else keyframe_problem(self.transport, path, sha256, max_bytes)
+        )
         if problem is None:
             self._keyframe_seen = (path, version)
             return False
@@ -322,3 +316,16 @@ def _edited_fields(found: dict, expected: dict) -> list[str]:
 def _named(path: str, exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text if path in text else f"{path}: {text}"
+
+
+def keyframe_problem(transport: Any, path: str, sha256: str, max_bytes: int) -> str | None:
+    """What is wrong with the keyframe at ``path`` (missing, damaged, other bytes), or None."""
+    try:
+        data = transport.read(path, max_bytes)
+    except DamagedRepoFile as exc:
+        return f"is damaged ({exc})"
+    if data is None:
+        return "is missing"
+    if hashlib.sha256(bytes(data)).hexdigest() != sha256:
+        return "is not the keyframe this master uploaded (its sha256 differs)"
+    return None

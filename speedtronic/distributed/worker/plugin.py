@@ -171,7 +171,7 @@ class WorkerPlugin:
         else:
             self._send_delta(trainer, final)
             if self.config.sync_wait_s > 0 and self.background and wait:
-                self._wait_for_own_round()
+                _wait_for_own_round(self)
             installed = self.install_ready(trainer)
         if self._started is not None:  # the first loop gives the step time: check the budgets
             self.step_time_s, self._started = (start - self._started) / max(steps, 1), None
@@ -195,27 +195,6 @@ class WorkerPlugin:
             self.uploader.queue(pending)
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current
-
-    def _wait_for_own_round(self) -> bool:
-        """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
-
-        True once the uploader has sent everything and a fetched global's ``step_count`` names
-        this node's last sequence number (the master lists each node's latest included delta).
-        Polls at most once a second (Hub calls are budgeted); past the deadline the boundary
-        goes on asynchronously, as with ``sync_wait_s: 0``.
-        """
-        deadline = time.monotonic() + self.config.sync_wait_s
-        pace = min(self.config.poll_interval, 1.0)
-        self.uploader.wake.set()  # the uploader sends now
-        while time.monotonic() < deadline and self.fatal is None:
-            sent = self.uploader.all_sent()
-            ready = self.fetcher.ready
-            if sent and ready is not None and ready.own_seq >= self.uploader.seq:
-                return True
-            if sent:
-                self.fetcher.refresh()
-            time.sleep(pace if sent else 0.01)
-        return False
 
     def install_eagerly(self, trainer: Any) -> int | None:
         """Between boundaries: install the waiting global now, carrying the progress made since
@@ -319,6 +298,28 @@ def _add_to(params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor], a
     with torch.no_grad():
         for name, param in params.items():
             param.add_(tensors[name].to(param.device, param.dtype), alpha=alpha)
+
+
+def _wait_for_own_round(plugin: WorkerPlugin) -> bool:
+    """``sync_wait_s``: wait, up to that long, for a global holding this node's newest delta.
+
+    True once the uploader has sent everything and a fetched global's ``step_count`` names
+    this node's last sequence number (the master lists each node's latest included delta).
+    Polls at most once a second (Hub calls are budgeted); past the deadline the boundary
+    goes on asynchronously, as with ``sync_wait_s: 0``.
+    """
+    deadline = time.monotonic() + plugin.config.sync_wait_s
+    pace = min(plugin.config.poll_interval, 1.0)
+    plugin.uploader.wake.set()  # the uploader sends now
+    while time.monotonic() < deadline and plugin.fatal is None:
+        sent = plugin.uploader.all_sent()
+        ready = plugin.fetcher.ready
+        if sent and ready is not None and ready.own_seq >= plugin.uploader.seq:
+            return True
+        if sent:
+            plugin.fetcher.refresh()
+        time.sleep(pace if sent else 0.01)
+    return False
 
 
 def _advise_poll_interval(plugin: WorkerPlugin) -> None:
