@@ -5,7 +5,6 @@ the command body, so ``--help`` imports only this module's option declarations.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.model import verification_json
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option
 
@@ -52,7 +52,7 @@ def import_model(
     for note in done.notes:
         _note(f"note: {note}")
     if output_format is OutputFormat.json:
-        print(json.dumps(_as_json(done), indent=2))
+        print(json_text(_as_json(done)))
         return
     p = done.params
     print(

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from speedtronic.errors import ConfigError, DataError
+from speedtronic.readlimit import MIB, read_bytes
+
+MAX_TOKENIZER_BYTES = 64 * MIB  # a 262k-id vocabulary's tokenizer.json is ~33 MB
 
 Tokenizer = Callable[[str], list[int]]
 
@@ -57,9 +60,9 @@ class HFTokenizer:
             ) from None
         path = Path(path)
         if data is None:
-            if not path.is_file():
+            if not path.exists():
                 raise DataError(f"data.tokenizer: file not found: {path} (or use 'byte')")
-            data = path.read_bytes()
+            data = read_bytes(path, MAX_TOKENIZER_BYTES, "data.tokenizer:")
         try:
             self._impl = HFTokenizerImpl.from_str(data.decode("utf-8"))
         except Exception as exc:  # the Rust side raises a generic Exception for bad JSON

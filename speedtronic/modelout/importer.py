@@ -94,14 +94,14 @@ def _tmp_prefix(out: Path) -> str:
 def _remove_stale(out: Path) -> None:
     """Temporary copies of earlier imports into ``out`` whose writer is gone: marked as an
     import's and naming a pid that no longer runs on this host. Anything else stays."""
-    from speedtronic.data.ingest.owner import _alive  # data tokenize's liveness rule, shared
+    from speedtronic.data.ingest.owner import marker_alive  # data tokenize's liveness rule, shared
 
     prefix = _tmp_prefix(out)
     for path in out.parent.iterdir() if out.parent.is_dir() else []:
         pid = path.name.removeprefix(prefix)
         if path.name.startswith(prefix) and pid.isdigit() and not path.is_symlink():
             mark = path / WRITER_MARK
-            if mark.is_file() and not _alive(mark):
+            if mark.is_file() and not marker_alive(mark):
                 shutil.rmtree(path, ignore_errors=True)
 
 

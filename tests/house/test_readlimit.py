@@ -57,3 +57,13 @@ def test_bad_utf8_and_deep_nesting(tmp_path):
 
 def test_size_words():
     assert [size_words(n) for n in (4 << 20, 64 << 10, 3)] == ["4 MiB", "64 KiB", "3 bytes"]
+
+
+def test_a_tokenizer_file_is_read_with_a_bound(tmp_path):
+    pytest.importorskip("tokenizers")
+    from speedtronic.data.tokenizer import HFTokenizer
+
+    with pytest.raises(DataError, match=r"data.tokenizer: /dev/zero: must be a regular file"):
+        HFTokenizer("/dev/zero")
+    with pytest.raises(DataError, match="file not found"):
+        HFTokenizer(tmp_path / "missing.json")

@@ -289,13 +289,15 @@ def _exclusive(path: Path) -> int | None:
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            if _alive(path):
+            if marker_alive(path):
                 return None
             path.unlink(missing_ok=True)
     return None
 
 
-def _alive(path: Path) -> bool:
+def marker_alive(path: Path) -> bool:
+    """Whether the process a marker names (``pid host``) may still hold it: an unreadable
+    marker, or another machine's, counts as held."""
     try:
         pid, host = path.read_text(encoding="utf-8").split()
         pid_number = int(pid)
