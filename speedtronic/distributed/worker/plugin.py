@@ -256,6 +256,7 @@ class WorkerPlugin:
             if getattr(exc, "permanent", False):
                 raise
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
+            return  # said why: the poller installs the global once it can read it
         ready = self.fetcher.take()
         if ready is None:  # a worker joining a run must not quietly train from scratch
             where = self.transport.describe()
