@@ -4,15 +4,24 @@ and dropped (said in a line) when the node adopts a global it did not build on."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from diloco_support import Log, settings
 from torch import nn
 
+from speedtronic.distributed.master.plugin import MasterPlugin
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.fetch import Ready
 from speedtronic.distributed.worker.plugin import WorkerPlugin
-from tests.diloco.test_nodes import FlakyTransport, deltas_in_against
+from tests.diloco.test_nodes import (
+    FakeTrainer,
+    FlakyTransport,
+    deltas_in_against,
+    master_loop,
+    model,
+)
 
 
 class Notes(Log):
@@ -136,3 +145,76 @@ def test_adopting_a_global_the_node_did_not_build_on_drops_the_residual_and_says
     plugin.install_ready(trainer)
     assert plugin.uploader.feedback.residual is None
     assert any("residual" in n and "dropped" in n and "global 2" in n for n in log.notices)
+
+
+def test_I1_a_resumed_node_never_sends_again_the_residual_its_previous_process_sent(tmp_path):
+    """Killed after its checkpoint and after sending the next inner loop (which carried the
+    checkpoint's residual): the resumed node drops that loop (I1) and, before, added the same
+    residual to its next delta, counting it twice."""
+    transport = LocalTransport(tmp_path)
+    plugin, trainer = worker(transport)
+    boundaries(plugin, trainer, 1)
+    state, weights = plugin.state_dict(), trainer.net.weight.detach().clone()
+    at = (trainer.gen.get_state(), trainer.step, trainer.tokens)
+    boundaries(plugin, trainer, 1)  # sent with the residual, then killed -9
+    lost = plugin.uploader.feedback.residual["weight"]  # the killed process's: gone with it
+    layer = net()
+    with torch.no_grad():
+        layer.weight.copy_(weights)
+    again = WorkerPlugin(plugin.config, layer, transport, Notes(), background=False)
+    again.load_state_dict(state)
+    resumed = Trainer(layer)
+    resumed.gen.set_state(at[0])
+    resumed.step, resumed.tokens = at[1], at[2]
+    again.on_train_start(resumed)
+    boundaries(again, resumed, 2)  # the loop the killed process sent (dropped), then a new one
+    progress = torch.ones(16, 40) - layer.weight.detach()
+    residual = again.uploader.feedback.residual["weight"]
+    assert torch.allclose(sent_total(transport) + residual + lost, progress, atol=1e-6)
+
+
+class Snapshotting(LocalTransport):
+    """Calls ``hook`` (once) as a delta's upload begins: a checkpoint with the delta in flight."""
+
+    hook = None
+
+    def upload(self, path, data):
+        hook, self.hook = self.hook, None
+        if hook is not None and "delta_" in path:
+            hook()
+        super().upload(path, data)
+
+
+@pytest.mark.parametrize("caught", ["queued", "in flight"])
+def test_I1_I6_a_master_resumed_in_its_end_wait_counts_its_own_last_delta(tmp_path, caught):
+    """Issue 47's chaos run: a training master killed -9 in its end-of-run wait (its last delta,
+    int2, applied) and resumed sent its error-feedback residual as an end marker; it was rejected
+    ("an end marker (0 steps) with non-zero tensors") and the final line blamed an interruption
+    that did not happen. The checkpoint caught the last delta queued or in flight."""
+    transport, states = Snapshotting(tmp_path / "repo"), []
+    config = settings(delta_dtype="int2", drain_timeout_s=600.0)
+    loop = master_loop(tmp_path, transport, Log(), drain_timeout_s=600.0)
+    loop.start()
+    layer = model(1.0)
+    first = WorkerPlugin(config, layer, transport, Log(), background=False)
+    trainer = FakeTrainer(layer, max_steps=4)
+    first.on_train_start(trainer)
+    for _ in range(4):  # seq 1 at step 2 leaves a residual; seq 2 at step 4 is the last
+        trainer.train_step(first, move=-0.25)
+        if trainer.step == 4 and caught == "queued":
+            states.append(first.state_dict())
+        elif trainer.step == 4:
+            transport.hook = lambda: states.append(first.state_dict())
+        first.uploader.send_pending()
+        loop.poll_once(force=True)
+    assert first.uploader.feedback.residual is not None and len(states) == 1
+    log = Notes()
+    layer2 = model(1.0)
+    again = WorkerPlugin(config, layer2, transport, log, background=False)
+    again.load_state_dict(states[-1])  # killed -9 in the wait; resumed from the last checkpoint
+    plugin = MasterPlugin(master_loop(tmp_path, transport, log, drain_timeout_s=600.0), again)
+    resumed = FakeTrainer(layer2, max_steps=4)
+    resumed.step, resumed.tokens = trainer.step, trainer.tokens
+    plugin.on_at_target(resumed, SimpleNamespace(status="at_target"))
+    assert not [w for w in log.warnings if "rejected" in w or "missing" in w], log.warnings
+    assert any("holds every node's last delta" in n for n in log.notices), log.notices

@@ -225,6 +225,23 @@ def test_a_final_line_names_a_last_delta_that_no_round_applied(dropped):
     assert line.endswith(f"missing: a last delta seq 7 not applied ({why})"), line
 
 
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_final_line_says_why_the_master_ended_without_a_last_delta_as_it_happened(interrupted):
+    """Issue 47: a master whose own resumed node's end marker was rejected after its wait said
+    "the master did not wait: interrupted" though no signal came."""
+    roster = Roster(lambda: 0.0)
+    roster.restore({"m": {"seq": 47, "final": True}})
+    roster.heard("m", 48, dropped="rejected: an end marker (0 steps) with non-zero tensors")
+    roster.heard("w", 5)
+    line = roster.final_line(27, {"m": {"seq": 47}, "w": {"seq": 5}}, interrupted)
+    if interrupted:
+        assert line.count("the master did not wait: interrupted") == 2, line
+    else:
+        assert "interrupted" not in line, line
+        assert "(newest seq 48; silent since" in line and "seq 48 rejected: an end marker" in line
+        assert "w sent no last delta (newest seq 5" in line and "wait had ended" in line
+
+
 def test_I2_past_the_disk_budget_uploads_wait_in_the_outbox_and_installs_stay_exact(tmp_path):
     """No room for a 4th record (3 in memory, a disk budget of 0): later inner loops wait in
     the outbox, added up; once a global includes some, they go out, and the node's weights

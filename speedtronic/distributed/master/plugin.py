@@ -100,7 +100,7 @@ def finish(loop: MasterLoop, interrupted: bool = False, clock: EndClock | None =
     if loop.master is None:
         return "final global: none (the repo never answered)"
     landed = loop.publisher.landed_nodes or {}
-    return loop.roster.final_line(loop.publisher.last_step or 0, landed)
+    return loop.roster.final_line(loop.publisher.last_step or 0, landed, interrupted)
 
 
 def serve(

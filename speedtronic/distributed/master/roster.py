@@ -158,14 +158,17 @@ class Roster:
         waits = [self.deadline_s(r) - self.silence(r) for r in self.nodes.values() if not r.ended]
         return max([0.0, *waits])
 
-    def final_line(self, outer_step: int, summary: dict[str, dict[str, Any]]) -> str:
-        """What the final global holds, in one line: every node's last delta, or what is not."""
+    def final_line(
+        self, outer_step: int, summary: dict[str, dict[str, Any]], interrupted: bool = False
+    ) -> str:
+        """What the final global holds, in one line: every node's last delta, or what is not
+        and why (``interrupted``: a signal cut the master's wait short)."""
         held, missing = [], []
         for node_id in sorted(self.nodes):
             record, info = self.nodes[node_id], summary.get(node_id) or {}
             applied = info.get("seq")
             held.append(f"{node_id} seq {applied if applied is not None else 'none'}")
-            if problem := self._problem(record, applied):
+            if problem := self._problem(record, applied, interrupted):
                 missing.append(f"{node_id} {problem}")
         head = f"final global outer step {outer_step}"
         if not self.nodes:
@@ -174,13 +177,12 @@ class Roster:
             return f"{head} holds every node's last delta: {', '.join(held)}"
         return f"{head} holds {', '.join(held)}; missing: {'; '.join(missing)}"
 
-    def _problem(self, record: NodeRecord, applied: int | None) -> str | None:
+    def _problem(self, record: NodeRecord, applied: int | None, interrupted: bool) -> str | None:
         dropped = sorted(record.dropped.items())
         if not record.ended:
-            silent, deadline = self.silence(record), self.deadline_s(record)
+            silent = self.silence(record)
             since = _clock_text(record.heard_at) if record.heard_at is not None else "the start"
-            why = f"past the {deadline:.0f} s drain deadline" if silent > deadline else (
-                "the master did not wait: interrupted")  # fmt: skip
+            why = self._unwaited(record, silent, interrupted)
             newest = f"newest seq {record.last_seq}" if record.last_seq >= 0 else "no delta yet"
             return f"sent no last delta ({newest}; silent since {since}, {silent:.0f} s, {why})"
         if applied is None or applied < record.final_seq:
@@ -191,6 +193,19 @@ class Roster:
             more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
             return f"deltas not applied: {listed}{more}"
         return None
+
+    def _unwaited(self, record: NodeRecord, silent: float, interrupted: bool) -> str:
+        """Why the master ended without a node's last delta, as it happened: a silence past
+        the deadline, a signal, its newest delta refused, or a delta after the wait ended (a
+        DDP group's cap; the master's own node, resumed, sending after its wait)."""
+        deadline = self.deadline_s(record)
+        if silent > deadline:
+            return f"past the {deadline:.0f} s drain deadline"
+        if interrupted:
+            return "the master did not wait: interrupted"
+        if (refused := record.dropped.get(record.last_seq)) is not None:
+            return f"seq {record.last_seq} {refused}"
+        return "it came after the master's wait had ended"
 
 
 def _parse_time(text: Any) -> float | None:

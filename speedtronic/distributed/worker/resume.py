@@ -120,6 +120,9 @@ def _drop_sent_outbox(up: Any) -> None:
     outbox = up.outbox
     if outbox is not None and outbox.end_step <= up.replayed_to:
         up.outbox = None  # the previous process sent it (with what followed)
+    # the checkpoint's residual went out with the first of those inner loops: sent again, it
+    # would count twice (the previous process's newer residual is lost with it)
+    up.feedback.reset("the previous process sent it after the checkpoint")
     up.logger.warn(
         f"diloco: this node's previous process sent its inner loops up to step "
         f"{up.replayed_to} after the checkpoint; they are not sent again (I1)"

@@ -221,9 +221,12 @@ class Uploader:
 
         A delta that may have landed is re-encoded as it is (the same bytes: the encodings are
         deterministic); a new one gets the residual added (``worker/feedback``), and from here
-        on it is what is being sent, and the residual is what its bytes dropped.
+        on it is what is being sent, and the residual is what its bytes dropped. An end marker
+        carries no work, so never the residual: that is the run's last, never sent (the master
+        rejects a marker that is not zeros, and after a resume the residual may be one the
+        previous process sent already).
         """
-        if was_exact:
+        if was_exact or pending.steps == 0:
             return encode_delta(pending.delta, header), pending
         generation = self.feedback.generation
         data, target, residual = self.feedback.encode(pending.delta, header)
