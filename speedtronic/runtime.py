@@ -125,6 +125,8 @@ def build_runtime(
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
     datasets = start.datasets or (dataset, None)
     run_tok = run_tokenizer(config, datasets[0], tokenizer, from_config=dataset is None)
+    if start.specials is not None and run_tok is not None:  # recorded, for export (issue 48)
+        run_tok.specials = start.specials
     data, evaluation = _build_data(config, datasets, device, logger, world)
     evaluation += _held_out_sets(config, start.eval_sets, world)
     plugins = [*evaluation, *(plugins or [])]

@@ -40,6 +40,7 @@ IGNORED = {
     "checkpoint.overwrite",
     "checkpoint.init_from",
     "checkpoint.init_overrides",
+    "checkpoint.allow_tokenizer_mismatch",
     "distributed.token",
     *rewarm.KEYS,  # a re-warm is asked for (or carried over) by rewarm.py, never compared
 }

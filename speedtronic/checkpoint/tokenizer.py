@@ -9,7 +9,12 @@ the run's ``Runtime.tokenizer`` (``data.loader.run_tokenizer``):
   with its size and hash, in meta.json's ``files``, so ``ckpt inspect --verify`` checks it);
 - ``null``: the run's tokenizer is not known (a custom callable, token files naming none).
 
-``tokenizer_from_record`` reads it back for ``speedtronic generate`` and ``export``.
+A tokenizers record may carry ``specials``: what transformers' files said around the
+tokenizer when it came with a model (``speedtronic import``): the special tokens, the chat
+template and config.json's and generation_config.json's token ids (``modelout.tokenizer_files``).
+A run started ``--init-from`` such a model on data of the same tokenizer records them again, so
+``export`` writes them back (issue 48). ``tokenizer_from_record`` reads it back for
+``speedtronic generate`` and ``export``; ``describe`` names a record for people.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def tokenizer_record(tokenizer: Any) -> tuple[dict | None, bytes | None]:
             "vocab_size": tokenizer.vocab_size,
             "sha256": hashlib.sha256(tokenizer.data).hexdigest(),
         }
+        if tokenizer.specials:
+            record["specials"] = tokenizer.specials
         return record, tokenizer.data
     return None, None
 
@@ -69,7 +76,29 @@ def tokenizer_from_record(meta: dict, checkpoint_dir: Path, where: str) -> Any:
         ) from None
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
         raise CheckpointError(f"{where}: {path} is not the tokenizer meta.json records (sha256)")
-    return HFTokenizer(path, data)
+    tokenizer = HFTokenizer(path, data)
+    specials = record.get("specials")
+    tokenizer.specials = specials if isinstance(specials, dict) else None
+    return tokenizer
+
+
+def same_tokenizer(a: dict, b: dict) -> bool:
+    """Whether two records name the same ids: both bytes, or the same tokenizer.json bytes."""
+    if a.get("kind") != b.get("kind"):
+        return False
+    return a.get("kind") == BYTE_KIND or a.get("sha256") == b.get("sha256")
+
+
+def describe(record: dict | None) -> str:
+    """A record in a few words: ``bytes (256 ids)`` or the file's hash, size and specials."""
+    if not isinstance(record, dict):
+        return "no known tokenizer"
+    if record.get("kind") == BYTE_KIND:
+        return "bytes (UTF-8, 256 ids)"
+    text = f"tokenizer.json sha256 {str(record.get('sha256'))[:12]} ({record.get('vocab_size')} ids"
+    specials = record.get("specials") if isinstance(record.get("specials"), dict) else {}
+    named = [f"{k[:3]} {specials[k]}" for k in ("bos_token", "eos_token") if specials.get(k)]
+    return text + "".join(f", {n}" for n in named) + ")"
 
 
 def _from_config(config: Any) -> Any:

@@ -123,6 +123,13 @@ InitOverrideOpt = typer.Option(
     help="Let this model key (e.g. rope_theta) differ from the --init-from source's, which "
     "is otherwise refused (checkpoint.init_overrides); repeatable.",
 )
+AllowTokenizerMismatchOpt = typer.Option(
+    False,
+    "--allow-tokenizer-mismatch",
+    help="Train on data tokenized with another tokenizer than the --init-from source's (bytes, "
+    "or another tokenizer.json), which is otherwise refused; the checkpoints then record the "
+    "data's tokenizer (checkpoint.allow_tokenizer_mismatch).",
+)
 RoleOpt = typer.Option(
     None,
     "--role",
@@ -155,6 +162,7 @@ def run_sets(
     overwrite: bool,
     init_from: str | None,
     init_overrides: list[str] | None,
+    allow_tokenizer_mismatch: bool = False,
 ) -> list[str]:
     """The ``--set`` overrides train's run options make: ``flags`` are ``run.*`` keys and
     ``nodes`` ``distributed.*`` ones (any of which turns distributed training on)."""
@@ -172,6 +180,8 @@ def run_sets(
         sets.append(f"checkpoint.init_from={json.dumps(str(init_from))}")
     if init_overrides:
         sets.append(f"checkpoint.init_overrides={json.dumps(list(init_overrides))}")
+    if allow_tokenizer_mismatch:
+        sets.append("checkpoint.allow_tokenizer_mismatch=true")
     return sets
 
 

@@ -19,6 +19,7 @@ from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.machine_facts import data_facts, machine_warnings, precision_facts
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
+    AllowTokenizerMismatchOpt,
     ConfigOpt,
     DeviceOpt,
     InitFromOpt,
@@ -57,6 +58,7 @@ def train(
     overwrite: bool = OverwriteOpt,
     init_from: str | None = InitFromOpt,
     init_overrides: list[str] | None = InitOverrideOpt,
+    allow_tokenizer_mismatch: bool = AllowTokenizerMismatchOpt,
     role: str | None = RoleOpt,
     node_id: str | None = NodeIdOpt,
     repo: str | None = RepoOpt,
@@ -68,7 +70,8 @@ def train(
     quiet cores)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
-    sets = run_sets(flags, nodes, resume, rewarm, overwrite, init_from, init_overrides)
+    sets = run_sets(flags, nodes, resume, rewarm, overwrite, init_from, init_overrides,
+                    allow_tokenizer_mismatch)  # fmt: skip
     cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     if nproc_per_node is not None:
         # checked here, once: N children refusing the same config print N errors + torchrun's report
@@ -217,6 +220,7 @@ def validate(
     overwrite: bool = OverwriteOpt,
     init_from: str | None = InitFromOpt,
     init_overrides: list[str] | None = InitOverrideOpt,
+    allow_tokenizer_mismatch: bool = AllowTokenizerMismatchOpt,
     role: str | None = RoleOpt,
     node_id: str | None = NodeIdOpt,
     repo: str | None = RepoOpt,
@@ -230,7 +234,8 @@ def validate(
     """
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
     node = {"role": role, "node_id": node_id, "repo_id": repo}
-    sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides)
+    sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides,
+                    allow_tokenizer_mismatch)  # fmt: skip
     cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
     warnings: list[str] = []
@@ -254,13 +259,15 @@ def validate(
 def init_facts(cfg: SpeedtronicConfig, warnings: list[str]) -> tuple[SpeedtronicConfig, dict]:
     """With --init-from, the config train would run (the source's model and tokenizer where
     it names none) and what it starts from; ``cfg`` and nothing without."""
+    from speedtronic.checkpoint.tokenizer import describe
     from speedtronic.train.init_source import init_config, names_no_model
 
     adopted, source = init_config(cfg, warnings.append)
     if source is None:
         return cfg, {}
     model = "the source's" if names_no_model(cfg) else "the config's, checked against the source's"
-    tokenizer = adopted.data.tokenizer if adopted.data.resolved_source == "text" else "the data's"
+    text = adopted.data.resolved_source == "text"
+    tokenizer = adopted.data.tokenizer if text else describe(source.record)
     return adopted, {"init_from": {"source": source.where, "model": model, "tokenizer": tokenizer}}
 
 

@@ -100,6 +100,9 @@ DOCS: dict[str, str] = {
     "RNG start fresh; a config naming no model takes the source's model and tokenizer",
     "checkpoint.init_overrides": "model keys allowed to differ from init_from's source (as "
     "--init-override KEY); any other key that changes what the weights compute is refused",
+    "checkpoint.allow_tokenizer_mismatch": "train on data tokenized with another tokenizer than "
+    "init_from's (as --allow-tokenizer-mismatch); the checkpoints record the data's; false: "
+    "refused before the first step",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",

@@ -275,6 +275,9 @@ class CheckpointConfig:
     # Model keys allowed to differ from init_from's (issue 35: a key that changes what the
     # weights compute is refused unless named here)
     init_overrides: list[str] = field(default_factory=list)
+    # Train on data tokenized with another tokenizer than init_from's (issue 48: a wrong one
+    # trained silently and the checkpoints recorded it); the run then records the data's
+    allow_tokenizer_mismatch: bool = False
 
     def check(self) -> list[str]:
         problems = []

@@ -71,6 +71,9 @@ class HFTokenizer:
             ) from None
         self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
         self.name, self.path, self.data = str(path), path, data
+        # transformers' special tokens and token ids around this file, when it came with a
+        # model (checkpoint.tokenizer's "specials"): what export writes back
+        self.specials: dict | None = None
 
     def __call__(self, text: str) -> list[int]:
         return self._impl.encode(text, add_special_tokens=False).ids

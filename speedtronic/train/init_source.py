@@ -5,7 +5,8 @@ before), or a transformers model: a directory with ``config.json`` (``speedtroni
 own output included) or ``hf://OWNER/NAME[@REV]``, read by ``modelout.source_model`` as
 ``speedtronic import`` reads it. Either way the source has a model section (the run's recorded
 ``model:``, or the reference transformer with the transformers config's keys) and maybe a
-tokenizer file.
+tokenizer file, and a tokenizer record (``checkpoint.tokenizer``'s: bytes, or the sha256 of
+``tokenizer.json`` and its special tokens) that ``init_tokenizer`` holds the data to.
 
 A config that names no model (no ``model:`` keys) takes the source's, and one that names no
 tokenizer for its text takes the source's tokenizer file. A config that names a model is held
@@ -26,6 +27,7 @@ from typing import Any
 from speedtronic.checkpoint.changes import with_value
 from speedtronic.checkpoint.layout import TOKENIZER_FILE
 from speedtronic.checkpoint.load import Checkpoint, load_init_weights
+from speedtronic.checkpoint.tokenizer import describe, tokenizer_record
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.config.sections import INIT_OVERRIDE_KEYS
 from speedtronic.errors import ConfigError
@@ -40,6 +42,7 @@ class InitSource:
     model: dict[str, Any]  # the source's model section: name, imports and keys
     tokenizer: Path | None  # its tokenizers file, if it has one
     load: Callable[[], Checkpoint]  # its weights, in the reference names
+    record: dict | None = None  # its tokenizer (checkpoint.tokenizer's record), None: unknown
 
 
 def open_init_source(src: str, log: Callable[[str], None]) -> InitSource:
@@ -55,7 +58,8 @@ def open_init_source(src: str, log: Callable[[str], None]) -> InitSource:
     kind = record.get("kind") if isinstance(record, dict) else None
     tokenizer = checkpoint.path / TOKENIZER_FILE if kind == "tokenizers" else None
     model = dict(section) if isinstance(section, dict) else {}
-    return InitSource(str(checkpoint.path), model, tokenizer, lambda: checkpoint)
+    known = record if isinstance(record, dict) else None
+    return InitSource(str(checkpoint.path), model, tokenizer, lambda: checkpoint, known)
 
 
 def _model_source(src: str, log: Callable[[str], None]) -> InitSource:
@@ -67,7 +71,8 @@ def _model_source(src: str, log: Callable[[str], None]) -> InitSource:
         meta = {"step": 0, "source": source.origin}
         return Checkpoint(source.folder, load_state(source), {}, meta)
 
-    return InitSource(source.origin, source.model_section(), source.tokenizer_path, load)
+    record = tokenizer_record(source.tokenizer)[0] if source.tokenizer is not None else None
+    return InitSource(source.origin, source.model_section(), source.tokenizer_path, load, record)
 
 
 def init_config(
@@ -81,8 +86,11 @@ def init_config(
     if not config.checkpoint.init_from:
         return config, None
     source = open_init_source(config.checkpoint.init_from, log)
+    from speedtronic.train.init_tokenizer import check_tokenizer
+
     config = adopt(config, source, [])
     check_same_function(config, source)
+    check_tokenizer(config, source, log)
     return config, source
 
 
@@ -100,12 +108,15 @@ def adopt(
         raw = config.to_dict(redact=False)
         raw["model"] = {"imports": [], **source.model}
         config = type(config).from_dict(raw)
-        notices.append(f"checkpoint.init_from: the model settings of {source.where}")
+        notices.append(
+            f"checkpoint.init_from: the model settings are {source.where}'s; its tokenizer is "
+            f"{describe(source.record)}"
+        )
     tokenizer = source.tokenizer
     data = config.data
     if tokenizer is not None and data.tokenizer == "byte" and data.resolved_source == "text":
         config = with_value(config, "data.tokenizer", str(tokenizer))
-        notices.append(f"checkpoint.init_from: the tokenizer of {source.where} ({tokenizer})")
+        notices.append(f"checkpoint.init_from: data.tokenizer is {source.where}'s: {tokenizer}")
     return config
 
 

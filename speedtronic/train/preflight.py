@@ -13,8 +13,9 @@ problem a run could meet before its first step:
 - the data: the datasets are built (files exist, are regular, UTF-8 all through, token ids
   fit the vocabulary), and handed on to ``build_runtime`` so nothing is read twice;
 - ``--init-from``: the source (a run or a transformers model, ``init_source``) gives its model
-  and tokenizer to a config that names none, or is held to the config's model keys; its
-  weights are loaded and their shapes checked against the model's.
+  and tokenizer to a config that names none, or is held to the config's model keys; the data's
+  tokenizer is held to the source's (``init_tokenizer``); its weights are loaded and their
+  shapes checked against the model's.
 
 Facts for the start-up lines are collected too (``notices``, ``warnings``): the DataLoader
 workers clamped to this machine's cores (``data.num_workers``; only where the batches stay the
@@ -47,6 +48,7 @@ from speedtronic.train.init_source import (
     check_same_function,
     open_init_source,
 )
+from speedtronic.train.init_tokenizer import check_tokenizer
 
 
 @dataclass
@@ -60,6 +62,7 @@ class StartPlan:
     notices: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     eval_sets: list[Any] = field(default_factory=list)  # eval.sets, read (evaluate.sets)
+    specials: dict | None = None  # the init source's special tokens, its tokenizer the data's
 
 
 def plan_start(
@@ -84,6 +87,8 @@ def plan_start(
     if init is not None:  # before the model and data: a config naming none takes the source's
         source = open_init_source(init, plan.warnings.append)
         config = plan.config = adopt(config, source, plan.notices, own_model=model is not None)
+        if dataset is None and tokenizer is None:  # a caller's own data names no tokenizer
+            plan.specials = check_tokenizer(config, source, plan.warnings.append)
     shapes = model
     if model is None:  # another model is built only where a run could be lost: see check_model
         shapes = check_model(config, build=init is not None, others=_run_at_stake(config))

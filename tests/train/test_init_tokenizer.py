@@ -1,0 +1,69 @@
+"""``--init-from`` holds the data's tokenizer to the source's (issue 48): a token folder
+tokenized as bytes or with another tokenizer of the same size trained silently, and the
+checkpoints recorded the data's tokenizer. Refused in one line naming both (train and validate)
+unless ``--allow-tokenizer-mismatch``; the start-up notice names the source's tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import yaml
+from modelout_support import assert_one_line_error, invoke, latest, text_file, train_text, write_bpe
+
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A run trained with a BPE file, and its corpus tokenized three ways."""
+    tmp = tmp_path_factory.mktemp("init-tokenizer")
+    bpe = write_bpe(tmp)
+    other = write_bpe(tmp_path_factory.mktemp("other"), template_bos=True)  # 300 ids too
+    run = train_text(tmp, str(bpe))
+    folders = {}
+    for name, tokenizer in [("own", bpe), ("byte", "byte"), ("other", other)]:
+        extra = ("--separator", "<bos>") if name == "own" else ()
+        args = (text_file(tmp), tmp / name, "--tokenizer", tokenizer, "--workers", 1, *extra)
+        assert invoke("data", "tokenize", *args).exit_code == 0
+        folders[name] = tmp / name
+    return run, folders, {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in
+                          [("own", bpe), ("other", other)]}  # fmt: skip
+
+
+def config(tmp_path, folder) -> str:
+    data = {"token_path": str(folder), "seq_len": 16, "micro_batch_size": 4, "target_batch_size": 4}
+    path = tmp_path / "mine.yaml"
+    raw = {"run": {"device": "cpu", "max_steps": 1, "output_dir": str(tmp_path / "out")}}
+    path.write_text(yaml.safe_dump({**raw, "data": data}))
+    return str(path)
+
+
+@pytest.mark.parametrize("data", ["byte", "other"])
+@pytest.mark.parametrize("command", ["train", "validate"])
+def test_data_of_another_tokenizer_is_refused_naming_both(made, tmp_path, data, command):
+    run, folders, sha = made
+    result = invoke(command, "-c", config(tmp_path, folders[data]), "--init-from", run)
+    theirs = "bytes" if data == "byte" else sha["other"][:12]
+    line = assert_one_line_error(result, f"data.token_path {folders[data]}", theirs, str(run))
+    assert sha["own"][:12] in line and "--allow-tokenizer-mismatch" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_switch_trains_on_it_recording_the_datas_tokenizer(made, tmp_path):
+    run, folders, sha = made
+    args = ("--init-from", run, "--allow-tokenizer-mismatch")
+    result = invoke("train", "-c", config(tmp_path, folders["other"]), *args)
+    assert result.exit_code == 0, result.stderr
+    assert "training on it as --allow-tokenizer-mismatch says" in result.stderr
+    meta = json.loads((latest(tmp_path / "out") / "meta.json").read_text())
+    assert meta["tokenizer"]["sha256"] == sha["other"]
+
+
+def test_the_models_own_tokenizer_trains_and_the_notice_names_it(made, tmp_path):
+    run, folders, sha = made
+    result = invoke("train", "-c", config(tmp_path, folders["own"]), "--init-from", run)
+    assert result.exit_code == 0, result.stderr
+    assert f"the model settings are {run}" in result.stderr, result.stderr
+    assert f"its tokenizer is tokenizer.json sha256 {sha['own'][:12]}" in result.stderr
