@@ -57,9 +57,10 @@ def text_file(tmp_path: Path) -> Path:
     return path
 
 
-def write_bpe(tmp_path: Path, template_bos: bool = False) -> Path:
-    """A small byte-level BPE tokenizers file trained on TEXT; ``template_bos`` adds a
-    post-processor that puts a BOS token in front (as many published tokenizers do)."""
+def write_bpe(tmp_path: Path, template_bos: bool = False, specials=("<bos>",)) -> Path:
+    """A small byte-level BPE tokenizers file trained on TEXT, ``specials`` its first ids;
+    ``template_bos`` adds a post-processor that puts a BOS token in front (as many published
+    tokenizers do)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -68,7 +69,7 @@ def write_bpe(tmp_path: Path, template_bos: bool = False) -> Path:
     trainer = trainers.BpeTrainer(
         vocab_size=300,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<bos>"],
+        special_tokens=list(specials),
     )
     tok.train_from_iterator([TEXT], trainer=trainer)
     if template_bos:

@@ -1,6 +1,7 @@
 """The model card (``README.md``) of an export: what the model is, how it was made and loaded.
 
-Hub metadata up front (``library_name: transformers``, ``pipeline_tag: text-generation``), then
+Hub metadata up front (``library_name: transformers``, ``pipeline_tag: text-generation``, the
+``base_model`` an imported model or a run started from one came from: ``base_model``), then
 the architecture and its sizes, the parameter count, the tokenizer, the training (steps,
 tokens, the final training loss and the last evaluation loss the run's metrics recorded), how
 to load it with transformers and with Speedtronic, and the config that trained it (the
@@ -35,6 +36,7 @@ class CardFacts:
     stored_config: dict[str, Any]
     tokenizer: Any
     eval_loss: tuple[int, float] | None
+    base_model: str | None = None  # the Hub repo id (or name) of the model it started from
 
 
 def last_eval_loss(checkpoint: Path, meta: dict) -> tuple[int, float] | None:
@@ -52,6 +54,34 @@ def last_eval_loss(checkpoint: Path, meta: dict) -> tuple[int, float] | None:
     points = [(p["step"], p["eval_loss"]) for p in (history or {}).get("eval_losses", [])]
     points = [(s, v) for s, v in points if s <= step and v is not None]
     return points[-1] if points else None
+
+
+def base_model(meta: dict, stored_config: dict) -> str | None:
+    """The model the run started from: an import's source, or a run's ``init_from`` (a Hub
+    model, or an import's directory): its Hub repo id, else its directory's name."""
+    imported = meta.get("imported_from")
+    origin = imported.get("source") if isinstance(imported, dict) else None
+    if origin is None:
+        section = stored_config.get("checkpoint") if isinstance(stored_config, dict) else None
+        init = section.get("init_from") if isinstance(section, dict) else None
+        origin = init if str(init).startswith("hf://") else _import_source(init)
+    if not isinstance(origin, str) or not origin:
+        return None
+    if origin.startswith("hf://"):
+        return origin.removeprefix("hf://").partition("@")[0]
+    return Path(origin).name or None
+
+
+def _import_source(run: Any) -> str | None:
+    """The source an import's directory came from (``importer.IMPORT_MARK``), if ``run`` is one."""
+    if not isinstance(run, str):
+        return None
+    try:
+        mark = Path(run, "speedtronic_import.json")
+        source = json.loads(mark.read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None  # not an import's directory: no base model to name
+    return source if isinstance(source, str) else None
 
 
 def model_card(facts: CardFacts) -> str:
@@ -95,6 +125,7 @@ def model_card(facts: CardFacts) -> str:
             "---",
             "library_name: transformers",
             "pipeline_tag: text-generation",
+            *([f"base_model: {json.dumps(facts.base_model)}"] if facts.base_model else []),
             "tags:",
             "- speedtronic",
             "- llama",

@@ -28,10 +28,10 @@ from speedtronic.checkpoint.files import fsync_dir, fsync_file, install_dir
 from speedtronic.checkpoint.layout import JSON_ERRORS, MODEL_FILE, TMP_PREFIX, sha256_file
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.modelout import llama
-from speedtronic.modelout.card import CardFacts, json_bytes, last_eval_loss, model_card
+from speedtronic.modelout.card import CardFacts, base_model, json_bytes, last_eval_loss, model_card
 from speedtronic.modelout.source import RunModel
 from speedtronic.modelout.stops import separator_bos, stop_tokens
-from speedtronic.modelout.tokenizer_files import tokenizer_files
+from speedtronic.modelout.tokenizer_files import special_tokens, token_ids, tokenizer_files
 
 EXPORT_MARK = "speedtronic_export.json"
 EXPORT_FORMAT = 1
@@ -169,15 +169,21 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
         stored_config=run.config,
         tokenizer=tokenizer,
         eval_loss=last_eval_loss(run.checkpoint, run.meta),
+        base_model=base_model(run.meta, run.config),
     )
     eos = sorted(stop_tokens(tokenizer, run.config))  # where speedtronic generate stops
     eos = [i for i in eos if i < config.vocab_size]
     bos = separator_bos(tokenizer)
     generation = llama.generation_config(config, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, eos, bos)
+    hf_config = llama.llama_config(config, dtype, eos, bos)
+    # what an import recorded of the source's files replaces what was found (issue 48)
+    ids = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids, generation_ids = token_ids(tokenizer, ids)
+    specials = special_tokens(tokenizer, eos, bos)
     return {
-        "config.json": json_bytes(llama.llama_config(config, dtype, eos, bos)),
-        "generation_config.json": json_bytes(generation),
-        **tokenizer_files(tokenizer, config.seq_len),
+        "config.json": json_bytes({**hf_config, **ids}),
+        "generation_config.json": json_bytes({**generation, **generation_ids}),
+        **tokenizer_files(tokenizer, config.seq_len, specials),
         "README.md": model_card(facts).encode("utf-8"),
     }
 

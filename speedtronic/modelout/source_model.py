@@ -8,11 +8,11 @@ directory holding only ``pytorch_model.bin`` is refused. ``open_source`` reads w
 whether it maps and the values a run's config allows (``hf_config``), the tensors' names,
 shapes and dtypes from the safetensors headers alone (the layer count against them before a
 model of that many layers is built, even on the meta device) and the tokenizer files (no more
-ids than the model's vocabulary), and refuses any mismatch before anything is loaded or
-written; every file read whole is read with a bound (``readlimit``). ``load_state`` then reads
-the tensors one at a time under the reference transformer's names (one copy in memory, in the
-file's dtype), each refused unless finite. Both ``speedtronic import`` and ``train
---init-from`` use it.
+ids than the model's vocabulary; their special tokens kept with it), and refuses any mismatch
+before anything is loaded or written; every file read whole is read with a bound
+(``readlimit``). ``load_state`` then reads the tensors one at a time under the reference
+transformer's names (one copy in memory, in the file's dtype), each refused unless finite.
+Both ``speedtronic import`` and ``train --init-from`` use it.
 """
 
 from __future__ import annotations
@@ -146,8 +146,11 @@ def _read_tokenizer(source: SourceModel) -> None:
     if data is None:
         return
     from speedtronic.data.tokenizer import HFTokenizer
+    from speedtronic.modelout.tokenizer_files import read_specials
 
     source.tokenizer = HFTokenizer(source.folder / "tokenizer.json", data)
+    # recorded with the tokenizer, so an export (of this or a run from it) writes them back
+    source.tokenizer.specials = read_specials(source.tokenizer_data, source.hf_config) or None
     ids, vocab = source.tokenizer.vocab_size, source.params["vocab_size"]
     if ids > vocab:
         raise ConfigError(

@@ -1,4 +1,5 @@
-"""The tokenizer files of an export: ``tokenizer.json`` and ``tokenizer_config.json``. Stdlib only.
+"""The tokenizer files of an export (``tokenizer.json``, ``tokenizer_config.json``), and the
+special tokens an import keeps for them. Stdlib only.
 
 ``AutoTokenizer.from_pretrained`` must give the ids the model was trained on. A byte-level run
 gets a ``tokenizer.json`` written here: a BPE with no merges over GPT-2's byte-to-character
@@ -6,7 +7,16 @@ table, whose ids are the UTF-8 bytes themselves (``tokenizers`` and transformers
 encode and decode it exactly). A tokenizers-file run ships its own file, minus a
 post-processor that adds special tokens (e.g. a BOS template): Speedtronic tokenizes without
 them, so transformers must too. ``tokenizer_config.json`` names the fast tokenizer class
-(without it, 4.57 picks a Llama tokenizer that adds a BOS) and no BOS/EOS.
+(without it, 4.57 picks a Llama tokenizer that adds a BOS) and adds no BOS/EOS.
+
+Issue 48: an export had ``eos_token`` null (transformers' ``generate`` never stopped at the end
+of a document) and lost the chat template. ``read_specials`` keeps, at import, what the model's
+files say around ``tokenizer.json`` (the special tokens, the chat template, config.json's and
+generation_config.json's token ids); the checkpoint records it (``checkpoint.tokenizer``) and
+``tokenizer_files`` / ``token_ids`` write it back. A run without that record names its
+tokenizer file's own special tokens (``data tokenizer train``'s): its end-of-document token as
+EOS, a template's BOS as BOS, the rest as additional; only tokens the file already adds as
+special, so transformers' ids stay the run's.
 """
 
 from __future__ import annotations
@@ -15,10 +25,78 @@ import json
 from typing import Any
 
 from speedtronic.data.tokenizer import ByteTokenizer, HFTokenizer
-from speedtronic.errors import DataError
+from speedtronic.errors import ConfigError, DataError
 
 # post-processors whose job is adding special tokens around the text
 _ADDING = {"TemplateProcessing", "BertProcessing", "RobertaProcessing"}
+TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+ADDITIONAL = "additional_special_tokens"
+ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_specials(files: dict[str, bytes], hf_config: dict[str, Any]) -> dict[str, Any]:
+    """What a transformers model says around its ``tokenizer.json`` (``files``: its tokenizer
+    files as read): special tokens, chat template, config.json's and generation_config.json's
+    token ids; only what it states."""
+    found = {**_json(files, "special_tokens_map.json"), **_json(files, "tokenizer_config.json")}
+    out: dict[str, Any] = {k: _content(found[k]) for k in TOKEN_KEYS if _content(found.get(k))}
+    extra = found.get(ADDITIONAL) or found.get("extra_special_tokens")  # transformers 4, 5
+    if isinstance(extra, list) and [_content(t) for t in extra if _content(t)]:
+        out[ADDITIONAL] = [_content(t) for t in extra if _content(t)]
+    template = files.get("chat_template.jinja")
+    template = template.decode("utf-8", "replace") if template else found.get("chat_template")
+    if template:
+        out["chat_template"] = template
+    generation = _json(files, "generation_config.json")
+    for key, where in [("config_ids", hf_config), ("generation_ids", generation)]:
+        ids = {k: where[k] for k in ID_KEYS if where.get(k) is not None}
+        if ids:
+            out[key] = ids
+    return out
+
+
+def _json(files: dict[str, bytes], name: str) -> dict[str, Any]:
+    if name not in files:
+        return {}
+    try:
+        doc = json.loads(files[name])
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"SRC: {name} is not valid JSON ({exc}); nothing written") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _content(token: Any) -> str | None:
+    """A special token as transformers writes it: its text, or an AddedToken's mapping."""
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) and token else None
+
+
+def special_tokens(tokenizer: Any, eos: list[int], bos: int | None) -> dict[str, Any]:
+    """The special tokens and chat template ``tokenizer_config.json`` names (see the module
+    docstring): the recorded ones, else the file's own specials among ``eos`` and ``bos``."""
+    recorded = getattr(tokenizer, "specials", None)
+    if recorded or not isinstance(tokenizer, HFTokenizer):
+        keys = (*TOKEN_KEYS, ADDITIONAL, "chat_template")
+        return {k: recorded[k] for k in keys if k in recorded} if recorded else {}
+    added = json.loads(tokenizer.data).get("added_tokens") or []
+    named = {t.get("id"): _content(t) for t in added if t.get("special") and _content(t)}
+    out: dict[str, Any] = {}
+    if bos in named:
+        out["bos_token"] = named[bos]
+    for token in eos:
+        if token in named:
+            out["eos_token"] = named[token]
+            break
+    others = [t for i, t in sorted(named.items()) if t not in out.values()]
+    return {**out, ADDITIONAL: others} if others else out
+
+
+def token_ids(tokenizer: Any, found: dict[str, Any]) -> tuple[dict, dict]:
+    """config.json's and generation_config.json's token ids: ``found`` (where generate stops),
+    with what the import recorded in their place."""
+    recorded = getattr(tokenizer, "specials", None) or {}
+    config, generation = recorded.get("config_ids") or {}, recorded.get("generation_ids") or {}
+    return {**found, **config}, {**found, **generation}
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -72,8 +150,9 @@ def without_added_specials(document: dict[str, Any]) -> dict[str, Any]:
     return {**document, "post_processor": processor}
 
 
-def tokenizer_files(tokenizer: Any, max_length: int) -> dict[str, bytes]:
-    """``{"tokenizer.json": ..., "tokenizer_config.json": ...}`` for the run's tokenizer."""
+def tokenizer_files(tokenizer: Any, max_length: int, specials: dict | None = None) -> dict:
+    """``{"tokenizer.json": ..., "tokenizer_config.json": ...}`` for the run's tokenizer;
+    ``specials``: the special tokens and chat template to name (``special_tokens``)."""
     if isinstance(tokenizer, ByteTokenizer):
         document = byte_tokenizer_json()
     elif isinstance(tokenizer, HFTokenizer):
@@ -91,6 +170,7 @@ def tokenizer_files(tokenizer: Any, max_length: int) -> dict[str, bytes]:
         "bos_token": None,
         "eos_token": None,
         "clean_up_tokenization_spaces": False,
+        **(specials or {}),
     }
     return {
         "tokenizer.json": json.dumps(document, ensure_ascii=False).encode("utf-8"),

@@ -6,7 +6,10 @@ Three checks, each against the run's model with its weights rounded to the expor
 both computed in float32 on the CPU: the logits on a fixed batch (the max difference must stay
 under ``TOLERANCE``), the greedy tokens after a fixed prompt (``speedtronic generate
 --temperature 0`` against transformers' ``generate``), and the tokenizer's ids for a fixed text.
-Any difference refuses the export (exit 1) before it is moved into place.
+Where the run records its source's tokenizer files (an import, or a run from one), transformers'
+reading of the export's special tokens, chat template and token ids is held to them too (issue
+48: an export's ``eos_token`` was None and its chat template gone, unnoticed). Any difference
+refuses the export (exit 1) before it is moved into place.
 """
 
 from __future__ import annotations
@@ -137,3 +140,31 @@ def _tokenizer_agrees(transformers, folder: Path, run: RunModel) -> None:
             "--verify: AutoTokenizer's ids for a test text differ from the run's tokenizer's; "
             "the export was not written"
         )
+    recorded = getattr(run.tokenizer, "specials", None)
+    if recorded:
+        _specials_agree(transformers, folder, tokenizer, recorded)
+
+
+def _specials_agree(transformers, folder: Path, tokenizer, recorded: dict) -> None:
+    """The source's special tokens, chat template and token ids, as transformers reads the
+    export's files; the first that differs refuses the export."""
+    from speedtronic.modelout.tokenizer_files import ADDITIONAL, TOKEN_KEYS
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    generation = transformers.GenerationConfig.from_pretrained(folder)
+    pairs = [(k, getattr(tokenizer, k, None), recorded[k]) for k in TOKEN_KEYS if k in recorded]
+    template = recorded.get("chat_template")
+    if isinstance(template, list):  # named templates: transformers holds them as a mapping
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    pairs.append(("chat_template", tokenizer.chat_template, template))
+    extra = [t for t in recorded.get(ADDITIONAL, []) if t not in tokenizer.all_special_tokens]
+    pairs.append((ADDITIONAL, extra and "missing", extra and recorded[ADDITIONAL]))
+    for name, where in [("config_ids", config), ("generation_ids", generation)]:
+        ids = recorded.get(name) or {}
+        pairs += [(f"{name[:-4]}.{k}", getattr(where, k, None), v) for k, v in ids.items()]
+    for key, theirs, ours in pairs:
+        if theirs != ours:
+            raise VerifyError(
+                f"--verify: the export's {key} reads {theirs!r} in transformers, the source's is "
+                f"{ours!r}; the export was not written"
+            )

@@ -14,21 +14,21 @@ file, synthetic data, a source that recorded none) there is nothing to compare.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from speedtronic.checkpoint.tokenizer import describe, same_tokenizer, tokenizer_record
 from speedtronic.errors import ConfigError
 
 if TYPE_CHECKING:
     from speedtronic.config import SpeedtronicConfig
-    from speedtronic.train.init_source import InitSource
 
 
 def check_tokenizer(
-    config: SpeedtronicConfig, source: InitSource, warn: Callable[[str], None]
+    config: SpeedtronicConfig, source: Any, warn: Callable[[str], None]
 ) -> dict | None:
-    """Refuse (or with the switch, ``warn`` about) data of another tokenizer than the source's;
-    the source's special tokens for the run to record when the data's tokenizer is its own."""
+    """Refuse (or with the switch, ``warn`` about) data of another tokenizer than
+    ``source``'s (an ``init_source.InitSource``, whose module imports this one); the source's
+    special tokens for the run to record when the data's tokenizer is its own."""
     data = data_record(config)
     if source.record is None or data is None:
         return None
