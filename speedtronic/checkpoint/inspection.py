@@ -194,7 +194,12 @@ def metrics_file(root: Path, dirs: list[Path]) -> Path | None:
     default layout, the run dir's only ``*.jsonl`` file.
     """
     run_dir = root.parent if root.name == "checkpoints" else None
-    config = _stored_config(dirs)
+    return metrics_file_for(run_dir, _stored_config(dirs))
+
+
+def metrics_file_for(run_dir: Path | None, config: dict) -> Path | None:
+    """``metrics_file`` given the run dir (None outside the default layout) and its stored
+    config; ``runs`` calls it with the config of the one meta.json it read."""
     logging, run = config.get("logging"), config.get("run")
     name = logging.get("json_file") if isinstance(logging, dict) else None
     output_dir = run.get("output_dir") if isinstance(run, dict) else None

@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from speedtronic.cli import bench, ckpt, data, evaluate, hub, importing, model, storage, train
+from speedtronic.cli import bench, ckpt, data, evaluate, hub, importing, model, runs, storage, train
 from speedtronic.cli.errors import CliUsageError, report_usage_error
 
 app = typer.Typer(
@@ -47,7 +47,7 @@ def root(
     """Fast, reliable PyTorch training: one YAML config, one command."""
 
 
-for _group in (train, model, importing, evaluate, ckpt, data, bench, hub, storage):
+for _group in (train, model, importing, evaluate, ckpt, data, bench, hub, storage, runs):
     _group.register(app)
 
 

@@ -146,7 +146,7 @@ def read_history(path: str | os.PathLike, max_bytes: int = MAX_READ_BYTES) -> di
     ``HEAD_BYTES`` and their last ``max_bytes - HEAD_BYTES`` (``truncated`` is then true).
     Unreadable lines (a cut last line, garbage) are skipped. OSError propagates.
     """
-    lines, truncated = _read_lines(Path(path), max_bytes)
+    lines, truncated = read_lines(Path(path), max_bytes)
     losses: list[tuple[int, float | None]] = []
     evals: list[tuple[int, float | None]] = []
     for line in lines:
@@ -202,7 +202,9 @@ def _pick(items: Sequence[Any], count: int) -> list[Any]:
     return [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)]
 
 
-def _read_lines(path: Path, max_bytes: int) -> tuple[Iterable[str], bool]:
+def read_lines(path: Path, max_bytes: int = MAX_READ_BYTES) -> tuple[Iterable[str], bool]:
+    """The lines of a JSONL file, at most ``max_bytes`` of it: a long file's head and tail
+    (the bool says it was cut). Also what ``runs compare`` reads a run's curves with."""
     size = path.stat().st_size
     with path.open("rb") as f:
         if size <= max_bytes:
