@@ -5,7 +5,7 @@ while it trains) or ``diloco_master/`` (a DumbDiLoCo master's state). The summar
 without one (a run killed with -9, one made before summaries, one still training) the row
 comes from the newest checkpoint's meta.json and the tail of the metrics JSONL. Every file is
 read with a bound, so a corrupt or a 100 MB file costs its row a ``problem``, never a
-traceback, and 1,000 runs list in about a second (``benchmarks/runs/listing.py``).
+traceback, and 1,000 runs list in about a second (``benchmarks/observe/runs_list.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ COLUMNS = {
 }
 RUN_MARKS = (SUMMARY_FILE, "checkpoints", MASTER_DIR)
 _END_STATUS = {"completed": "completed", "at_target": "completed", "stopped": "stopped"}
+_TAIL_WORDS = ('"run_start"', '"run_end"', '"eval"', '"outer_step"')
 _MANIFEST = re.compile(r"step_(\d{10})\.json")
 
 
@@ -264,8 +265,10 @@ def _tail_records(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         return []
     if info.st_size > TAIL_BYTES:
         lines = lines[1:]  # the first is cut
+    # Parse only what a row uses: most lines are train_steps, and parsing them all is the cost
+    speed = next((ln for ln in reversed(lines) if '"tokens_per_s"' in ln), None)
     records = []
-    for line in lines:
+    for line in (ln for ln in lines if ln is speed or any(w in ln for w in _TAIL_WORDS)):
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
