@@ -203,7 +203,7 @@ def _compare_lines(doc: dict[str, Any]) -> list[str]:
     for s in doc["series"]:
         groups.setdefault((s["kind"], s["set"]), []).append(s)
     for (kind, name), series in groups.items():
-        where = f" ({name})" if name and name != "eval" else ""
+        where = f" ({name})" if name else ""
         lines += ["", f"{kind} {what}{where} against {X_LABELS[doc['x']]}", *char_plot(series)]
         for s in series:
             ys = [p[1] for p in s["points"]]

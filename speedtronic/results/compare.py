@@ -21,6 +21,7 @@ COMPARE_SCHEMA_VERSION = 1
 X_AXES = {"steps": 0, "tokens": 1, "time": 2}  # index in a curve point
 X_LABELS = {"steps": "steps", "tokens": "tokens", "time": "training seconds"}
 MAX_POINTS = 256  # per series, as in summary.json's curve
+DATA_SET = "val"  # summary.json's name for data.eval_every's held-out split
 GRID = 50  # x values every series is interpolated at ("grid" of the JSON document)
 
 
@@ -160,9 +161,10 @@ def _interpolate(points: list[list[float]], grid: list[float]) -> list[float | N
 
 def curve_from_metrics(path: Path | None, row: dict[str, Any]) -> dict[str, list]:
     """A summary-shaped curve from a metrics JSONL: train ``[step, tokens, seconds, loss]``,
-    eval ``[step, tokens, seconds, set, loss, bpb]`` (the held-out set of data.eval named
-    ``eval``). Seconds add up each logged interval's steps over its steps_per_s, so start-up,
-    evaluation and the time between a kill and a resume do not count."""
+    eval ``[step, tokens, seconds, set, loss, bpb]`` (data.eval_every's held-out split named
+    ``val``, as in summary.json). Seconds add up each logged interval's steps over its
+    steps_per_s, so start-up, evaluation and the time between a kill and a resume do not count.
+    """
     train: list[list] = []
     evals: list[list] = []
     if path is None or not path.is_file():
@@ -189,7 +191,7 @@ def curve_from_metrics(path: Path | None, row: dict[str, Any]) -> dict[str, list
         elif event in ("eval", "eval_set"):
             tokens = train[-1][1] if train else None
             name, loss_key = (
-                ("eval", "eval_loss") if event == "eval" else (record.get("set"), "loss")
+                (DATA_SET, "eval_loss") if event == "eval" else (record.get("set"), "loss")
             )
             bpb = finite(record.get("bits_per_byte"))
             evals.append([step, tokens, seconds, name, finite(record.get(loss_key)), bpb])

@@ -202,13 +202,13 @@ def test_curves_come_from_the_metrics_jsonl_without_summary(tmp_path):
         {"event": "train_step", "step": 2, "tokens": 256, "loss": 4.0, "steps_per_s": 2.0},
         {"event": "eval", "step": 2, "eval_loss": 4.5},
         {"event": "train_step", "step": 4, "tokens": 512, "loss": 3.0, "steps_per_s": 1.0},
-        {"event": "eval_set", "step": 4, "set": "val", "loss": 3.1, "bits_per_byte": 1.2},
+        {"event": "eval_set", "step": 4, "set": "prose", "loss": 3.1, "bits_per_byte": 1.2},
     ]
     path = tmp_path / "m.jsonl"
     path.write_text("\n".join(map(json.dumps, lines)) + "\nnot json\n")
     curve = curve_from_metrics(path, {})
     assert curve["train"] == [[2, 256, 1.0, 4.0], [4, 512, 3.0, 3.0]]
-    assert curve["eval"] == [[2, 256, 1.0, "eval", 4.5, None], [4, 512, 3.0, "val", 3.1, 1.2]]
+    assert curve["eval"] == [[2, 256, 1.0, "val", 4.5, None], [4, 512, 3.0, "prose", 3.1, 1.2]]
 
 
 def test_compare_needs_two_run_directories(tmp_path):
