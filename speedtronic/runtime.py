@@ -23,9 +23,12 @@ from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.observe.metrics import MetricLogger
+from speedtronic.observe.summary import RunRecord, summarize_run
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
+from speedtronic.train import clock as run_clock
 from speedtronic.train import parallel
+from speedtronic.train.clock import RunClock
 from speedtronic.train.precision import (
     Precision,
     emulation_warning,
@@ -51,6 +54,8 @@ class Runtime:
     # What the run's data was tokenized with (data.loader.run_tokenizer): ByteTokenizer, an
     # HFTokenizer (.path: its tokenizer.json) or None when unknown; checkpoints record it.
     tokenizer: Any = None
+    clock: RunClock | None = None  # training and start-up seconds, the time budget
+    record: RunRecord | None = None  # the curves of the run's summary
 
     def facts(self) -> dict[str, Any]:
         """The run_start payload: what a user wants to see before the first step."""
@@ -122,7 +127,9 @@ def build_runtime(
     if config.gradient_checkpointing:
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
-    scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps)
+    clock = RunClock(config.run.time_budget_s)
+    budget = clock.progress if config.run.time_budget_s else None
+    scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps, budget)
     datasets = start.datasets or (dataset, None)
     run_tok = run_tokenizer(config, datasets[0], tokenizer, from_config=dataset is None)
     if start.specials is not None and run_tok is not None:  # recorded, for export (issue 48)
@@ -150,7 +157,10 @@ def build_runtime(
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
-    runtime.tokenizer = run_tok
+    runtime.tokenizer, runtime.clock, runtime.record = run_tok, clock, RunRecord(clock)
+    trainer.plugins.insert(0, clock)  # first: the others see a spent budget's last step
+    trainer.plugins.append(runtime.record)
+    logger.add_hook(runtime.record)
     runtime.checkpoints = CheckpointPlugin(runtime)
     trainer.plugins.append(runtime.checkpoints)
     if world.active:
@@ -224,6 +234,7 @@ def _clear_locals(exc: BaseException | None) -> None:
 
 
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
+    began = run_clock.now()  # start-up, apart from the training seconds (train/clock.py)
     # Everything that can fail before the first step fails here, before the output directory
     # is touched: --overwrite must never delete the old run for a typo in the new (issue 31).
     check_seq_len(config)
@@ -233,11 +244,13 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
     cleared = prepare_output(start.config) if parallel.is_main_process() else None
     runtime = build_runtime(start.config, start=start, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
+    runtime.clock.began = began
     try:
         if cleared:
             logger.notice(cleared)
         if start.resume is not None:
             resume_run(runtime, runtime.checkpoints, start.resume)
+            runtime.clock.end_if_spent(trainer)  # a budget spent already: nothing to train
         logger.log("run_start", runtime.facts())
         if trainer.step >= trainer.options.max_steps:
             then = "ending the DumbDiLoCo run" if config.distributed.enabled else "nothing to do"
@@ -253,8 +266,13 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             raise explained from exc
         last = runtime.checkpoints.last_path
         result.checkpoint = str(last) if last else None
-        logger.log("run_end", dict(result.__dict__))
+        logger.log("run_end", {k: v for k, v in result.__dict__.items() if k != "summary"})
+        result.summary = summarize_run(runtime, result) if parallel.is_main_process() else None
         return result
+    except BaseException as exc:
+        if parallel.is_main_process():  # the output directory is this run's: say how it ended
+            summarize_run(runtime, None, exc)
+        raise
     finally:
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()

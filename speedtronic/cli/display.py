@@ -19,7 +19,14 @@ from rich.live import Live
 from rich.table import Table
 
 from speedtronic.observe.history import LossSeries
-from speedtronic.observe.metrics import LEVELS, format_event, record_line, shown_at
+from speedtronic.observe.metrics import (
+    LEVELS,
+    UNCAPPED_STEPS,
+    format_event,
+    record_line,
+    shown_at,
+    steps_text,
+)
 
 # Events people read (stderr) rather than scripts (the JSON stream).
 HUMAN_EVENTS = ("warning", "notice")
@@ -199,8 +206,9 @@ class LiveTable:
 def _cells(row: dict[str, Any]) -> list[str]:
     remaining = row["max_steps"] - row["step"]
     eta = remaining / row["steps_per_s"] if row["steps_per_s"] > 0 else 0.0
+    uncapped = row["max_steps"] >= UNCAPPED_STEPS  # a time budget alone ends the run
     return [
-        f"{row['step']}/{row['max_steps']}",
+        steps_text(row["step"], row["max_steps"]),
         f"{row['loss']:.4f}",
         f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
         f"{row['lr']:.2e}",
@@ -208,7 +216,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
         "-" if row.get("mfu") is None else f"{row['mfu']:.1%}",
         f"{row['data_wait_share']:.1%}",
         "-" if row.get("memory_gb") is None else f"{row['memory_gb']:.2f} GB",
-        _duration(eta),
+        "-" if uncapped else _duration(eta),
     ]
 
 

@@ -16,6 +16,7 @@ import typer
 
 from speedtronic.data.describe import size_text  # noqa: F401  (the commands' size column)
 from speedtronic.errors import ConfigError
+from speedtronic.observe.metrics import UNCAPPED_STEPS
 
 if TYPE_CHECKING:
     from speedtronic.config import SpeedtronicConfig
@@ -82,6 +83,15 @@ SetOpt = typer.Option(
 # What ``train`` takes that changes the run; ``validate`` takes them too, to check that run.
 MaxStepsOpt = typer.Option(
     None, "--max-steps", help="Train until this many optimizer steps in total (run.max_steps)."
+)
+TimeBudgetOpt = typer.Option(
+    None,
+    "--time-budget",
+    metavar="DURATION",
+    help="Train for this much training time: 300, 300s, 5m or 1h, counted from the end of the "
+    "first optimizer step (start-up apart), then end as a completed run: checkpoint, final "
+    "evaluation, summary (run.time_budget_s). The LR schedule decays over it. Without "
+    "--max-steps only the clock ends the run; with it, whichever comes first.",
 )
 OutputDirOpt = typer.Option(
     None, "--output-dir", help="Directory for logs and checkpoints (run.output_dir)."
@@ -152,6 +162,33 @@ NprocOpt = typer.Option(
     help="Train with this many processes on this machine (DDP, one per GPU): runs "
     "torchrun --nproc-per-node N -m speedtronic train with the other options unchanged.",
 )
+
+
+def budget_flags(duration: str | None, max_steps: int | None) -> dict[str, Any]:
+    """``--time-budget``'s ``run.*`` keys: the seconds, and no step cap unless --max-steps
+    sets one (the config's max_steps would otherwise end a budgeted run early)."""
+    if duration is None:
+        return {}
+    flags: dict[str, Any] = {"run.time_budget_s": duration_seconds(duration)}
+    if max_steps is None:
+        flags["max_steps"] = UNCAPPED_STEPS
+    return flags
+
+
+def duration_seconds(text: str) -> float:
+    """``300``, ``300s``, ``5m``, ``1.5h``: seconds; a ConfigError naming --time-budget else."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):  # also NaN
+        raise ConfigError(
+            f"--time-budget: must be a positive duration such as 300, 300s, 5m or 1h "
+            f"(got {text[:40]!r})"
+        )
+    return seconds
 
 
 def run_sets(

@@ -36,11 +36,14 @@ from speedtronic.cli.options import (
     RoleOpt,
     SeedOpt,
     SetOpt,
+    TimeBudgetOpt,
+    budget_flags,
     format_option,
     load_run_config,
     log_format_option,
     run_sets,
 )
+from speedtronic.cli.run_summary import show_summary
 from speedtronic.errors import ConfigError
 
 if TYPE_CHECKING:  # the config package loads with the command, not with --help
@@ -50,6 +53,7 @@ if TYPE_CHECKING:  # the config package loads with the command, not with --help
 def train(
     config: Path | None = ConfigOpt,
     max_steps: int | None = MaxStepsOpt,
+    time_budget: str | None = TimeBudgetOpt,
     output_dir: Path | None = OutputDirOpt,
     device: str | None = DeviceOpt,
     seed: int | None = SeedOpt,
@@ -65,10 +69,20 @@ def train(
     nproc_per_node: int | None = NprocOpt,
     overrides: list[str] | None = SetOpt,
     log_format: OutputFormat = log_format_option(),
+    output_format: OutputFormat = format_option(
+        "the run summary as 'summary: KEY VALUE' lines at the end; also in summary.json"
+    ),
 ) -> None:
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
     quiet cores)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    flags |= budget_flags(time_budget, max_steps)
+    summary_json = output_format is OutputFormat.json
+    if summary_json and log_format is OutputFormat.json:
+        raise ConfigError(
+            "--format json: stdout already carries --log-format json's events; choose one "
+            "(the summary is the same in summary.json)"
+        )
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = run_sets(flags, nodes, resume, rewarm, overwrite, init_from, init_overrides,
                     allow_tokenizer_mismatch)  # fmt: skip
@@ -82,8 +96,9 @@ def train(
     from speedtronic.runtime import train_from_config
 
     as_json = log_format is OutputFormat.json
-    # JSON mode: stdout carries only event lines; any other output goes to stderr.
-    with events_stdout() if as_json else contextlib.nullcontext(sys.stdout) as out:
+    # JSON mode: stdout carries only event lines (or the summary); other output goes to stderr.
+    json_out = as_json or summary_json
+    with events_stdout() if json_out else contextlib.nullcontext(sys.stdout) as out:
         # In a DDP group only rank 0 shows progress.
         level = cfg.logging.level
         display = make_display(log_format.value, out, level) if _main_rank() else _Silent()
@@ -91,6 +106,7 @@ def train(
             result = train_from_config(cfg, hooks=[display], console=False)
         finally:
             display.close()
+    show_summary(result.summary, summary_json, as_json)
     # the same command continues the run: --overwrite would now delete what it saved
     kept = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
     again = shlex.join(["speedtronic", *kept])
@@ -212,6 +228,7 @@ def validate(
         "repo (the latency fraction f); default 50.",
     ),
     max_steps: int | None = MaxStepsOpt,
+    time_budget: str | None = TimeBudgetOpt,
     output_dir: Path | None = OutputDirOpt,
     device: str | None = DeviceOpt,
     seed: int | None = SeedOpt,
@@ -233,6 +250,7 @@ def validate(
     is given: only registered models are built.
     """
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    flags |= budget_flags(time_budget, max_steps)
     node = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides,
                     allow_tokenizer_mismatch)  # fmt: skip

@@ -113,6 +113,11 @@ def _check_context_length(config: Any) -> list[str]:
 def _check_rewarm(config: Any) -> list[str]:
     """A re-warm starts from a checkpoint's optimizer state: only a resume has one."""
     sched = config.scheduler
+    if sched.rewarm_steps and config.run.time_budget_s is not None:
+        return [
+            "scheduler.rewarm_steps: not with run.time_budget_s: a budgeted run's schedule "
+            f"follows its seconds, a re-warm its steps (got {sched.rewarm_steps})"
+        ]
     if not sched.rewarm_steps or sched.rewarm_from is not None or config.checkpoint.resume:
         return []
     return [

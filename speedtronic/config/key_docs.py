@@ -12,6 +12,9 @@ DOCS: dict[str, str] = {
     "run.seed": "seeds the model's initialisation and, unless data.seed is set, the data order",
     "run.device": "where to train; auto: CUDA if visible, else MPS, else CPU",
     "run.max_steps": "optimizer steps in total: a global target that a resumed run continues to",
+    "run.time_budget_s": "seconds of training (from the first step's end; start-up apart), "
+    "then the run ends as completed; the schedule decays over them; with max_steps: whichever "
+    "comes first (as --time-budget)",
     "run.output_dir": "logs and checkpoints; null: runs/<name>",
     "run.group_timeout_s": "seconds a DDP rank (torchrun) waits for the others in one "
     "collective before the group gives up: a dead rank cannot hang the rest longer",
@@ -197,8 +200,8 @@ CHECKED: dict[str, str] = {
     },
     "optimizer.muon_exclude": "only with name: muon; each pattern must match a parameter",
     "scheduler.decay_fraction": "only with name: wsd",
-    "scheduler.rewarm_steps": "needs checkpoint.resume; fewer than the steps left after the "
-    "resumed step (run.max_steps, or total_steps, minus that step)",
+    "scheduler.rewarm_steps": "needs checkpoint.resume, not with run.time_budget_s; fewer "
+    "than the steps left after the resumed step (run.max_steps, or total_steps, minus it)",
     "scheduler.rewarm_from": "only with rewarm_steps > 0",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",

@@ -32,6 +32,9 @@ class RunConfig:
     )
     device: str = "auto"
     max_steps: int = ranged(100, STEPS)
+    # Training seconds, counted from the first optimizer step's end (train/clock.py); with
+    # max_steps the run ends at whichever comes first
+    time_budget_s: float | None = ranged(None, "(0, inf)")
     output_dir: str | None = None  # None -> runs/<name>
     group_timeout_s: float = ranged(600.0, "(0, 86400]")
     find_unused_parameters: bool = False  # DDP only

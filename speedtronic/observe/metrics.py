@@ -42,6 +42,9 @@ RENAMED = {
     "total_bytes_down": "total_downloaded_bytes",
     "seconds": "elapsed_s",
 }
+# run.max_steps's ceiling (config.rules.STEPS): what --time-budget alone sets, so that the
+# clock alone ends the run; a step count shows without it.
+UNCAPPED_STEPS = 2**40
 # The config keys of the log files, named by every error about them.
 TEXT_KEY, JSON_KEY = "logging.file", "logging.json_file"
 # logging.level filters the plain lines (console, text file); JSONL and hooks get every event.
@@ -223,7 +226,7 @@ def event_record(event: str, payload: dict[str, Any]) -> dict[str, Any]:
         name = RENAMED.get(key, key)
         if name in ENVELOPE:
             continue
-        value = _plain(value)
+        value = json_safe(value)
         if key == "memory_gb" and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = round(value * 1e9)
         record[name] = value
@@ -235,29 +238,38 @@ def record_line(event: str, payload: dict[str, Any]) -> str:
     return json.dumps(event_record(event, payload), allow_nan=False)
 
 
-def _plain(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """A JSON-safe copy: non-finite floats -> None, tensor scalars -> numbers, other -> str."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item"):
         try:
-            return _plain(value.item())
+            return json_safe(value.item())
         except (TypeError, ValueError, RuntimeError):
             pass
     return str(value)
+
+
+def steps_text(step: int, max_steps: int) -> str:
+    """``12/150``, or ``12`` when only a time budget ends the run."""
+    return str(step) if max_steps >= UNCAPPED_STEPS else f"{step}/{max_steps}"
+
+
+def _step_cap(max_steps: int) -> str:
+    return "no step cap" if max_steps >= UNCAPPED_STEPS else f"{max_steps} steps"
 
 
 def format_event(event: str, payload: dict[str, Any]) -> str:
     """The plain one-line form of an event (what non-TTY output and text files show)."""
     if event == "train_step":
         parts = [
-            f"step {payload['step']}/{payload['max_steps']}",
+            f"step {steps_text(payload['step'], payload['max_steps'])}",
             f"loss {payload['loss']:.4f}",
             f"lr {payload['lr']:.2e}",
             f"grad_norm {payload['grad_norm']:.3f}",
@@ -292,7 +304,7 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
             f"run {payload['name']}: {payload['model']} ({payload['params'] / 1e6:.2f}M params) "
             f"on {payload['device']} {payload['precision']}"
             + (f", {payload['optimizer']}" if payload.get("optimizer") else "")
-            + f", {payload['max_steps']} steps, "
+            + f", {_step_cap(payload['max_steps'])}, "
             f"batch {payload['batch_size']} x {payload['seq_len']} tokens "
             f"(accumulation {payload['accumulation_steps']})"
             + (f"; data: {payload['data']}" if payload.get("data") else "")

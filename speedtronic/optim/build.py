@@ -9,7 +9,9 @@ both), one ``state_dict`` in torch's format whose param groups say which is whic
 one set of param groups for the schedule. Schedules: linear warmup, then cosine to
 ``min_lr_ratio * lr``, constant, or warmup-stable-decay (``wsd``: constant, then linear to
 ``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps); a re-warm restarts one
-of these from a resumed step (``scheduler.rewarm_steps``).
+of these from a resumed step (``scheduler.rewarm_steps``). A decay is a function of the
+progress through it, in [0, 1]: of the steps, or with a time budget (``run.time_budget_s``)
+of the budget's seconds or of the steps, whichever is further along (``progress_factor``).
 """
 
 from __future__ import annotations
@@ -182,9 +184,15 @@ def optimizer_label(optimizer: torch.optim.Optimizer, kernel: str) -> str:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, horizon: int
+    optimizer: torch.optim.Optimizer,
+    cfg: SchedulerConfig,
+    horizon: int,
+    budget: Callable[[], float] | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, horizon))
+    """``budget``: the share of the run's time budget spent so far (``train.clock``); None
+    for a run without one, whose schedule follows the steps alone."""
+    factor = lr_factor(cfg, horizon) if budget is None else progress_factor(cfg, horizon, budget)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def lr_factor(cfg: SchedulerConfig, horizon: int) -> Callable[[int], float]:
@@ -203,20 +211,45 @@ def lr_factor(cfg: SchedulerConfig, horizon: int) -> Callable[[int], float]:
     return lambda step: plain(step) if step < start else rewarmed(step - start)
 
 
-def _curve(cfg: SchedulerConfig, warmup: int, horizon: int) -> Callable[[int], float]:
+def progress_factor(
+    cfg: SchedulerConfig, horizon: int, budget: Callable[[], float]
+) -> Callable[[int], float]:
+    """Multiplier at step ``step`` of a time-budgeted run: warmup over ``warmup_steps`` steps
+    (it protects the optimizer's first updates, however long they take), then the decay at the
+    run's progress: the budget's share spent or ``step / horizon``, whichever is further."""
+    warmup = cfg.warmup_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, max(budget(), step / horizon))
+        if cfg.name == "wsd":  # the last decay_fraction of the run decays
+            start = 1.0 - cfg.decay_fraction
+            return _decay(cfg, max(0.0, (progress - start) / cfg.decay_fraction))
+        return _decay(cfg, progress)
+
+    return factor
+
+
+def _decay(cfg: SchedulerConfig, progress: float) -> float:
+    """The multiplier after warmup, ``progress`` in [0, 1] through the decaying part."""
     floor = cfg.min_lr_ratio
+    if cfg.name == "constant":
+        return 1.0
+    if cfg.name == "wsd":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _curve(cfg: SchedulerConfig, warmup: int, horizon: int) -> Callable[[int], float]:
     decay_start = horizon - max(1, round(cfg.decay_fraction * horizon))
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if cfg.name == "constant":
-            return 1.0
         if cfg.name == "wsd":
             start = max(decay_start, warmup)
-            progress = min(1.0, max(0.0, (step - start) / max(1, horizon - start)))
-            return 1.0 - (1.0 - floor) * progress
-        progress = min(1.0, (step - warmup) / max(1, horizon - warmup))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            return _decay(cfg, min(1.0, max(0.0, (step - start) / max(1, horizon - start))))
+        return _decay(cfg, min(1.0, (step - warmup) / max(1, horizon - warmup)))
 
     return factor

@@ -36,7 +36,7 @@ class StepLog:
     def __init__(self, logger: Any, options: Any, precision: Any):
         self.logger, self.options, self.device = logger, options, precision.device
         self.window = Window()
-        self._peak = _peak_flops(precision)
+        self.peak = _peak_flops(precision)  # None: unknown (MFU unreported)
 
     def due(self, step: int) -> bool:
         every = self.options.log_every
@@ -48,7 +48,7 @@ class StepLog:
         host_loss = float(loss)  # synchronises the device: metrics are exact
         elapsed = max(time.perf_counter() - window.start, 1e-9)
         tokens_per_s = window.tokens / elapsed
-        flops, peak = self.options.flops_per_token, self._peak
+        flops, peak = self.options.flops_per_token, self.peak
         # tokens_per_s is the group's rate: divide by every rank's device peak
         mfu = flops * tokens_per_s / (peak * trainer.world) if (flops and peak) else None
         self.logger.log(
