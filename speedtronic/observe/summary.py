@@ -5,8 +5,8 @@ eval points, bounded, thinned evenly as they grow) and the start time, and carri
 checkpoint so a resumed run's summary covers every part. ``build_summary`` gathers the figures
 a script compares runs by (status, steps, tokens, the clock's training and start-up seconds,
 throughput, eval loss and bits per byte per set, the config's hash and the keys that differ
-from the defaults); ``write_summary`` stores it atomically as strict JSON. The schema is
-docs/cli.md's ("The run summary"); ``speedtronic runs`` reads it.
+from the defaults); ``write_summary`` stores it atomically as strict JSON. The fields are
+docs/getting-started.md's ("Train for a time budget"); ``speedtronic runs`` reads them.
 """
 
 from __future__ import annotations
