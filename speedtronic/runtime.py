@@ -23,7 +23,7 @@ from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluation import EvalPlugin
 from speedtronic.observe.metrics import MetricLogger
-from speedtronic.observe.summary import RunRecord, summarize_run
+from speedtronic.observe.summary import SUMMARY_FILE, RunRecord, summarize_run
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
 from speedtronic.train import clock as run_clock
@@ -283,13 +283,16 @@ def prepare_output(config: SpeedtronicConfig) -> str | None:
     """Make sure a fresh run does not land on another run's checkpoints (issue 21).
 
     Resuming uses what is there. A fresh run in a directory holding a run is refused, unless
-    ``checkpoint.overwrite`` says to delete that run first: its checkpoints, and the text and
-    JSONL logs this config writes in the output directory, which describe it (a log file
-    elsewhere may be shared, and a device such as /dev/null is never a run's). Returns the
-    notice to log, if any.
+    ``checkpoint.overwrite`` says to delete that run first: its checkpoints, its summary.json,
+    and the text and JSONL logs this config writes in the output directory, which describe it
+    (a log file elsewhere may be shared, and a device such as /dev/null is never a run's).
+    Returns the notice to log, if any.
     """
     held = held_run(config.checkpoint_dir)
-    if config.checkpoint.resume or held is None:
+    if config.checkpoint.resume:
+        return None
+    if held is None:  # a summary here is of a run that saved nothing: not this one's
+        _remove_log(config.output_dir / SUMMARY_FILE, "run.output_dir")
         return None
     if not config.checkpoint.overwrite:  # name the key the user set the place with
         if config.checkpoint.directory is not None:
@@ -304,6 +307,7 @@ def prepare_output(config: SpeedtronicConfig) -> str | None:
         path = _in_output(config, name)
         if path is not None and path.is_file() and _inside(path, config.output_dir):
             _remove_log(path, key)
+    _remove_log(config.output_dir / SUMMARY_FILE, "run.output_dir")
     return notice
 
 
@@ -313,7 +317,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def _remove_log(path: Path, key: str) -> None:
     try:
-        path.unlink()
+        path.unlink(missing_ok=True)
     except OSError as exc:
         raise OutputError(
             f"{key}: --overwrite could not delete {path}: {exc.strerror or exc}"

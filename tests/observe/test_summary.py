@@ -42,6 +42,14 @@ def test_a_failed_run_writes_status_failed_with_the_errors_line(tiny):
     assert summary["steps"] == 3 and summary["train_seconds"] >= 0
     assert not list(tmp_dir(tiny).glob(".summary.json.*"))  # no temporary file left
 
+    class Absent:  # --overwrite deletes the old run's summary with its checkpoints
+        def on_train_start(self, trainer) -> None:
+            assert not (tmp_dir(tiny) / "summary.json").exists()
+
+    tiny["checkpoint"] = {"overwrite": True}
+    train_from_config(tiny, console=False, plugins=[Absent()])
+    assert read_summary(tiny)["status"] == "completed"
+
 
 def test_train_ends_with_the_summary_block_and_json_on_request(tiny, tmp_path):
     path = tmp_path / "c.yaml"
