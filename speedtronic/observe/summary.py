@@ -247,11 +247,12 @@ def _node(cfg: Any, plugins: list[Any]) -> dict[str, Any]:
     """A DumbDiLoCo node's role, id and the global outer step it last built on."""
     if not cfg.distributed.enabled:
         return {"role": None, "node_id": None, "outer_step": None}
-    step = None
-    for plugin in plugins:
-        if getattr(plugin, "name", "") == "diloco":  # a worker: the global it trains from
-            step = plugin.base_outer_step
-        elif getattr(plugin, "name", "") == "diloco_master":
-            step = plugin.loop.master.outer_step
+    steps = {getattr(p, "name", ""): p for p in plugins}
+    if "diloco_master" in steps:  # the master's own count, also when it trains as a worker
+        step = steps["diloco_master"].loop.master.outer_step
+    elif "diloco" in steps:  # a worker: the global it trains from
+        step = steps["diloco"].base_outer_step
+    else:
+        step = None
     role = cfg.distributed.role
     return {"role": role, "node_id": cfg.distributed.resolved_node_id, "outer_step": step}
