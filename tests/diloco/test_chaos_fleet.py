@@ -55,11 +55,6 @@ def true_reasons(line: str, master_log: str) -> list[str]:
     return wrong
 
 
-# Open (found by this test, seed 3): a resumed node whose look at what its killed process sent
-# meets a transient fault (``worker/resume.number_past_used`` "cannot list the repo", or a read in
-# ``_reached`` skipped) goes on as if nothing was sent, and its replayed inner loops are sent
-# again under the same names with other bytes and counted twice (320 of 300 steps)
-@pytest.mark.xfail(strict=False, reason="I1: a resume check fails open on a transient fault")
 @pytest.mark.slow
 def test_a_fleet_under_chaos_ends_whole_and_counts_nothing_twice(tmp_path):
     run = chaos.run_fleet(tmp_path, PLAN, seed=3, chaos=True)

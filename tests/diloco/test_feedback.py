@@ -173,6 +173,51 @@ def test_I1_a_resumed_node_never_sends_again_the_residual_its_previous_process_s
     assert torch.allclose(sent_total(transport) + residual + lost, progress, atol=1e-6)
 
 
+class FlakyListing(LocalTransport):
+    """Its first ``fail`` listings fail transiently, as a Hub 5xx or a bucket timeout does."""
+
+    fail = 0
+
+    def list_deltas(self):
+        if self.fail > 0:
+            self.fail -= 1
+            raise TimeoutError("read timed out")
+        return super().list_deltas()
+
+
+@pytest.mark.parametrize("fail", [1, 3])
+def test_I1_a_resumed_node_that_cannot_list_the_repo_sends_nothing_until_it_can(tmp_path, fail):
+    """Issue 47's chaos run: a resumed node whose look at what its previous process sent failed
+    transiently went on as if nothing was sent, and sent its replayed inner loop again (counted
+    twice). Now it holds its deltas until the look succeeds, then drops the replayed loop."""
+    transport = FlakyListing(tmp_path)
+    plugin, trainer = worker(transport)
+    boundaries(plugin, trainer, 1)
+    state, weights = plugin.state_dict(), trainer.net.weight.detach().clone()
+    at = (trainer.gen.get_state(), trainer.step, trainer.tokens)
+    boundaries(plugin, trainer, 1)  # sent, then killed -9
+    lost = plugin.uploader.feedback.residual["weight"]
+    layer = net()
+    with torch.no_grad():
+        layer.weight.copy_(weights)
+    log = Notes()
+    again = WorkerPlugin(plugin.config, layer, transport, log, background=False)
+    again.load_state_dict(state)
+    resumed = Trainer(layer)
+    resumed.gen.set_state(at[0])
+    resumed.step, resumed.tokens = at[1], at[2]
+    transport.fail = fail
+    again.on_train_start(resumed)
+    assert again.uploader.unsettled is not None
+    boundaries(again, resumed, 2)  # the replayed loop (held, then dropped), then a new one
+    again.uploader.send_pending()
+    assert again.uploader.unsettled is None and transport.fail == 0
+    progress = torch.ones(16, 40) - layer.weight.detach()
+    residual = again.uploader.feedback.residual["weight"]
+    assert torch.allclose(sent_total(transport) + residual + lost, progress, atol=1e-6)
+    assert sum("sends nothing until" in w for w in log.warnings) == 1
+
+
 class Snapshotting(LocalTransport):
     """Calls ``hook`` (once) as a delta's upload begins: a checkpoint with the delta in flight."""
 

@@ -66,7 +66,7 @@ def number_past_used(up: Any, max_bytes: int) -> None:
     except Exception as exc:  # any transport failure: number on from the checkpoint
         if getattr(exc, "permanent", False):
             raise
-        up.logger.warn(f"diloco: cannot list the repo ({exc}); numbering from {up.seq}")
+        _unsettled(up, max_bytes, f"cannot list the repo ({exc})")
         return
     own = (counted.get("nodes") or {}).get(up.node_id) or {}
     applied = own.get("seq")
@@ -80,24 +80,53 @@ def number_past_used(up: Any, max_bytes: int) -> None:
     used = [seq for node, seq in filter(None, mine) if node == up.node_id and leaves_room(seq)]
     if up.resumed_seq is not None:
         later = [seq for seq in used if seq > up.resumed_seq]
-        up.replayed_to = _reached(up, own, later, max_bytes)
+        reached = _reached(up, own, later, max_bytes)
+        if reached is None:
+            _unsettled(up, max_bytes, "cannot read its deltas in the repo")
+            return
+        up.replayed_to = reached
         _drop_landed_exact(up, own, used)
         if up.replayed_to:
             _drop_sent_outbox(up)
     up.seq = max([up.seq, *used, *([applied] if applied is not None else [])])
+    up.unsettled = None
 
 
-def _reached(up: Any, own: dict, later: list[int], max_bytes: int) -> int:
+def settled(up: Any) -> bool:
+    """Whether a resumed node knows what its previous process sent (the uploader's thread asks
+    before each send, and looks again while it does not): until then nothing goes out, since a
+    replayed inner loop sent again under its old name with other bytes would count twice (I1)."""
+    if up.unsettled is not None:
+        number_past_used(up, up.unsettled)
+    return up.unsettled is None
+
+
+def _unsettled(up: Any, max_bytes: int, why: str) -> None:
+    if up.resumed_seq is None:  # a fresh node: only its numbering is at stake
+        up.logger.warn(f"diloco: {why}; numbering from {up.seq}")
+        return
+    if up.unsettled is None:
+        up.logger.warn(
+            f"diloco: {why}; this resumed node sends nothing until it can tell what its "
+            "previous process sent (I1), and keeps training"
+        )
+    up.unsettled = max_bytes
+
+
+def _reached(up: Any, own: dict, later: list[int], max_bytes: int) -> int | None:
     """The optimizer step up to which the node's previous process sent inner loops of this
-    chain after the checkpoint: from its newest applied delta and its deltas still waiting."""
+    chain after the checkpoint: from its newest applied delta and its deltas still waiting;
+    None when one of those cannot be read now (it cannot be told apart: ask again later)."""
     reached = []
     if own.get("chain") == up.chain and (own.get("seq") or 0) > up.resumed_seq:
         reached.append(own.get("end_step", 0))
     for seq in later:
         try:
             data = up.transport.read(delta_path(up.node_id, seq), max_bytes)
-        except Exception:  # noqa: BLE001 - unreadable now: it cannot be told apart
-            continue
+        except Exception as exc:  # noqa: BLE001 - transient: the caller asks again later
+            if getattr(exc, "permanent", False):
+                raise
+            return None
         header = header_of(data) if data else None
         if header is not None and header.chain == up.chain:
             reached.append(header.end_step)

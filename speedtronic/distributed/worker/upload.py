@@ -31,7 +31,12 @@ from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.protocol import DeltaHeader, delta_path
 from speedtronic.distributed.worker.feedback import ErrorFeedback
 from speedtronic.distributed.worker.inflight import InFlight
-from speedtronic.distributed.worker.resume import Announcement, number_past_used, replayed
+from speedtronic.distributed.worker.resume import (
+    Announcement,
+    number_past_used,
+    replayed,
+    settled,
+)
 
 RETRY_S = (1.0, 60.0)  # upload retry backoff: first wait, cap
 
@@ -85,11 +90,11 @@ class Uploader:
         self.final_seq: int | None = None  # the seq of the run's last delta, once it is sent
         self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
         self.replayed_to = 0  # a resumed node's steps its previous process already sent
+        self.unsettled: int | None = None  # resumed, and that is not known yet: nothing goes out
         self.hello = Announcement(self)  # that this node's run has begun (worker/resume.py)
         enabled = getattr(config, "error_feedback", True)
-        self.feedback = ErrorFeedback(
-            config.delta_dtype, enabled, getattr(logger, "notice", logger.warn)
-        )
+        say = getattr(logger, "notice", logger.warn)
+        self.feedback = ErrorFeedback(config.delta_dtype, enabled, say)
 
     def number_past_used(self, max_bytes: int = 1 << 40) -> None:
         """New names start past every one this node used (``worker/resume.py``); after a resume,
@@ -191,6 +196,8 @@ class Uploader:
         Transports raise only when the file did not land, so folding cannot count it twice.
         """
         self.hello.send()
+        if not settled(self):  # a resumed node that cannot yet tell what it sent before (I1)
+            return False
         pending, was_exact = self._take()
         if pending is None:
             return False
