@@ -22,7 +22,7 @@ from diloco_support import Log, settings
 from diloco.test_faults import SlowPublish, published_step, upload_delta
 from diloco.test_nodes import FakeTrainer, master_loop, model
 from speedtronic.distributed.master import state as master_state
-from speedtronic.distributed.master.plugin import drain
+from speedtronic.distributed.master.plugin import drain, serve
 from speedtronic.distributed.master.roster import DEADLINE_FLOOR_S, Roster
 from speedtronic.distributed.protocol import STEP_COUNT
 from speedtronic.distributed.transport import LocalTransport
@@ -193,6 +193,36 @@ def test_I6_a_master_alone_at_its_end_waits_one_deadline_for_its_fleet(tmp_path)
     stop.set()
     assert loop.roster.nodes["node-a"].ended  # it waited for the late node, to its end
     assert time.monotonic() - began < 10
+
+
+def test_a_training_master_never_lists_itself_among_the_nodes_it_waits_for():
+    """Issue 48: 'waiting for the last deltas of m, w' named the master's own node, whose last
+    delta it had sent before the wait (its next poll reads it)."""
+    roster, notices = Roster(lambda: 0.0), []
+    roster.heard("m", 3)
+    roster.heard("w", 2)
+    config = SimpleNamespace(node_id="m", poll_interval=0.01)
+    logger = SimpleNamespace(notice=notices.append)
+    loop = SimpleNamespace(fatal=None, polled=True, roster=roster, config=config, logger=logger)
+    for _ in range(2):  # one look each: w and m waited for, then m alone
+        drain(loop, iter([False, True]).__next__, stragglers=False)
+        roster.heard("w", 3, final=True)
+    assert notices[0].startswith("diloco master: waiting for the last deltas of w (at most")
+    assert notices[1] == "diloco master: waiting for a round to take its own last delta (m)"
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_stopped_master_logs_no_diloco_final_the_event_of_a_run_that_ended(tmp_path, stopped):
+    """Issue 48: a stop is not an end; its run_end says interrupted."""
+    log = Log()
+    loop = master_loop(tmp_path, LocalTransport(tmp_path / "repo"), log)
+    loop.start()
+    stop = threading.Event()
+    if stopped:
+        stop.set()
+    serve(loop, 0, stop)
+    finals = [event for event, _ in log.events if event == "diloco_final"]
+    assert len(finals) == (not stopped), log.events
 
 
 def test_a_roster_sizes_its_deadline_from_the_fleets_pace_and_names_what_is_missing():

@@ -45,6 +45,22 @@ def test_a_worker_with_no_global_and_unsent_deltas_says_so_and_how_to_send_them(
     assert "--resume sends them" in line and result.unsent
 
 
+@pytest.mark.parametrize("stop_signal", [None, 15])
+def test_a_stopped_worker_logs_no_diloco_final_the_event_of_a_run_that_ended(tmp_path, stop_signal):
+    """Issue 48: a worker stopped by SIGTERM wrote diloco_final; a stop is not an end."""
+    transport, log = LocalTransport(tmp_path), Log()
+    net = model(1.0)
+    plugin = WorkerPlugin(settings(stop_grace_s=0.2), net, transport, log, background=False)
+    trainer = FakeTrainer(net, max_steps=4)
+    plugin.on_train_start(trainer)
+    for _ in range(3):
+        trainer.train_step(plugin)
+    trainer.stop_signal = stop_signal
+    plugin.on_train_end(trainer, SimpleNamespace(unsent=False))
+    finals = [event for event, _ in log.events if event == "diloco_final"]
+    assert len(finals) == (stop_signal is None), log.events
+
+
 def test_a_worker_never_creates_the_shared_directory(tmp_path):
     missing = tmp_path / "shared" / "run"
     with pytest.raises(ConfigError, match="does not exist .*a worker never creates it"):

@@ -60,15 +60,24 @@ def drain(
                 "diloco master: every node it knows of has ended; waiting "
                 f"{loop.roster.join_grace_s():.0f} s more for nodes that may still join"
             ))  # fmt: skip
-        else:
+        elif others := _others(loop, waiting):
             _say_once(loop, said, "waiting", (
-                f"diloco master: waiting for the last deltas of {', '.join(sorted(waiting))} "
+                f"diloco master: waiting for the last deltas of {', '.join(others)} "
                 f"(at most {loop.roster.longest_wait_s():.0f} s more of silence each)"
+            ))  # fmt: skip
+        else:  # its own node's last delta, sent before the wait: the next poll reads it
+            _say_once(loop, said, "own", (
+                f"diloco master: waiting for a round to take its own last delta ({waiting[0]})"
             ))  # fmt: skip
         if cap_s is not None and time.monotonic() - began > cap_s:
             loop.logger.warn(f"diloco master: stopped waiting after {cap_s:.0f} s (DDP limit)")
             return
         time.sleep(pace)
+
+
+def _others(loop: MasterLoop, waiting: list[str]) -> list[str]:
+    """The nodes waited for but the master's own (a training master sent its last delta)."""
+    return sorted(node for node in waiting if node != loop.config.node_id)
 
 
 def _say_once(loop: MasterLoop, said: set[str], key: str, line: str) -> None:
@@ -81,10 +90,10 @@ def finish(loop: MasterLoop, interrupted: bool = False, clock: EndClock | None =
     """The final round, published (retried until it lands, for ``upload_timeout_s``, or what a
     stop's ``clock`` leaves); returns the line saying what the final global holds. Polls run in
     this thread from now on."""
-    if interrupted and (waiting := loop.roster.waiting_for()):
+    if interrupted and (others := _others(loop, loop.roster.waiting_for())):
         loop.logger.warn(
             f"diloco master: interrupted, so not waiting for the last deltas of "
-            f"{', '.join(sorted(waiting))}; they stay in the repo for this master's next start"
+            f"{', '.join(others)}; they stay in the repo for this master's next start"
         )
     deadline = time.monotonic() + max(loop.config.upload_timeout_s, 1.0)
     while True:
@@ -145,7 +154,8 @@ def serve(
         loop.stop_sending(timeout=clock.limit(loop.config.upload_timeout_s))
     if loop.fatal is not None:
         raise loop.fatal
-    return _ended(loop, finish(loop, interrupted=stop.is_set(), clock=clock), final_writer)
+    line = finish(loop, interrupted=stop.is_set(), clock=clock)
+    return _ended(loop, line, final_writer, stopped=stop.is_set())
 
 
 def _raise_if_unpublished(loop: MasterLoop) -> None:
@@ -158,9 +168,12 @@ def _raise_if_unpublished(loop: MasterLoop) -> None:
         )
 
 
-def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str | None:
+def _ended(
+    loop: MasterLoop, line: str, final_writer: FinalWriter | None, stopped: bool = False
+) -> str | None:
     """Say what the final global holds; refuse to exit 0 on a step that never landed; write
-    the final global into the output directory."""
+    the final global into the output directory. ``stopped`` (a signal): no ``diloco_final``,
+    the event of a run that ended, for a stop is not an end (run_end says interrupted)."""
     if loop.fatal is not None:
         raise loop.fatal
     _raise_if_unpublished(loop)
@@ -173,10 +186,11 @@ def _ended(loop: MasterLoop, line: str, final_writer: FinalWriter | None) -> str
     where = f"; written to {path}" if path else ""
     say = loop.logger.warn if "; missing: " in line else loop.logger.notice
     say(f"diloco master: {line}{where}")
-    loop.logger.log(
-        "diloco_final",
-        {"outer_step": loop.publisher.last_step, "path": str(path) if path else None},
-    )
+    if not stopped:
+        loop.logger.log(
+            "diloco_final",
+            {"outer_step": loop.publisher.last_step, "path": str(path) if path else None},
+        )
     return str(path) if path else None
 
 
@@ -231,7 +245,7 @@ class MasterPlugin:
                 "was aggregated",
                 hint="start the master again once the repo is reachable: the deltas wait there",
             )
-        self.final_path = _ended(self.loop, line, self.final_writer)
+        self.final_path = _ended(self.loop, line, self.final_writer, stopped=interrupted)
         if self.local_worker is not None:
             self.local_worker.ended_by_master(self.final_path)
 

@@ -226,7 +226,8 @@ class RunEnd:
                 f"diloco: stopped at step {trainer.step} after {waited:.0f} s of grace; not yet "
                 f"in a global ({held} is the newest this node saw): {'; '.join(parts)}"
             )
-        self._event(ready, p.uploader.final_seq, False)
+        # no diloco_final: that event says the node's run ended, and a stop is not an end
+        # (run_end's status "interrupted" records it)
 
     def _event(self, ready: Ready | None, last: int | None, holds: bool) -> None:
         self.plugin.logger.log(
