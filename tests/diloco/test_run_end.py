@@ -124,7 +124,29 @@ def test_I1_a_resume_after_a_mid_run_checkpoint_never_counts_an_inner_loop_twice
     again.on_train_end(trainer2, None)
     loop.poll_once(force=True)
     assert sum(tokens) == 8 * 10  # every step's tokens once: 8 steps of 10 tokens
-    assert any("up to step 8 after the checkpoint" in w for w in log2.warnings)
+    said = "after the checkpoint of step 4, this node's previous process sent its inner loops"
+    said += " up to step 8"
+    assert any(said in w for w in log2.warnings), log2.warnings
+
+
+def test_I1_a_resumed_node_sent_only_what_its_checkpoint_held_unsent_says_so(tmp_path):
+    """Issue 48: 'sent its inner loops up to step 4 after the checkpoint' of step 4."""
+    transport = LocalTransport(tmp_path / "repo")
+    net, log = model(1.0), Log()
+    worker = WorkerPlugin(settings(), net, transport, Log(), background=False)
+    trainer = FakeTrainer(net, max_steps=8)
+    worker.on_train_start(trainer)
+    for _ in range(4):
+        trainer.train_step(worker)
+    state = worker.state_dict()  # the checkpoint of step 4, its last inner loop unsent
+    worker.uploader.send_pending()  # then sent by this process, which dies
+    again = WorkerPlugin(settings(), model(1.0), transport, log, background=False)
+    again.load_state_dict(state)
+    again.on_train_start(trainer)
+    said = "after the checkpoint of step 4, this node's previous process sent the inner loops "
+    assert any(f"{said}the checkpoint held unsent (to step 4)" in w for w in log.warnings), (
+        log.warnings
+    )
 
 
 # ---------------------------------------------------------------------------- I6 the run's end

@@ -107,6 +107,7 @@ class WorkerPlugin:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        self.uploader.resumed_step = trainer.step  # a resumed node's checkpoint step
         self.uploader.number_past_used(2 * expected_delta_bytes(self.params, "fp32") + (1 << 20))
         # a run that ends at once needs no announcement (``announce``: a seam for unit tests)
         if getattr(self.config, "announce", True) and not self.end.at_max_steps(trainer):

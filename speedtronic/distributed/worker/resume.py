@@ -152,9 +152,15 @@ def _drop_sent_outbox(up: Any) -> None:
     # the checkpoint's residual went out with the first of those inner loops: sent again, it
     # would count twice (the previous process's newer residual is lost with it)
     up.feedback.reset("the previous process sent it after the checkpoint")
+    step, to = up.resumed_step, up.replayed_to
+    at = f" of step {step}" if step is not None else ""
+    if step is not None and to <= step:  # nothing past the checkpoint: what it held unsent
+        what = f"the inner loops the checkpoint held unsent (to step {to})"
+    else:
+        what = f"its inner loops up to step {to}"
     up.logger.warn(
-        f"diloco: this node's previous process sent its inner loops up to step "
-        f"{up.replayed_to} after the checkpoint; they are not sent again (I1)"
+        f"diloco: after the checkpoint{at}, this node's previous process sent {what}; they are "
+        "not sent again (I1)"
     )
 
 

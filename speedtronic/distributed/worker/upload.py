@@ -89,6 +89,7 @@ class Uploader:
         self.held = False  # the in-flight budget is full: the outbox waits for a global
         self.final_seq: int | None = None  # the seq of the run's last delta, once it is sent
         self.resumed_seq: int | None = None  # the checkpoint's seq, on --resume
+        self.resumed_step: int | None = None  # the trainer's step at the start (worker plugin)
         self.replayed_to = 0  # a resumed node's steps its previous process already sent
         self.unsettled: int | None = None  # resumed, and that is not known yet: nothing goes out
         self.hello = Announcement(self)  # that this node's run has begun (worker/resume.py)
