@@ -37,8 +37,8 @@ class RunRecord:
     def __init__(self, clock: Any):
         self.clock, self.trainer = clock, None
         self.started_at = now_iso()
-        self.train: list[list[Any]] = []  # [step, tokens, train_seconds, loss]
-        self.eval: list[list[Any]] = []  # [step, tokens, train_seconds, set, loss, bpb]
+        self.train: list[list[Any]] = []  # [step, tokens, train_s, loss]
+        self.eval: list[list[Any]] = []  # [step, tokens, train_s, set, loss, bpb]
 
     def on_train_start(self, trainer: Any) -> None:
         self.trainer = trainer
@@ -134,7 +134,7 @@ def build_summary(runtime: Any, status: str, stop_reason: str, error: str | None
     tokens_per_s = clock.tokens / clock.seconds if clock.seconds > 0 else None
     return json_safe(
         {
-            "format": SUMMARY_FORMAT,
+            "schema_version": SUMMARY_FORMAT,
             "name": cfg.run.name,
             "status": status,
             "error": error,
@@ -143,8 +143,8 @@ def build_summary(runtime: Any, status: str, stop_reason: str, error: str | None
             "ended_at": now_iso(),
             "steps": trainer.step,
             "tokens": trainer.tokens,
-            "train_seconds": clock.seconds,
-            "startup_seconds": clock.startup_seconds(),
+            "train_s": clock.seconds,
+            "startup_s": clock.startup_seconds(),
             "time_budget_s": cfg.run.time_budget_s,
             "params": sum(p.numel() for p in runtime.model.parameters()),
             "tokens_per_s": tokens_per_s,

@@ -151,7 +151,7 @@ def _from_summary(path: Path, name: str, s: dict[str, Any]) -> dict[str, Any]:
         stop_reason=_text(s.get("stop_reason")),
         steps=_count(s.get("steps")),
         tokens=_count(s.get("tokens")),
-        train_s=finite(s.get("train_seconds")),
+        train_s=finite(s.get("train_s")),
         params=_count(s.get("params")),
         optimizer=_text(s.get("optimizer")),
         final_loss=finite(s.get("final_train_loss")),

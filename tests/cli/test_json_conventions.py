@@ -121,6 +121,14 @@ def test_train_events(tiny, tmp_path):
         checked(json.loads(line))
 
 
+def test_train_summary_and_runs_json(tiny, tmp_path):
+    config = write(tmp_path, tiny)
+    doc = checked(invoke("train", "-c", config, "--format", "json"), frozenset({"config"}))
+    assert doc["status"] == "completed" and doc["train_s"] >= 0 and doc["curve"]["train"]
+    doc = checked(invoke("runs", str(tmp_path), "--format", "json"))
+    assert [run["status"] for run in doc["runs"]] == ["completed"]
+
+
 def test_hub_status_json(emu):  # noqa: F811 - the fixture
     emu.create_repo("alice/run", private=True)
     nodes = {"node-a": {"seq": 1, "base_outer_step": 0, "last_delta_at": 0, "tokens": 8}}

@@ -39,7 +39,7 @@ def test_a_failed_run_writes_status_failed_with_the_errors_line(tiny):
     summary = read_summary(tiny)
     assert summary["status"] == "failed" and summary["stop_reason"] == "error"
     assert summary["error"] == "step 3: the disk caught fire"
-    assert summary["steps"] == 3 and summary["train_seconds"] >= 0
+    assert summary["steps"] == 3 and summary["train_s"] >= 0
     assert not list(tmp_dir(tiny).glob(".summary.json.*"))  # no temporary file left
 
     class Absent:  # --overwrite deletes the old run's summary with its checkpoints
@@ -71,7 +71,8 @@ def test_train_ends_with_the_summary_block_and_json_on_request(tiny, tmp_path):
     assert again.exit_code == 0, again.stderr
     doc = json.loads(again.stdout)  # the whole of stdout: one document
     assert doc == read_summary(tiny)
-    assert doc["steps"] == 4 and doc["format"] == 1 and doc["config"]["run"]["max_steps"] == 4
+    assert doc["steps"] == 4 and doc["schema_version"] == 1
+    assert doc["config"]["run"]["max_steps"] == 4
     assert [p[0] for p in doc["curve"]["train"]] == [1, 2, 3, 4]
     assert len(doc["config_sha256"]) == 64 and "run.max_steps" in doc["changed_keys"]
 

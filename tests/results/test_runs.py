@@ -22,7 +22,7 @@ from speedtronic.results.listing import find_runs, list_runs, sort_rows
 
 def summary(name: str = "r", **changes) -> dict:
     doc = {
-        "format": 1,
+        "schema_version": 1,
         "name": name,
         "status": "completed",
         "error": None,
@@ -31,8 +31,8 @@ def summary(name: str = "r", **changes) -> dict:
         "ended_at": "2026-01-01T00:01:00Z",
         "steps": 100,
         "tokens": 12800,
-        "train_seconds": 60.0,
-        "startup_seconds": 2.0,
+        "train_s": 60.0,
+        "startup_s": 2.0,
         "time_budget_s": 60.0,
         "params": 1000,
         "tokens_per_s": 213.3,

@@ -58,7 +58,7 @@ def test_a_budgeted_run_stops_within_one_step_of_its_budget(tiny, monkeypatch):
     result, summary = budgeted_run(tiny, monkeypatch, FakeTime())
     assert result.status == "completed"
     assert summary["status"] == "completed" and summary["stop_reason"] == "time_budget"
-    assert BUDGET_S <= summary["train_seconds"] < BUDGET_S + STEP_S
+    assert BUDGET_S <= summary["train_s"] < BUDGET_S + STEP_S
     # the first step is start-up (compile warm-up): the clock runs from its end
     assert summary["steps"] == round(BUDGET_S / STEP_S) + 1 == result.steps
     assert (tmp_output(tiny) / "checkpoints" / "step_0000000009").is_dir()
@@ -67,18 +67,18 @@ def test_a_budgeted_run_stops_within_one_step_of_its_budget(tiny, monkeypatch):
 def test_the_budget_excludes_a_slow_start_up(tiny, monkeypatch):
     _, summary = budgeted_run(tiny, monkeypatch, FakeTime(startup_s=600.0))
     assert summary["stop_reason"] == "time_budget" and summary["steps"] == 9
-    assert summary["startup_seconds"] >= 600.0
-    assert BUDGET_S <= summary["train_seconds"] < BUDGET_S + STEP_S
+    assert summary["startup_s"] >= 600.0
+    assert BUDGET_S <= summary["train_s"] < BUDGET_S + STEP_S
 
 
 def test_resume_continues_the_same_budget(tiny, monkeypatch):
     result, first = budgeted_run(tiny, monkeypatch, FakeTime(stop_at=4))
     assert result.status == "interrupted" and first["status"] == "stopped"
-    assert first["stop_reason"] == "signal" and first["train_seconds"] == 3 * STEP_S
+    assert first["stop_reason"] == "signal" and first["train_s"] == 3 * STEP_S
     tiny["checkpoint"] = {"resume": True}
     result, second = budgeted_run(tiny, monkeypatch, FakeTime())
     assert second["stop_reason"] == "time_budget"
-    assert BUDGET_S <= second["train_seconds"] < BUDGET_S + STEP_S  # both parts together
+    assert BUDGET_S <= second["train_s"] < BUDGET_S + STEP_S  # both parts together
     assert second["started_at"] == first["started_at"]
     assert [p[0] for p in second["curve"]["train"]][:3] == [1, 2, 4]  # part 1's points kept
 
@@ -88,7 +88,7 @@ def test_a_resumed_run_whose_budget_is_spent_trains_no_more(tiny, monkeypatch):
     tiny["checkpoint"] = {"resume": True}
     result, again = budgeted_run(tiny, monkeypatch, FakeTime())
     assert result.status == "at_target" and again["steps"] == first["steps"]
-    assert again["train_seconds"] == first["train_seconds"]
+    assert again["train_s"] == first["train_s"]
 
 
 def test_the_schedule_follows_the_budget(tiny, monkeypatch):
