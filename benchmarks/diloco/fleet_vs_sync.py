@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -68,6 +68,7 @@ class Scale:
     lr: float = 3.0e-3
     warmup: int = 20
     poll_s: float = 0.25
+    fleet_set: dict = field(default_factory=dict)  # more distributed.* keys, for variants
 
     @property
     def h(self) -> int:
@@ -149,7 +150,8 @@ def run_fleet(work: Path, scale: Scale, seed: int, text: Path) -> tuple[Path, li
         cfg = {**base, "distributed": {
             "enabled": True, "role": "master" if name == "m" else "worker", "node_id": name,
             "repo_id": str(repo), "inner_steps": scale.h, "poll_interval": scale.poll_s,
-            "delta_dtype": "int2", "error_feedback": True, "global_dtype": "int8"}}  # fmt: skip
+            "delta_dtype": "int2", "error_feedback": True, "global_dtype": "int8",
+            **scale.fleet_set}}  # fmt: skip
         processes.append(launch(cfg, out))
         while name == "m" and not (repo / "global" / "step_count.json").exists():
             if processes[0].poll() is not None:
@@ -362,11 +364,16 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=0, help="H (default N / 10)")
     parser.add_argument("--batch", type=int, default=Scale.batch, help="B")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--fleet-set", action="append", default=[], metavar="KEY=VALUE",
+        help="set distributed.KEY on every fleet node (a variant); repeatable",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, help="keep every run here (default: a temp dir)")
     parser.add_argument("--png", type=Path, help="plot held-out loss against tokens")
     parser.add_argument("--out", type=Path, help="also write the JSON line here")
     args = parser.parse_args()
-    scale = Scale(steps=args.steps, inner_steps=args.inner_steps, batch=args.batch)
+    fleet_set = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.fleet_set)}
+    scale = Scale(args.steps, args.inner_steps, args.batch, fleet_set=fleet_set)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(ARMS)
     if unknown:
