@@ -58,6 +58,7 @@ MODEL = {"name": "reference_transformer", "vocab_size": 256, "seq_len": 64, "n_l
 NODES = ("m", "w1", "w2", "w3")  # the master trains: 4 trainers in all
 HELD_OUT_BYTES = 64 * 1024
 ARMS = ("one", "one_long", "ddp", "fleet")
+COLORS = {"one_long": "C0", "ddp": "C1", "fleet": "C2"}
 
 
 @dataclass
@@ -347,7 +348,8 @@ def plot(results: list[dict], png: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
         for arm, curve in r["curves"].items():
-            ax.plot([p["tokens"] for p in curve], [p["loss"] for p in curve], ".-", label=arm)
+            tokens, losses = [p["tokens"] for p in curve], [p["loss"] for p in curve]
+            ax.plot(tokens, losses, ".-", label=arm, color=COLORS[arm])  # same colour per arm
         if "one" in r["finals"]:
             ax.plot([r["finals"]["one"]["tokens"]], [r["finals"]["one"]["loss"]], "k*", label="one")
         ax.set(title=f"seed {r['seed']}", xlabel="tokens trained (all processes)",
