@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from speedtronic import SpeedtronicConfig
-from speedtronic.evaluation import EvalPlugin
+from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.runtime import train_from_config
 
 

@@ -31,6 +31,7 @@ MOVED = {
     "speedtronic.metrics": "speedtronic.observe.metrics",
     "speedtronic.integrations": "speedtronic.observe.integrations",
     "speedtronic.history": "speedtronic.observe.history",
+    "speedtronic.evaluation": "speedtronic.evaluate.loss_plugin",  # issue 48
     **{
         f"speedtronic.distributed.{old}": f"speedtronic.distributed.{new}"
         for old, new in {

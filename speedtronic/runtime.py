@@ -21,7 +21,7 @@ from speedtronic.data import DataStream, build_dataloader, build_eval_loader
 from speedtronic.data.describe import blocks_of, source_line
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
-from speedtronic.evaluation import EvalPlugin
+from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.observe.metrics import MetricLogger
 from speedtronic.observe.summary import SUMMARY_FILE, RunRecord, summarize_run
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label

@@ -57,7 +57,7 @@ from speedtronic.distributed.protocol import BadDelta, is_keyframe_path
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of
 from speedtronic.errors import SpeedtronicError
-from speedtronic.evaluation import EvalPlugin
+from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.runtime import build_runtime
 
 SYNC_PACE_S = 1.0  # WorkerPlugin._wait_for_own_round polls every min(poll_interval, 1 s)

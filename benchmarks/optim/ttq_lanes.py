@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from speedtronic.evaluation import EvalPlugin
+from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.runtime import build_runtime
 
 SEQ_LEN = 128

@@ -154,7 +154,7 @@ def test_validate_warns_of_settings_measured_to_hurt_a_fleet_and_still_accepts_t
 def test_every_ddp_rank_counts_inner_loops_from_rank_0s_worker_boundary(monkeypatch):
     """A DDP node resumed from a checkpoint (one a single process saved, too): rank 1 takes
     rank 0's boundary, so both look for installs on the same steps."""
-    from speedtronic import parallel
+    from speedtronic.train import parallel
 
     received = iter([7, -2])  # rank 0's boundary step, then its installed outer step
     monkeypatch.setattr(parallel.dist, "broadcast", lambda t, src: t.fill_(next(received)))

@@ -97,7 +97,7 @@ def test_a_rank_evaluates_every_nth_batch_and_sums_with_the_others():
     import contextlib
     from types import SimpleNamespace
 
-    from speedtronic.evaluation import EvalPlugin
+    from speedtronic.evaluate.loss_plugin import EvalPlugin
 
     class Loss(torch.nn.Module):
         seen: list[int] = []
