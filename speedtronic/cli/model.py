@@ -10,7 +10,6 @@ so ``--help`` and completion import only this module's option declarations.
 
 from __future__ import annotations
 
-import json
 import secrets
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import JSON_SCHEMA_VERSION, OutputFormat, format_option, size_text
 from speedtronic.errors import ConfigError, TransportError
 
@@ -191,7 +191,7 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
             )
         if output_format is OutputFormat.json:
             record = _sample_json(run, text, completed, sample, index, seed)
-            print(json.dumps(record), flush=True)
+            print(json_text(record, indent=None), flush=True)
 
 
 def _precision(run: Any, device: str) -> Any:
@@ -293,7 +293,7 @@ def export(
         _note(f"note: {note}")
     pushed = _push(done.out, push, private) if push is not None else None
     if output_format is OutputFormat.json:
-        print(json.dumps(_export_json(source, done, pushed), indent=2))
+        print(json_text(_export_json(source, done, pushed)))
         return
     _report(source, done, pushed)
 

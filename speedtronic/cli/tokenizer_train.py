@@ -6,12 +6,12 @@ and completion stay light); this module owns the options and the report's wordin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from speedtronic.cli.errors import handle_errors
+from speedtronic.cli.jsonout import json_text
 from speedtronic.cli.options import (
     JSON_SCHEMA_VERSION,
     OutputFormat,
@@ -87,7 +87,7 @@ def train(
     )  # fmt: skip
     report = train_tokenizer(request, out, compare)
     if output_format == OutputFormat.json:
-        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **report}))
+        print(json_text({"schema_version": JSON_SCHEMA_VERSION, **report}, indent=None))
         return
     print(summary(report))
 
