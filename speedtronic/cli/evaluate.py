@@ -2,7 +2,8 @@
 
 ``--text FILE`` (repeatable) reports loss and bits per byte over each file by the windowing
 rule of ``speedtronic.evaluate.text``; ``--task hellaswag --data FILE`` scores a multiple-choice
-task file (``acc``, ``acc_norm``). The work is ``speedtronic.evaluate``'s; torch and the engine
+task file (``acc``, ``acc_norm``); ``--window`` (default: the run's training ``seq_len``) is
+the scored sequence length. The work is ``speedtronic.evaluate``'s; torch and the engine
 load in the command body, so ``--help`` imports only these option declarations. Results go to
 stdout, progress to stderr.
 """
@@ -46,7 +47,15 @@ def evaluate(
         "--stride",
         min=1,
         help="Tokens scored per window of --text (each given the window's other tokens as "
-        "context). Default: the model's window, i.e. non-overlapping windows as in training.",
+        "context). Default: the window, i.e. non-overlapping windows as in training.",
+    ),
+    window: int | None = typer.Option(
+        None,
+        "--window",
+        min=1,
+        help="Tokens per scored sequence, context included. Default: the run's training "
+        "seq_len (the blocks training read); an imported model's full context. At most the "
+        "model's context.",
     ),
     task: str | None = typer.Option(
         None, "--task", help="A multiple-choice task to score: hellaswag (needs --data)."
@@ -87,7 +96,7 @@ def evaluate(
 
     items = read_task(task, _task_file(data), limit) if task is not None else None  # fail first
     texts = [(path, _read_text(path)) for path in text]
-    report = _run(run, texts, stride, task, items, batch_size, device, tokenizer)
+    report = _run(run, texts, stride, window, task, items, batch_size, device, tokenizer)
     if output_format is OutputFormat.json:
         if not per_example:
             report.pop("examples", None)
@@ -121,15 +130,16 @@ def _read_text(path: Path) -> str:
     return read_text(path, MAX_TEXT_BYTES, "--text", ConfigError)
 
 
-def _run(run_path, texts, stride, task, items, batch_size, device, tokenizer) -> dict:
-    from speedtronic.evaluate.runner import open_scorer
+def _run(run_path, texts, stride, window, task, items, batch_size, device, tokenizer) -> dict:
+    from speedtronic.evaluate.runner import choose_window, open_scorer
 
-    run, scorer = open_scorer(run_path, tokenizer, device, batch_size, _note)
+    run, scorer = open_scorer(run_path, tokenizer, device, batch_size, _note, window)
     report: dict[str, Any] = {
         "schema_version": JSON_SCHEMA_VERSION,
         "checkpoint": str(run.checkpoint),
         "step": run.step,
         "window": scorer.window,
+        "window_from": choose_window(run, window)[1],
     }
     tok = run.require_tokenizer()
     if texts:
@@ -193,7 +203,10 @@ def _progress(label: str, total: int):
 
 
 def _print_text(report: dict, per_example: bool) -> None:
-    where = f"{report['checkpoint']} (step {report['step']}, window {report['window']})"
+    from speedtronic.evaluate.runner import WINDOW_FROM
+
+    window = f"window {report['window']}: {WINDOW_FROM[report['window_from']]}"
+    where = f"{report['checkpoint']} (step {report['step']}, {window})"
     print(f"evaluated {where}")
     for t in report.get("texts", []):
         print(
