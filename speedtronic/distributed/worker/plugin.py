@@ -29,6 +29,7 @@ from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.end import RunEnd
 from speedtronic.distributed.worker.fetch import GlobalFetcher
+from speedtronic.distributed.worker.resume import replayed
 from speedtronic.distributed.worker.upload import Pending, Uploader
 
 
@@ -192,7 +193,7 @@ class WorkerPlugin:
         steps = trainer.step - self.boundary_step
         tokens = trainer.tokens - self.boundary_tokens
         pending = Pending(delta, self.base_outer_step, steps, tokens, 0, "", final, trainer.step)
-        if not self.uploader.replayed(pending):  # a resumed node's, sent before: I1
+        if not replayed(pending, self.uploader.replayed_to, self.logger):  # sent before: I1
             self.uploader.queue(pending)
         self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
         self.base = current

@@ -34,7 +34,6 @@ from speedtronic.distributed.worker.inflight import InFlight
 from speedtronic.distributed.worker.resume import (
     Announcement,
     number_past_used,
-    replayed,
     settled,
 )
 
@@ -102,10 +101,6 @@ class Uploader:
         what the process it resumes sent after the checkpoint is not sent again (I1)."""
         number_past_used(self, max_bytes)
         self.in_flight.tidy()
-
-    def replayed(self, pending: Pending) -> bool:
-        """A boundary its previous process sent already (``worker/resume.replayed``)."""
-        return replayed(pending, self.replayed_to, self.logger)
 
     def queue(self, pending: Pending) -> None:
         with self.lock:
