@@ -23,7 +23,13 @@ from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.observe.metrics import MetricLogger
-from speedtronic.observe.summary import SUMMARY_FILE, RunRecord, summarize_run
+from speedtronic.observe.summary import (
+    SUMMARY_FILE,
+    RunRecord,
+    clear_running,
+    mark_running,
+    summarize_run,
+)
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
 from speedtronic.train import clock as run_clock
@@ -245,6 +251,7 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
     runtime = build_runtime(start.config, start=start, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     runtime.clock.began = began
+    running = mark_running(start.config.output_dir) if parallel.is_main_process() else None
     try:
         if cleared:
             logger.notice(cleared)
@@ -274,6 +281,7 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             summarize_run(runtime, None, exc)
         raise
     finally:
+        clear_running(running)
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()
         logger.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from speedtronic.observe.history import finite
 from speedtronic.readlimit import MIB, read_json
 
 SUMMARY_FILE = "summary.json"
+RUNNING_FILE = ".running"  # = observe.summary.RUNNING_FILE: "pid host" while a run trains
 MASTER_DIR = "diloco_master"  # distributed.state_dir's default, inside the output dir
 FILE_LIMIT = 4 * MIB  # summary.json and meta.json: a few KiB each when sound
 TAIL_BYTES = 64 << 10  # of the metrics JSONL: its last records say how the run ended
@@ -117,8 +119,14 @@ def read_run(path: Path, name: str) -> dict[str, Any]:
     problems: list[str] = []
     summary = _read_dict(path / SUMMARY_FILE, problems) if (path / SUMMARY_FILE).exists() else None
     if summary is not None:
-        return _from_summary(path, name, summary)
-    found = _from_checkpoints(path, name, problems)
+        found = _from_summary(path, name, summary)
+    else:
+        found = _from_checkpoints(path, name, problems)
+    marked = _marker_status(path / RUNNING_FILE)
+    if marked is not None:  # a live train, or one killed before it could say how it ended
+        found["row"]["status"] = marked
+    if summary is not None:
+        return found
     if problems:
         found["row"]["problem"] = "; ".join(problems)
         if not (path / "checkpoints").is_dir():  # a summary we cannot read, and nothing else
@@ -282,9 +290,10 @@ def _status(root: Path, metrics: Path | None, tail: list[dict[str, Any]]) -> str
     """How a run without a summary stands: its last ``run_end`` when no ``run_start`` came
     after it (a finished run from before summaries), else running or interrupted.
 
-    ``train`` holds no lock on its output dir, so "running" is read from traces a live run
-    leaves: a checkpoint being written by a live process, or a metrics JSONL written in the
-    last ``RECENT_S`` seconds. A run killed a minute ago may still read as running.
+    ``train`` marks a run it trains (``RUNNING_FILE``, read first by ``read_run``); for a run
+    from before that marker, "running" is read from traces a live run leaves: a checkpoint
+    being written by a live process, or a metrics JSONL written in the last ``RECENT_S``
+    seconds.
     """
     bounds = [r for r in tail if r.get("event") in ("run_start", "run_end")]
     if bounds and bounds[-1]["event"] == "run_end":
@@ -297,6 +306,19 @@ def _status(root: Path, metrics: Path | None, tail: list[dict[str, Any]]) -> str
     except OSError:
         pass
     return "interrupted"
+
+
+def _marker_status(path: Path) -> str | None:
+    """``running`` while the process a run's marker names lives, ``interrupted`` once it is
+    gone (killed with -9: it had no chance to remove the marker); None with no marker. Another
+    machine's process cannot be asked: taken as running."""
+    try:
+        pid, host = path.read_text(encoding="utf-8").split()[:2]
+    except (OSError, ValueError):
+        return None
+    if host != socket.gethostname():
+        return "running"
+    return "running" if pid.isdigit() and _alive(int(pid)) else "interrupted"
 
 
 def _alive(pid: int | None) -> bool:
