@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from speedtronic.checkpoint.layout import (
     list_tmp_dirs,
     parse_tmp_pid,
 )
+from speedtronic.data.ingest.owner import marker_alive
 from speedtronic.errors import ConfigError, DataError
 from speedtronic.observe.history import finite
 from speedtronic.readlimit import MIB, read_json
@@ -309,16 +309,12 @@ def _status(root: Path, metrics: Path | None, tail: list[dict[str, Any]]) -> str
 
 
 def _marker_status(path: Path) -> str | None:
-    """``running`` while the process a run's marker names lives, ``interrupted`` once it is
-    gone (killed with -9: it had no chance to remove the marker); None with no marker. Another
-    machine's process cannot be asked: taken as running."""
-    try:
-        pid, host = path.read_text(encoding="utf-8").split()[:2]
-    except (OSError, ValueError):
+    """``running`` while the process a run's marker names may live (tokenize's rule: another
+    machine's, or an unreadable marker, counts as live), ``interrupted`` once it is gone (killed
+    with -9: it had no chance to remove the marker); None with no marker."""
+    if not path.is_file():
         return None
-    if host != socket.gethostname():
-        return "running"
-    return "running" if pid.isdigit() and _alive(int(pid)) else "interrupted"
+    return "running" if marker_alive(path) else "interrupted"
 
 
 def _alive(pid: int | None) -> bool:
