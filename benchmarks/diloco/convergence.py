@@ -79,6 +79,7 @@ sys.path.insert(2, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from sim import Scale, make_config, parse_arm, run_job  # noqa: E402
+from speedup import print_speedups  # noqa: E402
 from train_text import write_stdlib_corpus  # noqa: E402  (the example's corpus)
 
 LATENCIES = (0.05, 0.25, 1.0)
@@ -119,6 +120,24 @@ PRESETS = {
             f"c_f0.25_eager_keep_muon_bw_{arm}"
             for arm in ("bf16_gint8", "int4_gint8", "int4_gint4", "int2_gint8")
         ],
+    ],
+}
+# issue 47: one machine annealed to each horizon (T in AdamW steps), the speedup's ladder
+LADDER = (300, 450, 600, 750, 900, 1200, 1500, 1800, 2400, 3600)
+LADDER_LONG = (4800, 7200, 9600)
+HOME = "c_f0.25_eager_keep_muon_bw_int2_gint8"  # the recommended home-link setup
+PRESETS |= {
+    "ladder": [f"a_muon_s{n}" for n in LADDER],
+    "ladder_long": [f"a_muon_s{n}" for n in LADDER_LONG],
+    # the speedup at the scale's T: the home link, its fast twin, an uneven and jittery fleet,
+    # the master apart (the simulator before issue 47), and both ceilings
+    "speedup": [
+        HOME,
+        HOME.replace("f0.25", "f0.05"),
+        "d" + HOME[1:] + "_jit0.3",
+        HOME + "_mx",
+        f"c_f{FREE}_sync_keep_muon",
+        "a_muon_b32",
     ],
 }
 QUICK = dict(steps=8, inner_steps=2, batch=4, warmup=2, eval_every=2, eval_batches=1, eval_batch=32)
@@ -509,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = run(args)
     print_report(report["summary"])
+    report["speedup"] = print_speedups(report["results"])
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     if args.png:

@@ -17,7 +17,15 @@ same seconds for the same link):
 * **publish** f L: a round's weights and ``step_count.json`` become visible together (atomic)
   f L after the master's poll ran the round; the master is busy meanwhile, as its poll thread
   is inside ``transport.publish``, and polls again f L after it returns.
-* **master poll** every f L; reading deltas is instant (their download is not modelled).
+* **master poll** every f L; the deltas it reads cost their bytes over the master's downlink
+  (with a link; the f arms: f/2 L per full fp32 global's bytes), and it publishes after them.
+* **the master trains** (the product's default, issue 47): it runs on worker 0's machine and
+  shares its uplink, so worker 0's uploads and the master's publishes queue behind each other.
+  ``mx`` puts it on a fifth, non-training machine with its own uplink (the model before).
+* **L is the loop that runs**: an inner loop of the inner optimizer the arm trains with (a Muon
+  step costs ``MUON_STEP_COST`` AdamW steps), so f = 0.25 is the same link for every optimizer.
+* **jitter** (``jit<x>``): each step takes its node's time times a log-normal factor of mean 1
+  and spread x, drawn per node and seed.
 * **worker poll** every f L; a newer global takes f/2 L to download before the plug-in sees it
   in ``fetcher.ready``. ``install: eager`` installs it after the next optimizer step;
   ``boundary`` at the next boundary.
@@ -38,6 +46,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import tempfile
 import time
 import warnings
@@ -53,7 +62,7 @@ from speedtronic.distributed.codec import expected_delta_bytes
 from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterConfig
-from speedtronic.distributed.protocol import BadDelta, is_keyframe_path
+from speedtronic.distributed.protocol import BadDelta, is_keyframe_path, parse_delta_path
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of
 from speedtronic.errors import SpeedtronicError
@@ -68,7 +77,8 @@ MAX_TIME_S = 1e7  # a simulation past this has a bug (e.g. a quorum that never c
 class Link:
     """A home link, in bytes per simulated second: each transfer costs ``fixed_s`` + bytes /
     bandwidth. ``up`` is a node's uplink (its deltas), ``down`` its downlink (the globals),
-    ``master_up`` the master's uplink (its publishes of the global)."""
+    ``master_up`` the master's uplink (its publishes of the global); the master's downlink (the
+    deltas it reads) is a node's."""
 
     up: float
     down: float
@@ -86,6 +96,7 @@ class Latency:
     fraction: float
     loop_s: float
     link: Link | None = None
+    weights_bytes: int = 0  # the f arms: a full fp32 global, the unit of a delta read's cost
 
     @property
     def upload_s(self) -> float:
@@ -117,6 +128,14 @@ class Latency:
             return self.link.fixed_s + nbytes / self.link.down
         return self.download_s
 
+    def master_read_time(self, nbytes: int) -> float:
+        """The master's download of ``nbytes`` of deltas (0 bytes: nothing read, no time)."""
+        if nbytes <= 0:
+            return 0.0
+        if self.link:
+            return self.link.fixed_s + nbytes / self.link.down
+        return self.download_s * nbytes / self.weights_bytes if self.weights_bytes else 0.0
+
     @property
     def poll_s(self) -> float:
         # a link: poll about as often as an upload takes, the product's advice (diloco_facts)
@@ -132,18 +151,21 @@ FIXED_SHARE = 0.01
 
 def link_latency(arm: Any, scale: Any, params: dict[str, torch.Tensor]) -> Latency:
     """The ``bw`` arms' latency: the uplink on which a bf16 delta takes ``arm.latency`` x L
-    (``scale.bandwidth`` in bytes per simulated second instead, if set), the rest by ratio."""
+    (``scale.bandwidth`` in bytes per simulated second instead, if set), the rest by ratio. L is
+    an inner loop of ``scale.inner_steps`` steps of the arm's own inner optimizer, whatever H
+    the arm syncs at (``h<n>``): one link for every arm."""
     bf16 = expected_delta_bytes(params, "bf16")
-    up = scale.bandwidth or bf16 / (arm.latency * scale.loop_s)
+    loop_s = scale.loop_s * arm.cost
+    up = scale.bandwidth or bf16 / (arm.latency * loop_s)
     link = Link(
         up=up,
         down=up * scale.down_ratio,
         master_up=up * scale.master_up_ratio,
-        fixed_s=FIXED_SHARE * scale.loop_s,
+        fixed_s=FIXED_SHARE * loop_s,
         delta_bytes=expected_delta_bytes(params, arm.encoding),
         weights_bytes=expected_delta_bytes(params, "fp32"),
     )
-    return Latency(arm.latency, scale.loop_s, link)
+    return Latency(arm.latency, loop_s, link)
 
 
 class SimClock:
@@ -167,6 +189,11 @@ class LatentTransport:
         self.inner, self.clock = inner, clock
         self.upload_s = self.publish_s = 0.0
         self.latency: Latency | None = None  # publishes charged by their bytes when set
+        # When a publish of this cost (s) lands, counted from now: the simulation's answer (the
+        # master's reads before it, a shared uplink), or the cost itself
+        self.publish_delay: Callable[[float], float] = lambda cost: cost
+        self.last_publish_delay = 0.0
+        self.delta_bytes_read = 0  # by the master: charged over its downlink
         self.keyframes: list[tuple[str, bytes]] = []  # the master's, landing with its publish
         self._in_air: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
@@ -188,7 +215,8 @@ class LatentTransport:
                 self.inner.upload(path, data)
             self.inner.publish(weights, step_count, consumed)
 
-        self._later(self.publish_s, land)
+        self.last_publish_delay = self.publish_delay(self.publish_s)
+        self._later(self.last_publish_delay, land)
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         at = round(self.clock.now + delay, 9)  # as the event loop rounds its times
@@ -210,7 +238,10 @@ class LatentTransport:
 
     def read(self, path: str, max_bytes: int):
         self.land()
-        return self.inner.read(path, max_bytes)
+        data = self.inner.read(path, max_bytes)
+        if data and parse_delta_path(path) is not None:
+            self.delta_bytes_read += len(data)
+        return data
 
     def read_step_count(self):
         self.land()
@@ -257,6 +288,16 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> No
             param.copy_(weights[name].to(param.device, param.dtype))
 
 
+class Skip:
+    """A loader's batches after its first ``count``: every iteration starts afresh."""
+
+    def __init__(self, loader: Any, count: int):
+        self.loader, self.count = loader, count
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.count, None)
+
+
 class Evaluator:
     """Held-out loss of given weights: an eval model and the configured ``EvalPlugin``."""
 
@@ -267,16 +308,26 @@ class Evaluator:
         if not plugins:
             raise SpeedtronicError("no EvalPlugin: the corpus has no held-out tail")
         self.plugin = plugins[0]
+        # The test slice: the next ``batches`` held-out batches, never used to choose an arm
+        self.test = EvalPlugin(Skip(self.plugin.loader, batches), 10**9, batches)
         self.reference = {
             k: p.detach().clone() for k, p in parameters_of(self.runtime.model).items()
         }  # the seed's initial weights: every arm of a seed starts here
         self.cache: tuple[int, float] | None = None
+        self.last_weights: dict[str, torch.Tensor] | None = None  # of the last global read
         self.reader: GlobalReader | None = None  # keeps the keyframe, as a node's does
 
     def loss(self, weights: dict[str, torch.Tensor], final: bool = False) -> float:
         load_weights(self.runtime.model, weights)
         self.plugin.batches = self.batches[final]
         return float(self.plugin.evaluate(self.runtime.trainer)["eval_loss"])
+
+    def test_loss(self, weights: dict[str, torch.Tensor] | None) -> float | None:
+        """Held-out loss of ``weights`` on the test slice (the one the speedup is read on)."""
+        if weights is None:
+            return None
+        load_weights(self.runtime.model, weights)
+        return float(self.test.evaluate(self.runtime.trainer)["eval_loss"])
 
     def global_loss(self, transport: Any, final: bool = False) -> tuple[int, float]:
         """Read, validate and evaluate the published global (cached per outer step)."""
@@ -286,6 +337,7 @@ class Evaluator:
         if self.reader is None or self.reader.transport is not transport:  # another arm's repo
             self.reader = GlobalReader(transport, self.reference)
         read = self.reader.read(expected_delta_bytes(self.reference, "fp32") + 2**20)
+        self.last_weights = read.weights
         self.cache = (read.outer_step, self.loss(read.weights, final))
         return self.cache
 
@@ -361,6 +413,14 @@ class SimNode:
     idle_s: float = 0.0
     parked: bool = False  # the sync wait goes on when the download in flight ends
     finished: bool = False
+    jitter: float = 0.0  # log-normal spread of a step's time (``jit<x>``)
+    rng: random.Random | None = None  # draws the jitter
+
+    def next_step_s(self) -> float:
+        """This step's time: ``step_s``, times a log-normal factor of mean 1 with jitter."""
+        if not self.jitter:
+            return self.step_s
+        return self.step_s * math.exp(self.rng.gauss(0.0, self.jitter) - self.jitter**2 / 2)
 
 
 # Event kinds, in the order they act at the same instant: what lands first, then who reads it
@@ -380,6 +440,9 @@ class Simulation:
     until_s: float | None  # time budget; None: each node's planned steps
     on_publish: Callable[[float], None]  # a publish landed at this time
     log: Any = None  # the plug-ins' Log
+    master_node: int | None = 0  # the worker whose machine (and uplink) the master shares
+    uplink_free_at: float = 0.0  # that shared uplink is busy until then
+    _poll_bytes: int = 0  # delta bytes the master had read when its current poll began
     _events: list = field(default_factory=list)
     _order: Any = field(default_factory=itertools.count)
 
@@ -392,9 +455,10 @@ class Simulation:
         lat = self.latency
         self.transport.upload_s, self.transport.publish_s = lat.upload_s, lat.publish_s
         self.transport.latency = lat
+        self.transport.publish_delay = self._publish_delay
         self.at(lat.poll_s, MASTER)
         for i, node in enumerate(self.nodes):
-            self.at(node.step_s, STEP, i)
+            self.at(node.next_step_s(), STEP, i)
             self.at(lat.poll_s, FETCH, i)
         end, handlers = 0.0, self._handlers()
         while self._events and not all(n.finished for n in self.nodes):
@@ -438,12 +502,13 @@ class Simulation:
 
     def _next_step(self, now: float, node: SimNode, i: int) -> None:
         trainer = node.runtime.trainer
-        over_time = self.until_s is not None and now + node.step_s > self.until_s + 1e-9
+        step_s = node.next_step_s()
+        over_time = self.until_s is not None and now + step_s > self.until_s + 1e-9
         over_steps = self.until_s is None and trainer.step >= node.planned
         if over_time or over_steps:
             self._finish(now, node, i)
         else:
-            self.at(now + node.step_s, STEP, i)
+            self.at(now + step_s, STEP, i)
 
     def _finish(self, now: float, node: SimNode, i: int) -> None:
         """The product's end of training: a last boundary for the steps since the previous one;
@@ -455,8 +520,13 @@ class Simulation:
     def _send(self, now: float, node: SimNode, i: int) -> None:
         uploader = node.plugin.uploader
         if node.upload_free_at <= now and uploader.unsent():
-            uploader.send_pending()  # lands upload_s from now (LatentTransport)
-            node.upload_free_at = now + self.latency.upload_s
+            shared = i == self.master_node
+            start = max(now, self.uplink_free_at) if shared else now  # behind a publish
+            node.upload_free_at = start + self.latency.upload_s
+            self.transport.upload_s = node.upload_free_at - now
+            uploader.send_pending()  # lands then (LatentTransport)
+            if shared:
+                self.uplink_free_at = node.upload_free_at
             self.at(node.upload_free_at, UPLOAD_DONE, i)
 
     def _upload_done(self, now: float, i: int) -> None:
@@ -465,13 +535,28 @@ class Simulation:
 
     # -- the master's poll thread
     def _master(self, now: float, _: int) -> None:
+        self._poll_bytes = self.transport.delta_bytes_read
         result = self.loop.poll_once()
         if result is None:
-            self.at(now + self.latency.poll_s, MASTER)
+            self.at(now + self._read_s() + self.latency.poll_s, MASTER)
             return
-        landed = now + self.transport.publish_s  # busy publishing until then (its bytes)
+        landed = now + self.transport.last_publish_delay  # busy reading and publishing till then
         self.at(landed, LANDED)
         self.at(landed + self.latency.poll_s, MASTER)
+
+    def _read_s(self) -> float:
+        """The time the deltas read in this poll took to download."""
+        return self.latency.master_read_time(self.transport.delta_bytes_read - self._poll_bytes)
+
+    def _publish_delay(self, cost: float) -> float:
+        """A publish starts after this poll's reads, and on a shared uplink after what it is
+        sending; it lands ``cost`` later. Returns when, counted from now."""
+        now = self.clock.now
+        start = now + self._read_s()
+        if self.master_node is not None:
+            start = max(start, self.uplink_free_at)
+            self.uplink_free_at = start + cost
+        return start + cost - now
 
     # -- the worker's poller thread: a newer global is ready download_s after it is seen
     def _fetch(self, now: float, i: int) -> None:
@@ -549,8 +634,9 @@ class Simulation:
             if not node.finished:
                 self._finish(end, node, -1)
         self.clock.now = self.transport.land(everything=True)
+        self._poll_bytes = self.transport.delta_bytes_read
         self.loop.poll_once(force=True)
-        self.clock.now += self.transport.publish_s
+        self.clock.now += self.transport.last_publish_delay
         self.transport.land(everything=True)
         return self.clock.now
 
@@ -620,6 +706,11 @@ class Arm:
     bandwidth: bool = False  # latency from bytes over a link (``Link``), f = a bf16 delta's
     global_dtype: str = "fp32"  # distributed.global_dtype (``gint8``, ``gint4``)
     keyframe_every: int = 10  # distributed.keyframe_every (``kf<n>``)
+    master_apart: bool = False  # ``mx``: the master on a fifth machine, not worker 0's
+    jitter: float = 0.0  # ``jit<x>``: log-normal spread of every step's time
+    inner_steps: int | None = None  # ``h<n>``: H for this arm (the link stays the scale's)
+    batch: int | None = None  # ``b<n>`` (arm a): sequences per step, at the same step time
+    steps: int | None = None  # ``s<n>``: T for this arm, in AdamW steps (the scale's ``steps``)
 
 
 POLICY_KEYS = {
@@ -640,6 +731,7 @@ FLAGS = {
     "muon": {"inner": "muon"},
     "noef": {"feedback": False},
     "bw": {"bandwidth": True},
+    "mx": {"master_apart": True},
     **{encoding: {"encoding": encoding} for encoding in ("fp32", "bf16", "int8", "int4", "int2")},
     **{f"g{dtype}": {"global_dtype": dtype} for dtype in ("int8", "int4")},
 }
@@ -656,15 +748,22 @@ def parse_arm(name: str) -> Arm:
     ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``, an encoding
     (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``), ``noef`` (no error feedback), ``bw``
     (latency from bytes over a link: ``link_latency``), ``gint8`` / ``gint4`` (the global as an
-    update on a keyframe: ``global_dtype``), ``kf<n>`` (``keyframe_every``)."""
+    update on a keyframe: ``global_dtype``), ``kf<n>`` (``keyframe_every``), ``mx`` (the
+    master on a machine of its own), ``jit<x>`` (jittery steps), ``h<n>`` (H), ``s<n>`` (T in
+    AdamW steps; arm a: evaluated at its end only, a rung of the speedup's ladder) and, for arm
+    a only, ``b<n>`` (its batch at the same step time: data parallel with a free all-reduce)."""
     head, *mods = name.split("_")
     values: dict[str, Any] = {"policy": {}}
     if "muon" in mods:
         values["cost"] = MUON_STEP_COST
+    counts = [m for m in mods if _count(m, "s") or (head == "a" and _count(m, "b"))]
+    for mod in counts:
+        values["steps" if mod[0] == "s" else "batch"] = _count(mod, mod[0])
+    mods = [m for m in mods if m not in counts]
     if head == "a":
         inner = [m for m in mods if m == "muon" or m.startswith("cost")]
         if inner != mods:
-            raise ValueError(f"arm {name!r}: a takes only muon and cost<x>")
+            raise ValueError(f"arm {name!r}: a takes only muon, cost<x>, b<n> and s<n>")
         return Arm(name, "single", latency=0.0, **_inner(name, mods, values))
     if head not in ("c", "d"):
         raise ValueError(f"arm {name!r}: unknown fleet {head!r} (a, c, d)")
@@ -679,6 +778,10 @@ def parse_arm(name: str) -> Arm:
             values["latency"] = _number(mod[1:])
         elif mod.startswith("kf") and mod[2:].isdigit() and int(mod[2:]) >= 1:
             values["keyframe_every"] = int(mod[2:])
+        elif _count(mod, "h"):
+            values["inner_steps"] = _count(mod, "h")
+        elif mod.startswith("jit") and (_number(mod[3:]) or -1) >= 0:
+            values["jitter"] = _number(mod[3:])
         else:
             prefix = next((p for p in ("md", "sd", "ms", "lr", "m") if mod.startswith(p)), None)
             if prefix is None or _number(mod[len(prefix) :]) is None:
@@ -698,6 +801,12 @@ def _inner(name: str, mods: list[str], values: dict[str, Any]) -> dict[str, Any]
                 raise ValueError(f"arm {name!r}: cost<x> needs a positive number")
             values["cost"] = _number(mod[4:])
     return values
+
+
+def _count(mod: str, prefix: str) -> int | None:
+    """``n`` for a modifier ``<prefix><n>`` with n a positive integer; None otherwise."""
+    rest = mod[len(prefix) :]
+    return int(rest) if mod.startswith(prefix) and rest.isdigit() and int(rest) > 0 else None
 
 
 def _number(text: str) -> float | None:
@@ -772,7 +881,10 @@ class Job:
     """One (arm, seed) run; ``run()`` returns its result record."""
 
     def __init__(self, arm: Arm, seed: int, scale: Scale, corpus: str, tmp: Any):
+        if arm.steps:
+            scale = replace(scale, steps=arm.steps)
         self.arm, self.seed, self.scale, self.corpus, self.tmp = arm, seed, scale, corpus, tmp
+        self.final_weights: dict[str, torch.Tensor] | None = None  # scored on the test slice
         self.curve: list[list[float]] = []  # [simulated s, tokens (all workers), loss, step]
         self.status = "completed"
 
@@ -790,6 +902,7 @@ class Job:
         except (SpeedtronicError, BadDelta) as exc:  # e.g. non-finite weights: diverged
             self.status = f"failed: {str(exc).splitlines()[0][:200]}"
         final = self.curve[-1][2] if self.curve and self.status == "completed" else None
+        test = self.evaluator.test_loss(self.final_weights) if final is not None else None
         return {
             "arm": self.arm.name,
             "seed": self.seed,
@@ -798,6 +911,7 @@ class Job:
             "fleet": self.arm.fleet,
             "curve": self.curve,
             "final_eval_loss": final if final is not None and math.isfinite(final) else None,
+            "final_test_loss": test if test is not None and math.isfinite(test) else None,
             "until_s": scale.until_s,
             "wall_s": time.perf_counter() - wall,
             "cpu_s": time.process_time() - cpu,
@@ -807,10 +921,10 @@ class Job:
     def _runtime(self, worker: int, horizon: int, name: str, scale: Scale | None = None) -> Any:
         scale = scale or self.scale
         seed = data_seed(self.seed, worker)
+        batch = self.arm.batch or scale.batch
         config = make_config(
-            scale, self.corpus, str(self.tmp / name), seed, scale.batch, horizon,
-            inner=self.arm.inner,
-        )  # fmt: skip
+            scale, self.corpus, str(self.tmp / name), seed, batch, horizon, inner=self.arm.inner
+        )
         return build_runtime(config, console=False)
 
     def _point(self, time_s: float, tokens: int, weights_fn: Callable) -> None:
@@ -830,10 +944,12 @@ class Job:
             return trainer.step, self.evaluator.loss(dict(parameters_of(runtime.model)))
 
         self._point(0.0, 0, weights)
+        every = steps if self.arm.steps else scale.eval_every  # a rung: its end only
         for _ in range(steps):
             trainer.train_step()
-            if trainer.step % scale.eval_every == 0 or trainer.step == steps:
+            if trainer.step % every == 0 or trainer.step == steps:
                 self._point(trainer.step * scale.step_seconds * cost, trainer.tokens, weights)
+        self.final_weights = dict(parameters_of(runtime.model))
         return {"workers": 1, "steps_per_worker": [trainer.step], "idle_share": 0.0}
 
     # -- c, d: DumbDiLoCo
@@ -845,10 +961,8 @@ class Job:
             if len(scale.speeds) != n:
                 raise ValueError(f"--speeds needs {n} values")
             speeds = [s * n / sum(scale.speeds) for s in scale.speeds]
-        inner = [
-            max(1, round(scale.inner_steps * s)) if self.arm.dylu else scale.inner_steps
-            for s in speeds
-        ]
+        h = self.arm.inner_steps or scale.inner_steps
+        inner = [max(1, round(h * s)) if self.arm.dylu else h for s in speeds]
         return speeds, inner
 
     def _planned(self, speeds: list[float]) -> list[int]:
@@ -880,13 +994,16 @@ class Job:
         if arm.sync:
             policy.setdefault("min_deltas", len(speeds))
         runtimes = [self._runtime(i, h, f"{name}-w{i}", scale) for i, h in enumerate(horizons)]
-        latency = Latency(arm.latency, scale.loop_s)
+        params = initial or parameters_of(runtimes[0].model)
+        latency = Latency(
+            arm.latency, scale.loop_s * arm.cost, weights_bytes=expected_delta_bytes(params, "fp32")
+        )
         if arm.bandwidth:
-            latency = link_latency(arm, scale, initial or parameters_of(runtimes[0].model))
+            latency = link_latency(arm, scale, params)
         settings = SimpleNamespace(
             **{**MASTER_DEFAULTS, **policy},
             poll_interval=latency.poll_s,
-            inner_steps=scale.inner_steps,
+            inner_steps=arm.inner_steps or scale.inner_steps,
             reset_inner_optimizer=arm.reset_inner,
             reapply_own_delta=arm.reapply_own,
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait
@@ -915,9 +1032,11 @@ class Job:
             runtime.model.train()
             plugin.on_train_start(runtime.trainer)  # installs the published global
             step_s = scale.step_seconds * arm.cost / speeds[i]
-            nodes.append(SimNode(runtime, plugin, step_s, planned=horizons[i]))
+            rng = random.Random(data_seed(self.seed, i))  # the same draws in the dry run
+            nodes.append(SimNode(runtime, plugin, step_s, horizons[i], jitter=arm.jitter, rng=rng))
         until = scale.until_s if arm.budget == "time" else None
         sim = Simulation(nodes, loop, transport, clock, latency, arm.sync, until, on_publish, log)
+        sim.master_node = None if arm.master_apart else 0
         return sim, nodes, loop
 
     def _diloco(self) -> dict[str, Any]:
@@ -942,6 +1061,7 @@ class Job:
             end = sim.run()
             flushed = sim.flush(end)
             on_publish(flushed)  # the flush's round
+            self.final_weights = self.evaluator.last_weights
             messages = [str(w.message) for w in caught]
         log, rounds = sim.log, sim.log.rounds
         boundaries = log.counts.get("diloco_boundary", 0)

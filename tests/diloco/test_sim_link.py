@@ -91,3 +91,85 @@ def test_a_keyframe_lands_with_the_publish_that_names_it_and_its_bytes_are_charg
     clock.now = transport.publish_s
     assert transport.read(path, 10**6) == b"k" * 1000
     assert transport.read_step_count()["outer_step"] == 0
+
+
+# ---------------------------------------------------------------- issue 47: an honest simulator
+
+
+def test_arm_names_pick_h_jitter_the_master_apart_and_a_rung_or_a_batch():
+    arm = sim.parse_arm("d_f0.25_eager_keep_muon_bw_int2_gint8_h10_jit0.3_mx_s2400")
+    assert (arm.inner_steps, arm.jitter, arm.master_apart, arm.steps) == (10, 0.3, True, 2400)
+    rung = sim.parse_arm("a_muon_s1200_b32")
+    assert (rung.fleet, rung.steps, rung.batch, rung.inner) == ("single", 1200, 32, "muon")
+    plain = sim.parse_arm("c_f0.25_sync_keep")  # s-prefixed flags are no horizon
+    assert (plain.steps, plain.sync, plain.master_apart, plain.jitter) == (None, True, False, 0.0)
+    with pytest.raises(ValueError, match="a takes only"):
+        sim.parse_arm("a_h10")
+    with pytest.raises(ValueError, match="b32"):
+        sim.parse_arm("c_f0.25_b32")  # a fleet's batch would change its step time
+
+
+def test_f_is_a_fraction_of_the_loop_that_runs_and_h_leaves_the_link_alone():
+    scale = sim.Scale()
+    adamw = sim.link_latency(sim.parse_arm("c_f0.25_bw"), scale, PARAMS)
+    muon = sim.link_latency(sim.parse_arm("c_f0.25_bw_muon"), scale, PARAMS)
+    fixed = sim.FIXED_SHARE * scale.loop_s * sim.MUON_STEP_COST
+    assert muon.upload_s == pytest.approx(fixed + 0.25 * scale.loop_s * sim.MUON_STEP_COST)
+    assert muon.link.up == pytest.approx(adamw.link.up / sim.MUON_STEP_COST)  # a slower link
+    h10 = sim.link_latency(sim.parse_arm("c_f0.25_bw_muon_h10"), scale, PARAMS)
+    assert h10.link == muon.link
+
+
+def test_the_masters_reads_of_deltas_cost_their_bytes(tmp_path):
+    from speedtronic.distributed.protocol import delta_path
+    from speedtronic.distributed.transport import LocalTransport
+
+    scale = sim.Scale()
+    link = sim.link_latency(sim.parse_arm("c_f0.25_bw_int2"), scale, PARAMS)
+    assert link.master_read_time(0) == 0.0
+    assert link.master_read_time(1000) == pytest.approx(link.link.fixed_s + 1000 / link.link.down)
+    plain = sim.Latency(0.25, 15.0, weights_bytes=4000)  # f arms: by a full global's bytes
+    assert plain.master_read_time(1000) == pytest.approx(plain.download_s / 4)
+    transport = sim.LatentTransport(LocalTransport(tmp_path / "repo"), sim.SimClock())
+    transport.upload(delta_path("w1", 1), b"d" * 300)
+    transport.land(everything=True)
+    assert transport.read(delta_path("w1", 1), 10**6) == b"d" * 300
+    assert transport.read("step_count.json", 10**6) is None  # not a delta: not counted
+    assert transport.delta_bytes_read == 300
+
+
+def make_simulation(tmp_path, master_node):
+    from speedtronic.distributed.transport import LocalTransport
+
+    clock = sim.SimClock()
+    transport = sim.LatentTransport(LocalTransport(tmp_path / "repo"), clock)
+    latency = sim.Latency(0.25, 15.0, weights_bytes=4000)
+    simulation = sim.Simulation([], None, transport, clock, latency, False, None, lambda t: None)
+    simulation.master_node = master_node
+    return simulation, clock, transport
+
+
+@pytest.mark.parametrize("master_node", [0, None])
+def test_a_training_master_publishes_behind_its_workers_upload(tmp_path, master_node):
+    simulation, clock, transport = make_simulation(tmp_path, master_node)
+    clock.now, simulation.uplink_free_at = 1.0, 5.0  # worker 0's delta is going up till 5
+    transport.delta_bytes_read = 2000  # this poll read half a global's bytes of deltas
+    read_s = simulation.latency.download_s / 2
+    delay = simulation._publish_delay(2.0)
+    if master_node is None:  # a machine of its own: after its reads only
+        assert delay == pytest.approx(read_s + 2.0)
+    else:  # the shared uplink: after the upload, and the next upload waits for it
+        assert delay == pytest.approx(4.0 + 2.0)
+        assert simulation.uplink_free_at == pytest.approx(7.0)
+
+
+def test_jitter_draws_a_steps_time_around_its_mean():
+    import random
+    import statistics
+
+    steady = sim.SimNode(None, None, 0.3, 10)
+    assert {steady.next_step_s() for _ in range(5)} == {0.3}
+    jittery = sim.SimNode(None, None, 0.3, 10, jitter=0.3, rng=random.Random(0))
+    draws = [jittery.next_step_s() for _ in range(4000)]
+    assert statistics.mean(draws) == pytest.approx(0.3, rel=0.03)
+    assert statistics.pstdev(draws) == pytest.approx(0.3 * 0.3, rel=0.15)
