@@ -165,3 +165,47 @@ def test_every_ddp_rank_counts_inner_loops_from_rank_0s_worker_boundary(monkeypa
     trainer.step = 10  # resumed here; the inner loop began at step 7
     sync.on_train_start(trainer)
     assert sync.boundary == 7
+
+
+def test_a_resumed_node_starts_on_the_newest_global_carrying_what_it_restored(tmp_path):
+    """Issue 47's chaos: a node back from a kill built its next delta on its checkpoint's
+    global, which the run had left more than max_staleness outer steps behind: dropped."""
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = eager_worker(transport)
+    steps(worker, trainer, 6)  # a boundary at 4, then -0.5 of progress
+    state = {"plugin": worker.state_dict(), "weights": net.weight.detach().clone()}
+    publish_global(transport, 2.0, outer_step=7, own_seq=1)  # the run moved on meanwhile
+
+    net2 = model(1.0)
+    again = WorkerPlugin(worker.config, net2, transport, log, background=False)
+    again.load_state_dict(state["plugin"])
+    with torch.no_grad():
+        net2.weight.copy_(state["weights"])
+    trainer2 = FakeTrainer(net2)
+    trainer2.step, trainer2.tokens = trainer.step, trainer.tokens
+    again.on_train_start(trainer2)
+    assert again.base_outer_step == 7
+    torch.testing.assert_close(net2.weight, torch.full((1, 2), 2.0 - 0.5))  # G + progress
+    steps(again, trainer2, 2)  # the boundary at step 8: built on global 7
+    path = "nodes/node-a/delta_00000002.safetensors"
+    header, delta = decode_delta(transport.read(path, 1 << 20), path, REFERENCE)
+    assert header.base_outer_step == 7 and header.steps == 4
+    torch.testing.assert_close(delta["weight"], torch.full((1, 2), 1.0))  # all four steps
+
+
+def test_a_resumed_node_that_cannot_read_the_global_trains_on_and_says_why(tmp_path):
+    transport, log = LocalTransport(tmp_path), Log()
+    worker, trainer, net = eager_worker(transport)
+    steps(worker, trainer, 6)
+    state = worker.state_dict()
+    net2 = model(1.0)
+    again = WorkerPlugin(worker.config, net2, transport, log, background=False)
+    again.load_state_dict(state)
+
+    def down():
+        raise OSError("503 Service Unavailable")
+
+    again.fetcher.fetch_newer = down
+    again.on_train_start(FakeTrainer(net2))
+    assert again.base_outer_step == worker.base_outer_step  # its checkpoint's
+    assert any("cannot read the newest global at resume" in w for w in log.warnings)

@@ -29,7 +29,7 @@ from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.end import RunEnd
 from speedtronic.distributed.worker.fetch import GlobalFetcher
-from speedtronic.distributed.worker.resume import replayed
+from speedtronic.distributed.worker.resume import catch_up, replayed
 from speedtronic.distributed.worker.upload import Pending, Uploader
 
 
@@ -108,6 +108,8 @@ class WorkerPlugin:
         if self.base is None:  # not restored from a checkpoint: start from the newest global
             self._install_latest_global_now()
             self.boundary_step, self.boundary_tokens = trainer.step, trainer.tokens
+        else:
+            catch_up(self, trainer)
         self.uploader.resumed_step = trainer.step  # a resumed node's checkpoint step
         self.uploader.number_past_used(2 * expected_delta_bytes(self.params, "fp32") + (1 << 20))
         # a run that ends at once needs no announcement (``announce``: a seam for unit tests)

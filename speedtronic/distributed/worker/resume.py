@@ -7,7 +7,8 @@ trains again the steps its previous process trained after that checkpoint, and t
 may have sent them: every delta names its chain and the optimizer step its inner loop ended at
 (``end_step``), so the resumed node finds how far its chain got (its deltas past the
 checkpoint's number in the repo, and the master's summary of its newest applied one) and drops
-the inner loops it trains again up to there instead of sending them a second time. At its
+the inner loops it trains again up to there instead of sending them a second time. It also
+starts on the run's newest global (``catch_up``), carrying what it restored. At its
 start a node uploads ``nodes/<id>/node.json`` (``Announcement``): a master whose own run ends
 first then waits for this node's last delta, though none of its deltas has arrived yet.
 """
@@ -90,6 +91,24 @@ def number_past_used(up: Any, max_bytes: int) -> None:
             _drop_sent_outbox(up)
     up.seq = max([up.seq, *used, *([applied] if applied is not None else [])])
     up.unsettled = None
+
+
+def catch_up(plugin: Any, trainer: Any) -> None:
+    """A resumed node installs the newest global before its first step, carrying the progress
+    it restored (I2): the run moved on while it was down, and a delta built on its checkpoint's
+    global would reach the master more than ``max_staleness`` outer steps old and be dropped
+    with all its steps (issue 47's chaos run lost 120 of 1,800 steps so)."""
+    try:
+        plugin.fetcher.fetch_newer()
+    except Exception as exc:  # a transport failure: the poller installs it once it can (I5)
+        if getattr(exc, "permanent", False):
+            raise
+        plugin.logger.warn(f"diloco: cannot read the newest global at resume ({exc}); "
+                           "the poller installs it once it can")  # fmt: skip
+        return
+    installed = plugin.install_eagerly(trainer)
+    if installed is not None:
+        plugin.logger.notice(f"diloco: resumed on global outer step {installed}")
 
 
 def settled(up: Any) -> bool:
