@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the checkout this file is in, whatever is installed
 WRITES = ("upload", "publish")
 READS = ("list_deltas", "read", "read_step_count")
 

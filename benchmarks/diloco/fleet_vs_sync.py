@@ -15,6 +15,9 @@ hyperparameters and cosine schedule shape everywhere; ``run.seed`` comes from ``
 - ``one_long``: one process, batch B, 4N steps (one machine given the fleet's tokens);
 - ``ddp``: ``--nproc-per-node 4`` (gloo), B per rank (global batch 4B), N steps: synchronous
   training on the fleet's tokens;
+- ``one_x2``, ``one_x3`` (not run unless named): one process, batch B, 2N / 3N steps, each
+  annealed to its own horizon: with ``one`` and ``one_long`` the ladder on which the speedup is
+  read (below);
 - ``fleet``: DumbDiLoCo over a directory repo, a master that also trains + 3 workers, batch B,
   N steps each, the home-link settings docs/diloco.md recommends (int2 deltas with error
   feedback, an int8 global on keyframes), every other key at its default except
@@ -34,6 +37,12 @@ measures what the algorithm (async rounds, int2 deltas, an int8 global) costs ag
 synchronous training, not what a link costs. Prints a table and one JSON line; ``--png`` plots
 held-out loss against tokens. Goal (issue 47): the fleet's final loss within +3% of ``ddp``'s
 over ~10 rounds, +1% over ~40, both seeds.
+
+**The speedup in steps** (issue 47, with the ladder arms): how many steps one process needs to
+reach an arm's final loss (``speedup.time_to_reach`` on the annealed ``one`` rungs: N, 2N, 3N,
+4N), over the N steps the arm's processes each took. With communication free (a directory)
+and each machine as fast as the one, it is the wall-clock speedup of a fleet on a fast link:
+the algorithm's share of it; ``convergence.py`` charges a home link.
 """
 
 from __future__ import annotations
@@ -52,12 +61,17 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "examples"))
+sys.path.insert(2, str(Path(__file__).resolve().parent))
+from speedup import time_to_reach  # noqa: E402
+
 MODEL = {"name": "reference_transformer", "vocab_size": 256, "seq_len": 64, "n_layer": 2,
          "n_head": 4, "n_kv_head": 2, "d_model": 128}  # fmt: skip
 NODES = ("m", "w1", "w2", "w3")  # the master trains: 4 trainers in all
 HELD_OUT_BYTES = 64 * 1024
 ARMS = ("one", "one_long", "ddp", "fleet")
+RUNGS = {"one": 1, "one_x2": 2, "one_x3": 3, "one_long": 4}  # one process: N times this
 COLORS = {"one_long": "C0", "ddp": "C1", "fleet": "C2"}
 
 
@@ -133,9 +147,9 @@ def finish(process: subprocess.Popen, out: Path) -> None:
 
 def run_plain(work: Path, scale: Scale, seed: int, text: Path, arm: str) -> Path:
     """``one``, ``one_long`` or ``ddp``; checkpoints where the fleet's rounds fall in tokens."""
-    steps = scale.steps * (4 if arm == "one_long" else 1)
+    steps = scale.steps * RUNGS.get(arm, 1)
     world = 4 if arm == "ddp" else 1
-    every = {"one": 0, "one_long": 4 * scale.h, "ddp": scale.h}[arm]
+    every = {"one_long": 4 * scale.h, "ddp": scale.h}.get(arm, 0)
     out = work / arm
     extra = ["--nproc-per-node", "4"] if arm == "ddp" else []
     finish(launch(config(scale, seed, text, steps, world, every), out, extra), out)
@@ -287,14 +301,27 @@ def run_seed(work: Path, scale: Scale, seed: int, arms: list[str]) -> dict:
             tokens = curves[arm][-1]["tokens"] if curves[arm] else None
         else:
             final = run_plain(work, scale, seed, train, arm)
-            if arm != "one":
+            if arm in ("one_long", "ddp"):
                 curves[arm] = checkpoint_curve(final, text, per_seq * (4 if arm == "ddp" else 1))
-            tokens = scale.steps * per_seq * (1 if arm == "one" else 4)
+            tokens = scale.steps * per_seq * (4 if arm == "ddp" else RUNGS[arm])
         finals[arm] = {"tokens": tokens, **cli_score(final, held)}
         wall[arm] = round(time.monotonic() - began, 1)
         print(f"seed {seed}: {arm} {finals[arm]} in {wall[arm]} s", file=sys.stderr, flush=True)
     return {"seed": seed, "finals": finals, "curves": curves, "wall_s": wall,
-            "marks": marks(curves, scale), "held_out_bytes": len(held.read_bytes())}  # fmt: skip
+            "marks": marks(curves, scale), "held_out_bytes": len(held.read_bytes()),
+            "speedup": speedups(finals, scale)}  # fmt: skip
+
+
+def speedups(finals: dict, scale: Scale) -> dict:
+    """ddp's and the fleet's speedup in steps, read on the ``one`` rungs run (a bound outside
+    them: ``<=`` / ``>``); empty with fewer than two rungs."""
+    rungs = sorted((scale.steps * k, finals[a]["loss"]) for a, k in RUNGS.items() if a in finals)
+    if len(rungs) < 2:
+        return {}
+    found = {arm: time_to_reach(rungs, finals[arm]["loss"]) for arm in ("ddp", "fleet")
+             if arm in finals}  # fmt: skip
+    return {arm: {"x": round(t / scale.steps, 3), "relation": relation}
+            for arm, (t, relation) in found.items()}  # fmt: skip
 
 
 def marks(curves: dict, scale: Scale) -> list[dict]:
@@ -377,9 +404,9 @@ def main() -> None:
     fleet_set = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in args.fleet_set)}
     scale = Scale(args.steps, args.inner_steps, args.batch, fleet_set=fleet_set)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = set(arms) - set(ARMS)
+    unknown = set(arms) - set(ARMS) - set(RUNGS)
     if unknown:
-        parser.error(f"unknown arms {sorted(unknown)} (known: {', '.join(ARMS)})")
+        parser.error(f"unknown arms {sorted(unknown)} (known: {', '.join({*ARMS, *RUNGS})})")
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="fleet_vs_sync_") as tmp:
         work = args.work or Path(tmp)
@@ -397,6 +424,10 @@ def main() -> None:
     shown = ", ".join("-" if g is None else f"{g:+.2%}" for g in gaps)
     print(f"goal: fleet within {goal:+.0%} of ddp at equal tokens: {'met' if met else 'missed'} "
           f"({shown})")  # fmt: skip
+    for r in results:
+        for arm, x in r["speedup"].items():
+            mark = "" if x["relation"] == "=" else x["relation"]
+            print(f"seed {r['seed']}: {arm} speedup in steps {mark}{x['x']:.2f}x")
     if args.png:
         plot(results, args.png)
     line = json.dumps({"benchmark": "diloco_fleet_vs_sync", "scale": asdict(scale), "h": scale.h,
