@@ -193,19 +193,39 @@ def test_a_resumed_node_starts_on_the_newest_global_carrying_what_it_restored(tm
     torch.testing.assert_close(delta["weight"], torch.full((1, 2), 1.0))  # all four steps
 
 
-def test_a_resumed_node_that_cannot_read_the_global_trains_on_and_says_why(tmp_path):
+def test_a_resumed_node_that_cannot_read_the_global_holds_its_deltas_until_it_can(tmp_path):
     transport, log = LocalTransport(tmp_path), Log()
+    publish_global(transport, 1.0, outer_step=1, own_seq=0)
     worker, trainer, net = eager_worker(transport)
-    steps(worker, trainer, 6)
-    state = worker.state_dict()
+    steps(worker, trainer, 6)  # a boundary at 4 (delta 1, on global 1), then -0.5 of progress
+    state = {"plugin": worker.state_dict(), "weights": net.weight.detach().clone()}
+    publish_global(transport, 2.0, outer_step=7, own_seq=1)  # the run moved on meanwhile
+
     net2 = model(1.0)
     again = WorkerPlugin(worker.config, net2, transport, log, background=False)
-    again.load_state_dict(state)
+    again.load_state_dict(state["plugin"])
+    with torch.no_grad():
+        net2.weight.copy_(state["weights"])
+    trainer2 = FakeTrainer(net2)
+    trainer2.step, trainer2.tokens = trainer.step, trainer.tokens
+    fetch_newer = again.fetcher.fetch_newer
 
     def down():
         raise OSError("503 Service Unavailable")
 
     again.fetcher.fetch_newer = down
-    again.on_train_start(FakeTrainer(net2))
-    assert again.base_outer_step == worker.base_outer_step  # its checkpoint's
+    again.on_train_start(trainer2)
+    assert again.base_outer_step == 1  # its checkpoint's: trains on, says why
     assert any("cannot read the newest global at resume" in w for w in log.warnings)
+    steps(again, trainer2, 2)  # the boundary at 8: a delta on global 1 would be too stale
+    path = "nodes/node-a/delta_00000002.safetensors"
+    assert transport.read(path, 1 << 20) is None  # held: its base kept, its work adds up
+    again.fetcher.fetch_newer = fetch_newer
+    again.fetcher.refresh()
+    steps(again, trainer2, 1)  # step 9: installs global 7, carrying all 5 steps since 4
+    assert again.base_outer_step == 7
+    torch.testing.assert_close(net2.weight, torch.full((1, 2), 2.0 - 1.25))
+    steps(again, trainer2, 1)  # the boundary at 10: every step since 4, on global 7
+    header, delta = decode_delta(transport.read(path, 1 << 20), path, REFERENCE)
+    assert header.base_outer_step == 7 and header.steps == 6
+    torch.testing.assert_close(delta["weight"], torch.full((1, 2), 1.5))  # 6 x 0.25: no loss

@@ -8,7 +8,8 @@ moved them) and keeps it as ``ready`` for the plug-in to install. A step count a
 disagree are a publish in flight: skipped until the next poll. Every failure is logged and the
 last good global kept (I5); a permanent one stops the node through its ``NodeStatus``. A
 global it failed to read is remembered (``unread``): a node with none installed then holds its
-deltas back until it reads one (``WorkerPlugin.boundary``).
+deltas back until it reads one (``WorkerPlugin.boundary``), as does a resumed node until it
+has read a global newer than its checkpoint's.
 
 The repo is untrusted: a writer may publish a global under a step far ahead of the master's.
 A master never goes back (I3), so a step count below the step installed means one of the two
@@ -61,6 +62,9 @@ class GlobalFetcher:
         # a published outer step this node failed to read (or refused): its base is then no
         # global of the run, and until one is installed its deltas wait (``unread_global``)
         self.unread: int | None = None
+        # A resumed node that could not read the newest global at its start (``resume.catch_up``):
+        # its deltas on this base or an older one wait, as the run most likely moved past it
+        self.behind_base: int | None = None
         self.ready: Ready | None = None  # a validated global newer than the installed one
         # I4 plausibility: every global's L2 norm is within 10x of this node's own weights at
         # start, plus how far its own training has moved them since (codec). Neither follows
@@ -141,9 +145,12 @@ class GlobalFetcher:
             )
 
     def unread_global(self, base_outer_step: int) -> bool:
-        """Whether this node has no global for its base (``base_outer_step`` < 0) though the
-        run has one, which this node failed to read (a lost keyframe, a damaged file)."""
+        """Whether this node's deltas should wait for a global: it has none for its base
+        (``base_outer_step`` < 0) though the run has one it failed to read (a lost keyframe, a
+        damaged file), or it resumed and has not read the run's newest one yet."""
         with self.lock:
+            if self.behind_base is not None and base_outer_step <= self.behind_base:
+                return True
             return base_outer_step < 0 and self.unread is not None
 
     def moved(self, delta: dict[str, torch.Tensor]) -> None:

@@ -167,10 +167,10 @@ class WorkerPlugin:
         tokens = trainer.tokens - self.boundary_tokens
         self.rate = tokens / max(steps, 1)
         if not final and self.fetcher.unread_global(self.base_outer_step):
-            # The run has a global this node could not read (a master's keyframe lost, say): a
-            # delta on its own weights would reach the master as based on outer step 0 and be
-            # dropped as too stale. It keeps its base instead, so its work adds up, and the
-            # install carries all of it onto the global (I2): its next delta builds on that.
+            # The run has a global this node could not read (a master's keyframe lost, or at a
+            # resume): a delta on its own weights or its checkpoint's global would reach the
+            # master too stale and be dropped. It keeps its base instead, so its work adds up,
+            # and the install carries all of it onto the global (I2): its next delta builds on it.
             installed = self.install_ready(trainer, carry_progress=True)
         else:
             self._send_delta(trainer, final)

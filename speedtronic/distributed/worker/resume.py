@@ -103,8 +103,9 @@ def catch_up(plugin: Any, trainer: Any) -> None:
     except Exception as exc:  # a transport failure: the poller installs it once it can (I5)
         if getattr(exc, "permanent", False):
             raise
-        plugin.logger.warn(f"diloco: cannot read the newest global at resume ({exc}); "
-                           "the poller installs it once it can")  # fmt: skip
+        plugin.fetcher.behind_base = plugin.base_outer_step  # its deltas wait (I2 carries them)
+        plugin.logger.warn(f"diloco: cannot read the newest global at resume ({exc}); this "
+                           "node's deltas wait until the poller installs it")  # fmt: skip
         return
     installed = plugin.install_eagerly(trainer)
     if installed is not None:
