@@ -50,3 +50,15 @@ def test_an_arm_is_read_against_its_own_seed_and_inner_optimizer_with_its_flush(
     assert rows["c_f0.25_muon_bw"]["test"] == [{"x": pytest.approx(360 / 200), "relation": "="}]
     assert rows["c_f0.25_muon_bw"]["test_mean"] == pytest.approx(1.8)
     assert rows["a_muon_b32"]["test"] == [{"x": pytest.approx(4.0), "relation": "="}]
+
+
+def test_fleet_vs_sync_reads_ddps_and_the_fleets_speedup_in_steps_on_its_one_rungs():
+    import fleet_vs_sync
+
+    scale = fleet_vs_sync.Scale(steps=500)
+    finals = {"one": {"loss": 2.0}, "one_x2": {"loss": 1.8}, "one_long": {"loss": 1.6},
+              "ddp": {"loss": 1.6}, "fleet": {"loss": 1.9}}  # fmt: skip
+    found = fleet_vs_sync.speedups(finals, scale)
+    assert found["ddp"] == {"x": 4.0, "relation": "="}
+    assert found["fleet"] == {"x": pytest.approx(math.sqrt(2), abs=1e-3), "relation": "="}
+    assert fleet_vs_sync.speedups({"one": {"loss": 2.0}, "fleet": {"loss": 1.9}}, scale) == {}
