@@ -40,14 +40,25 @@ an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.del
 ``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
 cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L),
 ``gint8`` / ``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each
-publish and download charged by its bytes) and ``kf<n>`` (``keyframe_every``).
+publish and download charged by its bytes) and ``kf<n>`` (``keyframe_every``); ``h<n>`` (this
+arm's H; the link stays the one calibrated on the scale's H), ``jit<x>`` (every step's time times
+a log-normal factor of mean 1 and spread x), ``mx`` (the master on a fifth machine instead of
+worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and, for arm a only, ``b<n>`` (its batch at
+the same step time: data parallel over 4 machines with a free all-reduce is ``a_muon_b32``).
 Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
 policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
 reset).
 
 Presets for ``--arms`` (see ``PRESETS``): ``main`` (the latency grid), ``tokens``, ``uneven``,
 ``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30),
-``compress`` and ``global`` (issue 38).
+``compress`` and ``global`` (issue 38); ``ladder`` / ``ladder_long`` (one Muon worker annealed to
+each horizon from 300 to 3600 / 4800 to 9600 steps) and ``speedup`` (issue 47: the home link,
+its fast twin, an uneven jittery fleet, the master apart, both ceilings).
+
+**The speedup** (issue 47, ``speedup.py``): when the results hold ladder rungs, a last table
+gives each arm's wall-clock speedup: one machine's time to the arm's final loss, read on the
+rungs, over the arm's time including its flush; on the test slice (held-out batches 5-8, never
+used to choose an arm) and on the dev slice (batches 1-4, the curves and every other table).
 
 Prints one table per view and one JSON line (``{"benchmark": "diloco_convergence", ...}``);
 ``--out`` writes the JSON, ``--png`` plots eval loss against simulated wall-clock per ``f``
