@@ -149,6 +149,66 @@ def test_I1_a_resumed_node_sent_only_what_its_checkpoint_held_unsent_says_so(tmp
     )
 
 
+class ReadFailsOnce(LocalTransport):
+    """The master's first read of ``path`` times out (issue 47's chaos: an S3 read timeout)."""
+
+    def __init__(self, root, path):
+        super().__init__(root)
+        self.path, self.failed = path, False
+
+    def read(self, path, max_bytes):
+        if path == self.path and not self.failed:
+            self.failed = True
+            raise TransportError("read timed out (chaos)")
+        return super().read(path, max_bytes)
+
+
+def test_I1_a_resumed_node_sees_its_loops_applied_before_an_older_delta_of_its_chain(tmp_path):
+    """Chaos run, worker w1: the master could not read its seq 8 at first and applied 9 and 10
+    (to step 220) a round before 8 (to step 180); step_count then named 8 as its newest applied,
+    and w1 resumed from its checkpoint of step 200 (seq 9's inner loop unsent) found nothing it
+    had sent past it: it trained and sent 200->220 again, and the master counted 620 of its
+    600 steps."""
+    transport = ReadFailsOnce(tmp_path / "repo", "nodes/node-a/delta_00000002.safetensors")
+    loop = master_loop(tmp_path, transport, Log())
+    loop.start()
+    net, config = model(1.0), settings(inner_steps=2)
+    worker = WorkerPlugin(config, net, transport, Log(), background=False)
+    trainer = FakeTrainer(net, max_steps=10)
+    worker.on_train_start(trainer)
+    run_worker(worker, trainer, loop, 2)  # seq 1 (steps 0-2): applied
+    for _ in range(4):  # seq 2 (2-4), then the loop 4-6, caught unsent by the checkpoint
+        trainer.train_step(worker, move=-0.01)
+        if trainer.step == 4:
+            worker.uploader.send_pending()
+    checkpoint = (worker.state_dict(), net.weight.detach().clone(), trainer.step, trainer.tokens)
+    worker.uploader.send_pending()  # seq 3 (4-6)
+    for _ in range(2):
+        trainer.train_step(worker, move=-0.01)
+    worker.uploader.send_pending()  # seq 4 (6-8), then this process dies
+    loop.poll_once()  # seq 2 cannot be read: 3 and 4 go in
+    loop.poll_once(force=True)  # then 2, the oldest, in a round of its own
+    assert transport.failed and transport.list_deltas() == []
+    counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())["nodes"]["node-a"]
+    assert (counted["seq"], counted["end_step"], counted["steps_total"]) == (4, 8, 8), counted
+
+    net2, log2 = model(1.0), Log()
+    again = WorkerPlugin(config, net2, transport, log2, background=False)
+    again.load_state_dict(checkpoint[0])
+    with torch.no_grad():
+        net2.weight.copy_(checkpoint[1])
+    trainer2 = FakeTrainer(net2, max_steps=10)
+    trainer2.step, trainer2.tokens = checkpoint[2], checkpoint[3]
+    again.on_train_start(trainer2)
+    run_worker(again, trainer2, loop, 10)
+    again.on_train_end(trainer2, None)
+    loop.poll_once(force=True)
+    counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())["nodes"]["node-a"]
+    assert counted["steps_total"] == 10, counted  # every step once
+    said = "after the checkpoint of step 6, this node's previous process sent its inner loops"
+    assert any(f"{said} up to step 8" in w for w in log2.warnings), log2.warnings
+
+
 # ---------------------------------------------------------------------------- I6 the run's end
 
 

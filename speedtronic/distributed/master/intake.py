@@ -67,8 +67,12 @@ class DeltaIntake:
         headers = [h for h in map(self.headers.get, included) if h is not None]
         for header in sorted([*headers, *self.markers.values()], key=lambda h: h.seq):
             before = nodes.get(header.node_id) or {}
-            if header.steps == 0 and before.get("seq", -1) > header.seq:
-                continue  # an old marker: the node ran on since
+            if before.get("seq", -1) > header.seq:
+                # Applied after a later one of its node (its first read failed) or an old
+                # marker: the newest stays named, or a node resumed from a checkpoint before
+                # the later ones would not see them and send their inner loops again (I1)
+                nodes[header.node_id] = _counted(before, header)
+                continue
             entry = {
                 "seq": header.seq,
                 "base_outer_step": header.base_outer_step,
@@ -78,14 +82,10 @@ class DeltaIntake:
             }
             if header.steps == 0:  # an end marker: the work is the previous delta's
                 entry.update({k: before[k] for k in ("base_outer_step", "tokens") if k in before})
-            applied = header.steps > 0  # a marker carries no work; counted when it is included
-            entry["steps_total"] = before.get("steps_total", 0) + (header.steps if applied else 0)
-            entry["tokens_total"] = before.get("tokens_total", 0) + (
-                header.tokens if applied else 0
-            )
             entry.update({"end_step": header.end_step} if header.end_step else {})
             entry.update({"chain": header.chain} if header.chain else {})
-            nodes[header.node_id] = entry
+            totals = {k: before[k] for k in ("steps_total", "tokens_total") if k in before}
+            nodes[header.node_id] = _counted({**entry, **totals}, header)
         return nodes
 
     def consumed(self, result: RoundResult, nodes: dict[str, dict[str, Any]]) -> None:
@@ -179,3 +179,10 @@ class DeltaIntake:
         self.counters["rejected"] += 1
         self.unusable.append(path)
         self.logger.warn(f"diloco master: rejected {path}: {reason}")
+
+
+def _counted(entry: dict[str, Any], header: DeltaHeader) -> dict[str, Any]:
+    """``entry`` with ``header``'s work added to the node's totals (a marker carries none)."""
+    steps, tokens = (header.steps, header.tokens) if header.steps > 0 else (0, 0)
+    totals = {"steps_total": entry.get("steps_total", 0) + steps}
+    return {**entry, **totals, "tokens_total": entry.get("tokens_total", 0) + tokens}
