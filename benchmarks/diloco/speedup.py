@@ -107,7 +107,7 @@ def print_speedups(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     step_s = Scale().step_seconds
     rungs = sorted({round(r["until_s"] / step_s) for r in results if is_rung(r["arm"])})
     print(f"\nspeedup: one machine's time to the arm's final loss / its time (ladder: {rungs})")
-    head = f"{'arm':<52}{'test (per seed)':<22}{'mean':>6}   {'dev (per seed)':<22}{'mean':>6}"
+    head = f"{'arm':<58}{'test (per seed)':<22}{'mean':>6}   {'dev (per seed)':<22}{'mean':>6}"
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -116,5 +116,5 @@ def print_speedups(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seeds = "/".join(_text(f) for f in row[name])
             mean = row[f"{name}_mean"]
             cells.append(f"{seeds:<22}{(f'{mean:.2f}' if mean else '-'):>6}")
-        print(f"{row['arm']:<52}{'   '.join(cells)}")
+        print(f"{row['arm']:<58}{'   '.join(cells)}")
     return rows
