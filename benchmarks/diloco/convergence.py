@@ -206,7 +206,8 @@ def _subprocess_job(arm: str, seed: int, scale: Scale, corpus: str, stem: Path) 
     if done.returncode != 0 or not out.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         status = "error: " + " | ".join(tail)
-        return {"arm": arm, "seed": seed, "status": status, "curve": [], "final_eval_loss": None}
+        return {"arm": arm, "seed": seed, "status": status, "curve": [], "final_eval_loss": None,
+                "latency": parse_arm(arm).latency}  # fmt: skip
     return json.loads(out.read_text())
 
 
