@@ -167,6 +167,18 @@ def test_every_ddp_rank_counts_inner_loops_from_rank_0s_worker_boundary(monkeypa
     assert sync.boundary == 7
 
 
+def resumed(worker, trainer, state, transport, log):
+    """A new process of ``worker``'s node, restored from ``state`` (its checkpoint), not started."""
+    net = model(1.0)
+    again = WorkerPlugin(worker.config, net, transport, log, background=False)
+    again.load_state_dict(state["plugin"])
+    with torch.no_grad():
+        net.weight.copy_(state["weights"])
+    fake = FakeTrainer(net)
+    fake.step, fake.tokens = trainer.step, trainer.tokens
+    return again, fake, net
+
+
 def test_a_resumed_node_starts_on_the_newest_global_carrying_what_it_restored(tmp_path):
     """Issue 47's chaos: a node back from a kill built its next delta on its checkpoint's
     global, which the run had left more than max_staleness outer steps behind: dropped."""
@@ -175,14 +187,7 @@ def test_a_resumed_node_starts_on_the_newest_global_carrying_what_it_restored(tm
     steps(worker, trainer, 6)  # a boundary at 4, then -0.5 of progress
     state = {"plugin": worker.state_dict(), "weights": net.weight.detach().clone()}
     publish_global(transport, 2.0, outer_step=7, own_seq=1)  # the run moved on meanwhile
-
-    net2 = model(1.0)
-    again = WorkerPlugin(worker.config, net2, transport, log, background=False)
-    again.load_state_dict(state["plugin"])
-    with torch.no_grad():
-        net2.weight.copy_(state["weights"])
-    trainer2 = FakeTrainer(net2)
-    trainer2.step, trainer2.tokens = trainer.step, trainer.tokens
+    again, trainer2, net2 = resumed(worker, trainer, state, transport, log)
     again.on_train_start(trainer2)
     assert again.base_outer_step == 7
     torch.testing.assert_close(net2.weight, torch.full((1, 2), 2.0 - 0.5))  # G + progress
@@ -200,14 +205,7 @@ def test_a_resumed_node_that_cannot_read_the_global_holds_its_deltas_until_it_ca
     steps(worker, trainer, 6)  # a boundary at 4 (delta 1, on global 1), then -0.5 of progress
     state = {"plugin": worker.state_dict(), "weights": net.weight.detach().clone()}
     publish_global(transport, 2.0, outer_step=7, own_seq=1)  # the run moved on meanwhile
-
-    net2 = model(1.0)
-    again = WorkerPlugin(worker.config, net2, transport, log, background=False)
-    again.load_state_dict(state["plugin"])
-    with torch.no_grad():
-        net2.weight.copy_(state["weights"])
-    trainer2 = FakeTrainer(net2)
-    trainer2.step, trainer2.tokens = trainer.step, trainer.tokens
+    again, trainer2, net2 = resumed(worker, trainer, state, transport, log)
     fetch_newer = again.fetcher.fetch_newer
 
     def down():
