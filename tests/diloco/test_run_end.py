@@ -95,6 +95,19 @@ def run_worker(worker, trainer, loop, until):
         loop.poll_once()
 
 
+def resumed(config, transport, checkpoint, max_steps):
+    """A new process of the node, restored from ``checkpoint`` (plug-in state, weights, step,
+    tokens), not started: (plug-in, trainer, log)."""
+    net, log = model(1.0), Log()
+    again = WorkerPlugin(config, net, transport, log, background=False)
+    again.load_state_dict(checkpoint[0])
+    with torch.no_grad():
+        net.weight.copy_(checkpoint[1])
+    trainer = FakeTrainer(net, max_steps=max_steps)
+    trainer.step, trainer.tokens = checkpoint[2], checkpoint[3]
+    return again, trainer, log
+
+
 def test_I1_a_resume_after_a_mid_run_checkpoint_never_counts_an_inner_loop_twice(tmp_path):
     """Before: the resumed node sent steps 5-8 again under new names and the master applied
     both copies (1,205 steps of deltas for 1,200 trained, at checkpoint.interval)."""
@@ -112,13 +125,7 @@ def test_I1_a_resume_after_a_mid_run_checkpoint_never_counts_an_inner_loop_twice
     run_worker(worker, trainer, loop, 8)  # this process sends steps 5-8, then dies
     worker.uploader.send_pending()
 
-    net2, log2 = model(1.0), Log()
-    again = WorkerPlugin(config, net2, transport, log2, background=False)
-    again.load_state_dict(checkpoint[0])
-    with torch.no_grad():
-        net2.weight.copy_(checkpoint[1])
-    trainer2 = FakeTrainer(net2, max_steps=8)
-    trainer2.step, trainer2.tokens = checkpoint[2], checkpoint[3]
+    again, trainer2, log2 = resumed(config, transport, checkpoint, max_steps=8)
     again.on_train_start(trainer2)
     run_worker(again, trainer2, loop, 8)
     again.on_train_end(trainer2, None)
@@ -192,13 +199,7 @@ def test_I1_a_resumed_node_sees_its_loops_applied_before_an_older_delta_of_its_c
     counted = json.loads((tmp_path / "repo" / STEP_COUNT).read_text())["nodes"]["node-a"]
     assert (counted["seq"], counted["end_step"], counted["steps_total"]) == (4, 8, 8), counted
 
-    net2, log2 = model(1.0), Log()
-    again = WorkerPlugin(config, net2, transport, log2, background=False)
-    again.load_state_dict(checkpoint[0])
-    with torch.no_grad():
-        net2.weight.copy_(checkpoint[1])
-    trainer2 = FakeTrainer(net2, max_steps=10)
-    trainer2.step, trainer2.tokens = checkpoint[2], checkpoint[3]
+    again, trainer2, log2 = resumed(config, transport, checkpoint, max_steps=10)
     again.on_train_start(trainer2)
     run_worker(again, trainer2, loop, 10)
     again.on_train_end(trainer2, None)
