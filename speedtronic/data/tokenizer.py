@@ -9,11 +9,11 @@ can embed every id the tokenizer produces. How a checkpoint remembers the run's 
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speedtronic.data.decoding import ByteStream, TokenizersStream
 from speedtronic.errors import ConfigError, DataError
 from speedtronic.readlimit import MIB, read_bytes
 
@@ -35,12 +35,9 @@ class ByteTokenizer:
         """Bytes back to text; a sequence cut inside a character shows as U+FFFD."""
         return bytes(ids).decode("utf-8", errors="replace")
 
-    def decode_stream(self, prefix: list[int]) -> Callable[[int], str]:
-        """For ids arriving one at a time after ``prefix``: each call returns the text that id
-        completes ("" inside a multi-byte character)."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        decoder.decode(bytes(prefix))
-        return lambda token: decoder.decode(bytes([token]))
+    def decode_stream(self, prefix: list[int]) -> ByteStream:
+        """For ids arriving one at a time after ``prefix`` (``data.decoding``)."""
+        return ByteStream(prefix)
 
 
 class HFTokenizer:
@@ -81,33 +78,10 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._impl.decode(ids, skip_special_tokens=False)
 
-    def decode_stream(self, prefix: list[int]) -> Callable[[int], str]:
-        """For ids arriving one at a time after ``prefix`` (which decides e.g. whether a word
-        starts with a space): each call returns the text that id completes, maybe ""."""
-        try:
-            from tokenizers.decoders import DecodeStream  # tokenizers >= 0.21
-        except ImportError:
-            return _redecoding_stream(self, prefix)
-        stream = DecodeStream(skip_special_tokens=False)
-        if prefix:
-            stream.step(self._impl, list(prefix))
-        return lambda token: stream.step(self._impl, token) or ""
-
-
-def _redecoding_stream(tokenizer: HFTokenizer, prefix: list[int]) -> Callable[[int], str]:
-    """``decode_stream`` without DecodeStream: decode everything, hand out what is new."""
-    ids, shown = list(prefix), len(tokenizer.decode(list(prefix)))
-
-    def step(token: int) -> str:
-        nonlocal shown
-        ids.append(token)
-        text = tokenizer.decode(ids)
-        if text.endswith("\ufffd"):  # a character still incomplete: wait for its next id
-            return ""
-        new, shown = text[shown:], len(text)
-        return new
-
-    return step
+    def decode_stream(self, prefix: list[int]) -> TokenizersStream:
+        """For ids arriving one at a time after ``prefix``, which decides e.g. whether a word
+        starts with a space (``data.decoding``)."""
+        return TokenizersStream(self.decode, self._impl, prefix)
 
 
 def load_tokenizer(setting: str) -> Any:

@@ -81,32 +81,40 @@ def _manifest_separator(config: dict | None) -> dict[int, str]:
 
 @dataclass
 class Completion:
-    """A sample's text, decoded after the prompt (``decode_next``: ``decode_stream``), handed to
+    """A sample's text, decoded after the prompt (``stream``: ``decode_stream``'s), handed to
     ``write`` as soon as no stop text can begin in it, and ending before the first stop text.
     The text output prints what ``text`` ends as, and that is the JSON ``completion``: one text,
-    the stop text left out of both. A character whose bytes the sample ends inside (a stop text
-    or the token budget cut it) is not shown: ``decode_stream`` hands out whole characters."""
+    the stop text left out of both. It is the tokenizer's decode of the sample's tokens (issue
+    57): bytes that form no character show as U+FFFD, and a character the sample ends inside
+    shows as the tokenizer decodes it (``finish``)."""
 
-    decode_next: Callable[[int], str]
+    stream: Any  # data.decoding's ByteStream or TokenizersStream
     texts: tuple[str, ...] = ()
     write: Callable[[str], None] | None = None
     text: str = ""
     shown: int = 0  # characters of text already written
+    stopped: bool = False  # a stop text ended the text
 
     def add(self, token: int) -> bool:
         """Take one more token; True once a stop text is complete (``text`` now ends before it)."""
-        self.text += self.decode_next(token)
+        return self._take(self.stream.step(token))
+
+    def finish(self) -> str:
+        """Write what was held back (no stop text followed it, though one may end in the
+        stream's tail); the whole completion."""
+        if not self.stopped:
+            self._take(self.stream.finish())
+        self._show(len(self.text))
+        return self.text
+
+    def _take(self, new: str) -> bool:
+        self.text += new
         # a stop text cannot begin in what is shown: _safe held back every tail that could
         found = [i for stop in self.texts if (i := self.text.find(stop, self.shown)) >= 0]
         if found:
-            self.text = self.text[: min(found)]
+            self.text, self.stopped = self.text[: min(found)], True
         self._show(len(self.text) if found else self._safe())
         return bool(found)
-
-    def finish(self) -> str:
-        """Write what was held back (no stop text followed it); the whole completion."""
-        self._show(len(self.text))
-        return self.text
 
     def _safe(self) -> int:
         """Where the earliest tail of ``text`` that a stop text begins with starts."""

@@ -1,6 +1,7 @@
 """``generate --stop TEXT`` (issue 46): the stop text is part of neither output. The text output
 printed it ("the cat��s�4" for ``--stop 4``) while the JSON ``completion`` left it out; now
-both show one text, and a character the sample ends inside is shown in neither."""
+both show one text; a character the sample ends inside shows in both as the tokenizer decodes it
+(issue 57: it was dropped)."""
 
 from __future__ import annotations
 
@@ -52,14 +53,14 @@ def test_text_that_may_begin_a_stop_text_is_held_until_it_does_not():
     assert "".join(pieces) == "xa"
 
 
-def test_a_character_the_sample_ends_inside_is_not_shown():
+def test_a_character_the_sample_ends_inside_is_shown_as_the_tokenizer_decodes_it():
     tok = ByteTokenizer()
     completion = Completion(tok.decode_stream([]), ("4",))
     pieces, stopped = written(completion, tok("é4")[:1] + tok("ça"))
     assert not stopped and completion.finish() == "\ufffdça" == "".join(pieces)
     completion = Completion(tok.decode_stream([]))
-    written(completion, tok("aé")[:2])  # the token budget ends inside é
-    assert completion.finish() == "a"
+    pieces, _ = written(completion, tok("aé")[:2])  # the token budget ends inside é
+    assert pieces == ["a"] and completion.finish() == "a\ufffd" == tok.decode(tok("aé")[:2])
 
 
 def test_an_end_token_is_not_part_of_the_text():
