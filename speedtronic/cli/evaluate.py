@@ -71,7 +71,11 @@ def evaluate(
         None, "--limit", min=1, help="Score only the task file's first N items."
     ),
     batch_size: int = typer.Option(
-        16, "--batch-size", min=1, help="Sequences per forward pass (more is faster, uses memory)."
+        16,
+        "--batch-size",
+        min=1,
+        help="Sequences per forward pass at most (more is faster, uses memory); fewer where "
+        "their logits would pass 256 MB (a long context, a large vocabulary).",
     ),
     per_example: bool = typer.Option(
         False, "--per-example", help="Also report each task item's predictions (json: examples)."
