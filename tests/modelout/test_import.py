@@ -266,3 +266,24 @@ def test_init_from_a_hub_model(hub_emulator, tmp_path, monkeypatch, library_slee
     )
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "tuned/checkpoints/step_0000000002/tokenizer.json").is_file()
+
+
+def test_an_imported_runs_completion_is_its_tokenizers_decode(tmp_path):
+    # issue 57: a tail of byte tokens that formed no character was held, then dropped
+    src = llama_dir(tmp_path, tied=False)
+    assert invoke("import", src, tmp_path / "run").exit_code == 0
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "run" / "tokenizer")
+    prompt = ("-p", "def main():\n    return", "--temperature", "0", "--no-stop")
+
+    def sample(n: int, *args: str):
+        result = invoke("generate", tmp_path / "run", *prompt, "--max-new-tokens", n, *args)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    tokens = json.loads(sample(20, "--format", "json"))["tokens"]
+    # this random model's greedy tokens hold bytes that form no character: end a sample there
+    n = next(n for n in range(1, 21) if theirs.decode(tokens[:n]).endswith("\ufffd"))
+    decoded = theirs.decode(tokens[:n])
+    as_json = json.loads(sample(n, "--format", "json"))
+    assert as_json["tokens"] == tokens[:n] and as_json["completion"] == decoded
+    assert sample(n) == "def main():\n    return" + decoded + "\n"
