@@ -54,6 +54,7 @@ class TokenizersStream:
         self._settled = 0  # window ids up to the last point where nothing was held
 
     def step(self, token: int) -> str:
+        """The text this id settles ("" while all its text may still change)."""
         self._ids.append(token)
         text = self._decode(self._ids)
         held = self._held(text)
@@ -66,6 +67,7 @@ class TokenizersStream:
         return new
 
     def finish(self) -> str:
+        """What was held at the end, as the file decodes it (U+FFFDs; "" if nothing)."""
         return self._decode(self._ids)[len(self._shown) :]
 
     def _held(self, text: str) -> int:
