@@ -3,14 +3,18 @@
 A tokenizer here is any callable ``str -> list[int]`` with an optional ``vocab_size``
 attribute; the two shipped ones also ``decode`` ids back to text, for generation.
 ``load_tokenizer`` resolves the ``data.tokenizer`` setting; ``check_vocab`` makes sure the model
-can embed every id the tokenizer produces. How a checkpoint remembers the run's tokenizer is
-``speedtronic.checkpoint.tokenizer``'s.
+can embed every id the tokenizer produces. ``tokenizer_identity`` is the one answer to "are two
+tokenizers files the same tokenizer" (issue 53 item 9). How a checkpoint remembers the run's
+tokenizer is ``speedtronic.checkpoint.tokenizer``'s.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,10 @@ class HFTokenizer:
         # model (checkpoint.tokenizer's "specials"): what export writes back
         self.specials: dict | None = None
 
+    @cached_property
+    def identity(self) -> str:
+        return tokenizer_identity(self.data)
+
     def __call__(self, text: str) -> list[int]:
         return self._impl.encode(text, add_special_tokens=False).ids
 
@@ -92,6 +100,59 @@ class HFTokenizer:
         if prefix:
             stream.step(self._impl, list(prefix))
         return lambda token: stream.step(self._impl, token) or ""
+
+
+# What never changes an id: the decoder (ids back to text) and the format's version.
+_NOT_IDENTITY = ("version", "decoder")
+# Model flags that newer tokenizers versions write with their default (False) where older ones
+# wrote nothing: absent and False are the same tokenizer.
+_DEFAULT_FALSE = ("fuse_unk", "byte_fallback", "ignore_merges")
+
+
+def tokenizer_identity(data: bytes) -> str:
+    """The sha256 of what a tokenizers JSON file does to text: its model (vocabulary, merges,
+    options), normalizer, pre-tokenizer, post-processor (it decides a document's separator in
+    ``data tokenize``), added and special tokens with their ids, truncation and padding. Two
+    files that differ only in formatting, key order, escaping, the merges' form (``"a b"`` or
+    ``["a", "b"]``), the order of their added tokens, defaults an older writer left out, the
+    decoder or the version have one identity. Stdlib only: the same on every machine.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"data.tokenizer: not a tokenizers JSON file ({exc})") from None
+    if not isinstance(doc, dict):
+        raise DataError("data.tokenizer: not a tokenizers JSON file (not a JSON object)")
+    kept = {k: v for k, v in doc.items() if k not in _NOT_IDENTITY}
+    if isinstance(kept.get("model"), dict):
+        kept["model"] = _canonical_model(kept["model"])
+    added = kept.get("added_tokens")
+    if isinstance(added, list):
+        kept["added_tokens"] = sorted(added, key=lambda t: json.dumps(t, sort_keys=True))
+    text = json.dumps(_without_nulls(kept), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical_model(model: dict) -> dict:
+    out = {k: v for k, v in model.items() if not (k in _DEFAULT_FALSE and v is False)}
+    merges = out.get("merges")
+    if isinstance(merges, list):  # tokenizers < 0.20 wrote a merge as one string "a b"
+        out["merges"] = [_pair(m) for m in merges]
+    return out
+
+
+def _pair(merge: Any) -> Any:
+    parts = merge.split(" ") if isinstance(merge, str) else None
+    return parts if parts is not None and len(parts) == 2 else merge
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` without the keys whose value is null (a tokenizers file's "absent")."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _redecoding_stream(tokenizer: HFTokenizer, prefix: list[int]) -> Callable[[int], str]:

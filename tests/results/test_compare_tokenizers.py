@@ -11,15 +11,19 @@ from types import SimpleNamespace
 
 import pytest
 from modelout_support import train_text, write_bpe
-from tests.results.test_runs import summary, write_checkpoint, write_summary
 
 from speedtronic.checkpoint.tokenizer import tokenizer_record
 from speedtronic.data.tokenizer import HFTokenizer
 from speedtronic.observe.summary import _tokenizer as summary_record
 from speedtronic.results.compare import compare_runs
+from tests.results.test_runs import summary, write_checkpoint, write_summary
 
 pytest.importorskip("tokenizers")
-SPECIALS = {"bos_token": "<bos>", "chat_template": "{{ messages }}", "config_ids": {"bos_token_id": 0}}
+SPECIALS = {
+    "bos_token": "<bos>",
+    "chat_template": "{{ messages }}",
+    "config_ids": {"bos_token_id": 0},
+}
 
 
 def test_a_run_and_its_copy_without_summary_have_one_tokenizer(tmp_path):
