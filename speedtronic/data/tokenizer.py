@@ -89,6 +89,10 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._impl.decode(ids, skip_special_tokens=False)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` (a vocabulary entry or an added token), None if it has none."""
+        return self._impl.token_to_id(token)
+
     def decode_stream(self, prefix: list[int]) -> Callable[[int], str]:
         """For ids arriving one at a time after ``prefix`` (which decides e.g. whether a word
         starts with a space): each call returns the text that id completes, maybe ""."""
