@@ -111,6 +111,7 @@ _NOT_IDENTITY = ("version", "decoder")
 # Model flags that newer tokenizers versions write with their default (False) where older ones
 # wrote nothing: absent and False are the same tokenizer.
 _DEFAULT_FALSE = ("fuse_unk", "byte_fallback", "ignore_merges")
+_LARGE = ("vocab", "merges")
 
 
 def tokenizer_identity(data: bytes) -> str:
@@ -118,8 +119,9 @@ def tokenizer_identity(data: bytes) -> str:
     options), normalizer, pre-tokenizer, post-processor (it decides a document's separator in
     ``data tokenize``), added and special tokens with their ids, truncation and padding. Two
     files that differ only in formatting, key order, escaping, the merges' form (``"a b"`` or
-    ``["a", "b"]``), the order of their added tokens, defaults an older writer left out, the
-    decoder or the version have one identity. Stdlib only: the same on every machine.
+    ``["a", "b"]``), the order of their added tokens, defaults an older writer left out, a
+    post-processor that adds nothing, the decoder or the version have one identity. Stdlib
+    only: the same on every machine, whatever its tokenizers version.
     """
     try:
         doc = json.loads(data)
@@ -127,36 +129,53 @@ def tokenizer_identity(data: bytes) -> str:
         raise DataError(f"data.tokenizer: not a tokenizers JSON file ({exc})") from None
     if not isinstance(doc, dict):
         raise DataError("data.tokenizer: not a tokenizers JSON file (not a JSON object)")
-    kept = {k: v for k, v in doc.items() if k not in _NOT_IDENTITY}
-    if isinstance(kept.get("model"), dict):
-        kept["model"] = _canonical_model(kept["model"])
+    kept = _without_nulls({k: v for k, v in doc.items() if k not in _NOT_IDENTITY})
+    if _adds_nothing(kept.get("post_processor")):  # transformers 5 saves "$A" as a template
+        kept.pop("post_processor")
     added = kept.get("added_tokens")
     if isinstance(added, list):
         kept["added_tokens"] = sorted(added, key=lambda t: json.dumps(t, sort_keys=True))
-    text = json.dumps(_without_nulls(kept), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _canonical_model(model: dict) -> dict:
-    out = {k: v for k, v in model.items() if not (k in _DEFAULT_FALSE and v is False)}
+def _without_nulls(value: Any) -> Any:
+    """``value`` without the keys whose value is null (a tokenizers file's "absent") or a
+    default False flag, and with merges in one form; a vocabulary or merges list is not walked
+    (no nulls there, and walking 262k entries in Python would cost seconds)."""
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: v if k in _LARGE else _without_nulls(v) for k, v in value.items()}
+    out = {k: v for k, v in out.items() if v is not None}
+    out = {k: v for k, v in out.items() if not (k in _DEFAULT_FALSE and v is False)}
     merges = out.get("merges")
-    if isinstance(merges, list):  # tokenizers < 0.20 wrote a merge as one string "a b"
-        out["merges"] = [_pair(m) for m in merges]
+    if isinstance(merges, list) and any(isinstance(m, str) for m in merges):
+        out["merges"] = [_pair(m) for m in merges]  # tokenizers < 0.20 wrote "a b"
     return out
+
+
+def _adds_nothing(processor: Any) -> bool:
+    """Whether a post-processor adds no token to one sequence (``data tokenize`` asks it for
+    the tokens around a document): a template without special tokens, a ByteLevel one (it
+    trims offsets), or a sequence of those."""
+    if not isinstance(processor, dict):
+        return False
+    kind = processor.get("type")
+    if kind == "ByteLevel":
+        return True
+    if kind == "TemplateProcessing":
+        single = processor.get("single")
+        return isinstance(single, list) and not any("SpecialToken" in p for p in single)
+    if kind == "Sequence":
+        return all(_adds_nothing(p) for p in processor.get("processors") or [])
+    return False
 
 
 def _pair(merge: Any) -> Any:
     parts = merge.split(" ") if isinstance(merge, str) else None
     return parts if parts is not None and len(parts) == 2 else merge
-
-
-def _without_nulls(value: Any) -> Any:
-    """``value`` without the keys whose value is null (a tokenizers file's "absent")."""
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
 
 
 def _redecoding_stream(tokenizer: HFTokenizer, prefix: list[int]) -> Callable[[int], str]:

@@ -24,6 +24,15 @@ def bpe(tmp_path_factory):
     return path.read_bytes()
 
 
+# what transformers 5's save_pretrained adds to a tokenizer.json without a post-processor
+NO_OP_TEMPLATE = {
+    "type": "TemplateProcessing",
+    "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+    "special_tokens": {},
+}
+
+
 def reshaped(data: bytes, change=None, **dump) -> bytes:
     doc = json.loads(data)
     if change is not None:
@@ -58,9 +67,10 @@ def test_a_compact_save_is_the_same_tokenizer(bpe, tmp_path):
         lambda d: reshaped(d, lambda doc: doc["model"].pop("ignore_merges")),  # older writer
         lambda d: reshaped(d, lambda doc: doc["added_tokens"].reverse()),
         lambda d: reshaped(d, lambda doc: doc.update(version="9.9", decoder=None)),
+        lambda d: reshaped(d, lambda doc: doc.update(post_processor=NO_OP_TEMPLATE)),
     ],
     ids=["compact", "key-order", "string-merges", "ascii", "no-default-flag",
-         "added-order", "decoder"],
+         "added-order", "decoder", "no-op-template"],
 )  # fmt: skip
 def test_the_same_ids_are_the_same_identity(bpe, variant):
     other = variant(bpe)
@@ -109,3 +119,21 @@ def test_records_carry_it_and_same_tokenizer_compares_it(bpe, tmp_path):
     assert same_tokenizer(old, a) and not same_tokenizer(old, b)
     assert same_tokenizer({"kind": "byte", "vocab_size": 256}, {"kind": "byte"})
     assert not same_tokenizer({"kind": "byte", "vocab_size": 256}, a)
+
+
+def test_the_same_tokenizer_saved_by_transformers_is_the_same(bpe, tmp_path):
+    """transformers 5 re-saves a tokenizer.json with a template that adds nothing; its ids
+    (transformers' own, the oracle) are the file's, and so is its identity."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    (tmp_path / "bpe.json").write_bytes(bpe)
+    saved = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "bpe.json"), bos_token="<bos>", eos_token="</s>"
+    )
+    saved.save_pretrained(tmp_path / "out")
+    data = (tmp_path / "out" / "tokenizer.json").read_bytes()
+    assert data != bpe
+    text = "It was the age of wisdom, naïve café"
+    ours = HFTokenizer(tmp_path / "bpe.json")(text)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(text)["input_ids"] == ours
+    assert tokenizer_identity(data) == tokenizer_identity(bpe)
