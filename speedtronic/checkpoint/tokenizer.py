@@ -4,9 +4,11 @@ Every checkpoint's meta.json carries a ``tokenizer`` record (docs/checkpoints.md
 the run's ``Runtime.tokenizer`` (``data.loader.run_tokenizer``):
 
 - ``{"kind": "byte", "vocab_size": 256}``: UTF-8 bytes are the ids;
-- ``{"kind": "tokenizers", "file": "tokenizer.json", "vocab_size": N, "sha256": ...}``: a
-  Hugging Face tokenizers file, whose copy lies in the checkpoint directory (and is listed,
-  with its size and hash, in meta.json's ``files``, so ``ckpt inspect --verify`` checks it);
+- ``{"kind": "tokenizers", "file": "tokenizer.json", "vocab_size": N, "sha256": ...,
+  "identity": ...}``: a Hugging Face tokenizers file, whose copy lies in the checkpoint
+  directory (and is listed, with its size and hash, in meta.json's ``files``, so ``ckpt
+  inspect --verify`` checks it); ``identity`` is what it does to text
+  (``data.tokenizer.tokenizer_identity``), the same for the same tokenizer saved otherwise;
 - ``null``: the run's tokenizer is not known (a custom callable, token files naming none).
 
 A tokenizers record may carry ``specials``: what transformers' files said around the
@@ -15,6 +17,9 @@ template and config.json's and generation_config.json's token ids (``modelout.to
 A run started ``--init-from`` such a model on data of the same tokenizer records them again, so
 ``export`` writes them back (issue 48). ``tokenizer_from_record`` reads it back for
 ``speedtronic generate`` and ``export``; ``describe`` names a record for people.
+``same_tokenizer`` is the one comparison of two records (``train --init-from``'s guard, ``runs
+compare``): the same kind and, for a file, the same identity (or, for a record written before
+identities, the same bytes). The specials are not part of it: they name tokens, not ids.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def tokenizer_record(tokenizer: Any) -> tuple[dict | None, bytes | None]:
             "file": TOKENIZER_FILE,
             "vocab_size": tokenizer.vocab_size,
             "sha256": hashlib.sha256(tokenizer.data).hexdigest(),
+            "identity": tokenizer.identity,
         }
         if tokenizer.specials:
             record["specials"] = tokenizer.specials
@@ -83,10 +89,19 @@ def tokenizer_from_record(meta: dict, checkpoint_dir: Path, where: str) -> Any:
 
 
 def same_tokenizer(a: dict, b: dict) -> bool:
-    """Whether two records name the same ids: both bytes, or the same tokenizer.json bytes."""
+    """Whether two records name the same ids: both bytes, the same tokenizer.json bytes, or
+    files of one identity. Where either record predates identities and the bytes differ,
+    they are not known to be the same."""
     if a.get("kind") != b.get("kind"):
         return False
-    return a.get("kind") == BYTE_KIND or a.get("sha256") == b.get("sha256")
+    if a.get("kind") == BYTE_KIND:
+        return True
+    if a.get("sha256") and a.get("sha256") == b.get("sha256"):
+        return True
+    if a.get("identity") or b.get("identity"):
+        return a.get("identity") == b.get("identity")
+    plain = [{k: v for k, v in r.items() if k != "specials"} for r in (a, b)]
+    return plain[0] == plain[1]  # a kind unknown here: the records themselves
 
 
 def describe(record: dict | None) -> str:

@@ -3,13 +3,17 @@
 A tokenizer here is any callable ``str -> list[int]`` with an optional ``vocab_size``
 attribute; the two shipped ones also ``decode`` ids back to text, for generation.
 ``load_tokenizer`` resolves the ``data.tokenizer`` setting; ``check_vocab`` makes sure the model
-can embed every id the tokenizer produces. How a checkpoint remembers the run's tokenizer is
-``speedtronic.checkpoint.tokenizer``'s.
+can embed every id the tokenizer produces. ``tokenizer_identity`` is the one answer to "are two
+tokenizers files the same tokenizer" (issue 53 item 9). How a checkpoint remembers the run's
+tokenizer is ``speedtronic.checkpoint.tokenizer``'s.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +76,96 @@ class HFTokenizer:
         # model (checkpoint.tokenizer's "specials"): what export writes back
         self.specials: dict | None = None
 
+    @cached_property
+    def identity(self) -> str:
+        return tokenizer_identity(self.data)
+
     def __call__(self, text: str) -> list[int]:
         return self._impl.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._impl.decode(ids, skip_special_tokens=False)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` (a vocabulary entry or an added token), None if it has none."""
+        return self._impl.token_to_id(token)
+
     def decode_stream(self, prefix: list[int]) -> TokenizersStream:
         """For ids arriving one at a time after ``prefix``, which decides e.g. whether a word
         starts with a space (``data.decoding``)."""
         return TokenizersStream(self.decode, self._impl, prefix)
+
+
+# What never changes an id: the decoder (ids back to text) and the format's version.
+_NOT_IDENTITY = ("version", "decoder")
+# Model flags that newer tokenizers versions write with their default (False) where older ones
+# wrote nothing: absent and False are the same tokenizer.
+_DEFAULT_FALSE = ("fuse_unk", "byte_fallback", "ignore_merges")
+_LARGE = ("vocab", "merges")
+
+
+def tokenizer_identity(data: bytes) -> str:
+    """The sha256 of what a tokenizers JSON file does to text: its model (vocabulary, merges,
+    options), normalizer, pre-tokenizer, post-processor (it decides a document's separator in
+    ``data tokenize``), added and special tokens with their ids, truncation and padding. Two
+    files that differ only in formatting, key order, escaping, the merges' form (``"a b"`` or
+    ``["a", "b"]``), the order of their added tokens, defaults an older writer left out, a
+    post-processor that adds nothing, the decoder or the version have one identity. Stdlib
+    only: the same on every machine, whatever its tokenizers version.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"data.tokenizer: not a tokenizers JSON file ({exc})") from None
+    if not isinstance(doc, dict):
+        raise DataError("data.tokenizer: not a tokenizers JSON file (not a JSON object)")
+    kept = _without_nulls({k: v for k, v in doc.items() if k not in _NOT_IDENTITY})
+    if _adds_nothing(kept.get("post_processor")):  # transformers 5 saves "$A" as a template
+        kept.pop("post_processor")
+    added = kept.get("added_tokens")
+    if isinstance(added, list):
+        kept["added_tokens"] = sorted(added, key=lambda t: json.dumps(t, sort_keys=True))
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` without the keys whose value is null (a tokenizers file's "absent") or a
+    default False flag, and with merges in one form; a vocabulary or merges list is not walked
+    (no nulls there, and walking 262k entries in Python would cost seconds)."""
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: v if k in _LARGE else _without_nulls(v) for k, v in value.items()}
+    out = {k: v for k, v in out.items() if v is not None}
+    out = {k: v for k, v in out.items() if not (k in _DEFAULT_FALSE and v is False)}
+    merges = out.get("merges")
+    if isinstance(merges, list) and any(isinstance(m, str) for m in merges):
+        out["merges"] = [_pair(m) for m in merges]  # tokenizers < 0.20 wrote "a b"
+    return out
+
+
+def _adds_nothing(processor: Any) -> bool:
+    """Whether a post-processor adds no token to one sequence (``data tokenize`` asks it for
+    the tokens around a document): a template without special tokens, a ByteLevel one (it
+    trims offsets), or a sequence of those."""
+    if not isinstance(processor, dict):
+        return False
+    kind = processor.get("type")
+    if kind == "ByteLevel":
+        return True
+    if kind == "TemplateProcessing":
+        single = processor.get("single")
+        return isinstance(single, list) and not any("SpecialToken" in p for p in single)
+    if kind == "Sequence":
+        return all(_adds_nothing(p) for p in processor.get("processors") or [])
+    return False
+
+
+def _pair(merge: Any) -> Any:
+    parts = merge.split(" ") if isinstance(merge, str) else None
+    return parts if parts is not None and len(parts) == 2 else merge
 
 
 def load_tokenizer(setting: str) -> Any:

@@ -4,7 +4,8 @@ windows, with the bytes its scored tokens came from.
 An entry is ``NAME=PATH``. PATH is read by its kind:
 
 - a folder ``speedtronic data tokenize`` wrote: its ``val`` part's first tokens; the bytes are
-  those of the text the tokens decode to (with the folder's own tokenizer);
+  those of the text the tokens decode to (with the folder's own tokenizer, which must be the
+  run's: ``checkpoint.tokenizer.same_tokenizer``, by identity, not bytes);
 - a ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` / ``.parquet`` corpus, through the ingest readers
   (its ``text`` field or column), documents joined by a newline;
 - anything else: a UTF-8 text file.
@@ -54,13 +55,29 @@ def load_set(entry: str, tokenizer: Any, window: int, max_tokens: int) -> HeldOu
     name, path = parse_entry(entry)
     key = f"eval.sets[{name}]"
     if Path(path).is_dir():
-        ids, tokenizer = _folder_tokens(path, key, max_tokens + 1)
+        ids, folders = _folder_tokens(path, key, max_tokens + 1)
+        _check_same_tokenizer(key, path, folders, tokenizer)
+        tokenizer = folders
     else:
         ids = list(tokenizer(_read_text(path, key, BYTES_PER_TOKEN * max_tokens)))[: max_tokens + 1]
     if len(ids) < 2:
         raise DataError(f"{key}: {path} holds {len(ids)} token(s); a held-out set needs >= 2")
     nbytes = _text_bytes(tokenizer, ids) - first_token_bytes(tokenizer, ids)
     return HeldOutSet(name, path, windows(ids, window), len(ids) - 1, max(nbytes, 1))
+
+
+def _check_same_tokenizer(key: str, path: str, folders: Any, runs: Any) -> None:
+    """A folder tokenized with another tokenizer than the run's gives the model ids that mean
+    other tokens to it: refused (a run whose tokenizer is unknown cannot be compared)."""
+    from speedtronic.checkpoint.tokenizer import describe, same_tokenizer, tokenizer_record
+
+    theirs, ours = tokenizer_record(folders)[0], tokenizer_record(runs)[0]
+    if theirs is not None and ours is not None and not same_tokenizer(theirs, ours):
+        raise DataError(
+            f"{key}: {path} is tokenized with {describe(theirs)}, but the run with "
+            f"{describe(ours)}: the model would read other tokens than the text's",
+            hint="tokenize it with the run's tokenizer, or name its text file instead",
+        )
 
 
 def _text_bytes(tokenizer: Any, ids: list[int]) -> int:

@@ -25,13 +25,24 @@ from typing import Any
 from safetensors.torch import save_file
 
 from speedtronic.checkpoint.files import fsync_dir, fsync_file, install_dir
-from speedtronic.checkpoint.layout import JSON_ERRORS, MODEL_FILE, TMP_PREFIX, sha256_file
-from speedtronic.errors import ConfigError, OutputError
+from speedtronic.checkpoint.layout import (
+    JSON_ERRORS,
+    META_FILE,
+    MODEL_FILE,
+    TMP_PREFIX,
+    sha256_file,
+)
+from speedtronic.errors import ConfigError, DataError, OutputError
 from speedtronic.modelout import llama
 from speedtronic.modelout.card import CardFacts, base_model, json_bytes, last_eval_loss, model_card
 from speedtronic.modelout.source import RunModel
 from speedtronic.modelout.stops import separator_bos, stop_tokens
-from speedtronic.modelout.tokenizer_files import special_tokens, token_ids, tokenizer_files
+from speedtronic.modelout.tokenizer_files import (
+    special_tokens,
+    specials_problem,
+    token_ids,
+    tokenizer_files,
+)
 
 EXPORT_MARK = "speedtronic_export.json"
 EXPORT_FORMAT = 1
@@ -178,6 +189,7 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
     hf_config = llama.llama_config(config, dtype, eos, bos)
     # what an import recorded of the source's files replaces what was found (issue 48)
     ids = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    _check_recorded(run, tokenizer, config.vocab_size)
     ids, generation_ids = token_ids(tokenizer, ids)
     specials = special_tokens(tokenizer, eos, bos)
     return {
@@ -186,6 +198,21 @@ def _small_files(run: RunModel, config, dtype: str, where: str, tokenizer: Any) 
         **tokenizer_files(tokenizer, config.seq_len, specials),
         "README.md": model_card(facts).encode("utf-8"),
     }
+
+
+def _check_recorded(run: RunModel, tokenizer: Any, vocab: int) -> None:
+    """The special tokens and ids the checkpoint records (an import's, before import checked
+    them: issue 55 item 4) fit the model and its tokenizer, or nothing is written."""
+    recorded = getattr(tokenizer, "specials", None)
+    problem = specials_problem(recorded, tokenizer, vocab) if recorded else None
+    if problem is not None:
+        path, value, why = problem
+        raise DataError(
+            f"{run.checkpoint / META_FILE}: tokenizer.specials.{'.'.join(path)} {value!r} {why}; "
+            "nothing written",
+            hint="import the model again (import now refuses such files), or remove the key "
+            "from meta.json's tokenizer.specials",
+        )
 
 
 def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]) -> dict:

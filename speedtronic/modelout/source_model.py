@@ -158,3 +158,25 @@ def _read_tokenizer(source: SourceModel) -> None:
             f"vocabulary (config.json vocab_size: {vocab}): ids >= {vocab} cannot be embedded; "
             "nothing written"
         )
+    _check_specials(source)
+
+
+def _check_specials(source: SourceModel) -> None:
+    """Refuse an id outside the model's vocabulary or a special token the tokenizer lacks in
+    what the import keeps (issue 55 item 4), naming the file and key that state it."""
+    from speedtronic.modelout.tokenizer_files import ADDITIONAL, specials_problem, stated
+
+    specials = source.tokenizer.specials or {}
+    problem = specials_problem(specials, source.tokenizer, source.params["vocab_size"])
+    if problem is None:
+        return
+    path, value, why = problem
+    ids_files = {"config_ids": "config.json", "generation_ids": "generation_config.json"}
+    if path[0] in ids_files:
+        name, key = ids_files[path[0]], path[1]
+    else:  # the file a special token comes from, as read_specials took it
+        said = stated(source.tokenizer_data)
+        extra = path[0] == ADDITIONAL and not said.get(ADDITIONAL, ("", None))[1]
+        key = "extra_special_tokens" if extra else path[0]
+        name = said[key][0]
+    raise ConfigError(f"SRC: {source.folder / name}: {key} {value!r} {why}; nothing written")

@@ -17,6 +17,11 @@ generation_config.json's token ids); the checkpoint records it (``checkpoint.tok
 tokenizer file's own special tokens (``data tokenizer train``'s): its end-of-document token as
 EOS, a template's BOS as BOS, the rest as additional; only tokens the file already adds as
 special, so transformers' ids stay the run's.
+
+Issue 55 item 4: an import kept ``eos_token_id: 99999`` for a 300-row vocabulary and special
+tokens its tokenizer lacked (transformers then adds them as new ids: an export with 513 tokens
+for a 512-row embedding). ``specials_problem`` finds the first such id or token in what is
+kept; import refuses it naming the file and key, export naming meta.json's key.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def read_specials(files: dict[str, bytes], hf_config: dict[str, Any]) -> dict[st
     """What a transformers model says around its ``tokenizer.json`` (``files``: its tokenizer
     files as read): special tokens, chat template, config.json's and generation_config.json's
     token ids; only what it states."""
-    found = {**_json(files, "special_tokens_map.json"), **_json(files, "tokenizer_config.json")}
+    found = {key: value for key, (_, value) in stated(files).items()}
     out: dict[str, Any] = {k: _content(found[k]) for k in TOKEN_KEYS if _content(found.get(k))}
     extra = found.get(ADDITIONAL) or found.get("extra_special_tokens")  # transformers 4, 5
     if isinstance(extra, list) and [_content(t) for t in extra if _content(t)]:
@@ -53,6 +58,37 @@ def read_specials(files: dict[str, bytes], hf_config: dict[str, Any]) -> dict[st
         if ids:
             out[key] = ids
     return out
+
+
+def stated(files: dict[str, bytes]) -> dict[str, tuple[str, Any]]:
+    """Each key the special-token files state -> (the file that states it, its value):
+    tokenizer_config.json's word over special_tokens_map.json's, as transformers reads them."""
+    out: dict[str, tuple[str, Any]] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        out.update({key: (name, value) for key, value in _json(files, name).items()})
+    return out
+
+
+def specials_problem(
+    specials: dict, tokenizer: Any, vocab: int
+) -> tuple[list[str], Any, str] | None:
+    """The first id or token of ``specials`` (``read_specials``' keys) that cannot be kept, as
+    (its key path, its value, why); None when all can: an id must be one of the
+    model's ``vocab`` rows, a special token one ``tokenizer`` has (else transformers adds it
+    as an id beyond them)."""
+    for group in ("config_ids", "generation_ids"):
+        for key, value in (specials.get(group) or {}).items():
+            for token in value if isinstance(value, list) else [value]:
+                if type(token) is not int or not 0 <= token < vocab:
+                    why = f"is not an id of the model's vocabulary ({vocab} ids: 0 to {vocab - 1})"
+                    return [group, key], token, why
+    named = [(k, specials[k]) for k in TOKEN_KEYS if k in specials]
+    named += [(ADDITIONAL, t) for t in specials.get(ADDITIONAL) or []]
+    for key, token in named:
+        if not isinstance(token, str) or tokenizer.token_id(token) is None:
+            why = "is not a token of tokenizer.json (transformers would add it as a new id)"
+            return [key], token, why
+    return None
 
 
 def _json(files: dict[str, bytes], name: str) -> dict[str, Any]:

@@ -5,7 +5,8 @@ The only module that imports transformers, and only when asked: it is an optiona
 Three checks, each against the run's model with its weights rounded to the export's dtype and
 both computed in float32 on the CPU: the logits on a fixed batch (the max difference must stay
 under ``TOLERANCE``), the greedy tokens after a fixed prompt (``speedtronic generate
---temperature 0`` against transformers' ``generate``), and the tokenizer's ids for a fixed text.
+--temperature 0`` against transformers' ``generate``), and the tokenizer's ids for a fixed text
+(and its length: no more tokens than the embedding has rows, issue 55 item 4).
 Where the run records its source's tokenizer files (an import, or a run from one), transformers'
 reading of the export's special tokens, chat template and token ids is held to them too (issue
 48: an export's ``eos_token`` was None and its chat template gone, unnoticed). Any difference
@@ -134,6 +135,12 @@ def _greedy_agrees(ours, theirs, prompt: list[int]) -> list[int]:
 
 def _tokenizer_agrees(transformers, folder: Path, run: RunModel) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    rows = run.model.config.vocab_size
+    if len(tokenizer) > rows:  # a special token the tokenizer lacked, added as a new id
+        raise VerifyError(
+            f"--verify: AutoTokenizer has {len(tokenizer)} tokens for the model's {rows} "
+            "embedding rows: ids it would produce cannot be embedded; the export was not written"
+        )
     mine, other = run.tokenizer(TEXT), tokenizer(TEXT)["input_ids"]
     if mine != other:
         raise VerifyError(

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from speedtronic.checkpoint.tokenizer import same_tokenizer
 from speedtronic.errors import ConfigError
 from speedtronic.observe.history import finite, read_lines
 from speedtronic.results.listing import RUN_MARKS, read_run
@@ -97,10 +98,13 @@ def differing_keys(configs: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _tokenizers_differ(records: list[dict[str, Any]]) -> bool:
-    """Whether the runs' tokens differ: their tokenizer records or their vocab sizes."""
-    seen = {json.dumps(r["tokenizer"], sort_keys=True) for r in records if r["tokenizer"]}
+    """Whether the runs' tokens differ: their tokenizers (by identity, as everywhere:
+    ``same_tokenizer``; summary.json and meta.json record one tokenizer differently) or their
+    vocab sizes."""
+    known = [r["tokenizer"] for r in records if isinstance(r["tokenizer"], dict)]
+    differ = any(not same_tokenizer(known[0], other) for other in known[1:])
     vocab = {flatten(r["config"]).get("model.vocab_size") for r in records}
-    return len(seen) > 1 or len(vocab - {None}) > 1
+    return differ or len(vocab - {None}) > 1
 
 
 def _series(index: int, record: dict[str, Any], x: str, metric: str) -> list[dict[str, Any]]:

@@ -5,8 +5,9 @@ before), or a transformers model: a directory with ``config.json`` (``speedtroni
 own output included) or ``hf://OWNER/NAME[@REV]``, read by ``modelout.source_model`` as
 ``speedtronic import`` reads it. Either way the source has a model section (the run's recorded
 ``model:``, or the reference transformer with the transformers config's keys) and maybe a
-tokenizer file, and a tokenizer record (``checkpoint.tokenizer``'s: bytes, or the sha256 of
-``tokenizer.json`` and its special tokens) that ``init_tokenizer`` holds the data to.
+tokenizer file, and a tokenizer record (``checkpoint.tokenizer``'s: bytes, or the sha256 and
+identity of ``tokenizer.json`` and its special tokens) that ``init_tokenizer`` holds the data
+to.
 
 A config that names no model (no ``model:`` keys) takes the source's, and one that names no
 tokenizer for its text takes the source's tokenizer file. A config that names a model is held
@@ -27,10 +28,10 @@ from typing import Any
 from speedtronic.checkpoint.changes import with_value
 from speedtronic.checkpoint.layout import TOKENIZER_FILE
 from speedtronic.checkpoint.load import Checkpoint, load_init_weights
-from speedtronic.checkpoint.tokenizer import describe, tokenizer_record
+from speedtronic.checkpoint.tokenizer import describe, tokenizer_from_record, tokenizer_record
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.config.sections import INIT_OVERRIDE_KEYS
-from speedtronic.errors import ConfigError
+from speedtronic.errors import CheckpointError, ConfigError
 
 REFERENCE = "reference_transformer"
 FUNCTION_KEYS = INIT_OVERRIDE_KEYS
@@ -54,12 +55,27 @@ def open_init_source(src: str, log: Callable[[str], None]) -> InitSource:
     checkpoint = load_init_weights(src, log)
     config = checkpoint.meta.get("config")
     section = config.get("model") if isinstance(config, dict) else None
-    record = checkpoint.meta.get("tokenizer")
-    kind = record.get("kind") if isinstance(record, dict) else None
+    known = _known_record(checkpoint)
+    kind = known.get("kind") if known is not None else None
     tokenizer = checkpoint.path / TOKENIZER_FILE if kind == "tokenizers" else None
     model = dict(section) if isinstance(section, dict) else {}
-    known = record if isinstance(record, dict) else None
     return InitSource(str(checkpoint.path), model, tokenizer, lambda: checkpoint, known)
+
+
+def _known_record(checkpoint: Checkpoint) -> dict | None:
+    """The checkpoint's tokenizer record; one written before identities (issue 53 item 9)
+    gets its file's, read back as ``generate`` reads it (a file that is not the one recorded
+    leaves the record as it is: only the same bytes then match)."""
+    record = checkpoint.meta.get("tokenizer")
+    if not isinstance(record, dict) or record.get("kind") != "tokenizers":
+        return record if isinstance(record, dict) else None
+    if record.get("identity"):
+        return record
+    try:
+        found = tokenizer_from_record(checkpoint.meta, checkpoint.path, str(checkpoint.path))
+    except (CheckpointError, ConfigError):  # ConfigError: no tokenizers package
+        return record
+    return tokenizer_record(found)[0] or record
 
 
 def _model_source(src: str, log: Callable[[str], None]) -> InitSource:

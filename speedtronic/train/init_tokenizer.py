@@ -7,8 +7,11 @@ and ``export`` used the wrong one. ``check_tokenizer`` compares the source's tok
 (``InitSource.record``) with what the data was tokenized with: a token folder's manifest, or
 the text's ``data.tokenizer``. Another tokenizer is one exit-2 line naming both, unless
 ``checkpoint.allow_tokenizer_mismatch`` (``--allow-tokenizer-mismatch``) says it is meant: then
-a warning, and the run records the data's tokenizer. Where either side is unknown (a flat token
-file, synthetic data, a source that recorded none) there is nothing to compare.
+a warning, and the run records the data's tokenizer. Tokenizers are compared by identity
+(``checkpoint.tokenizer.same_tokenizer``): the source's tokenizer saved compactly is the same
+one (issue 53 item 9). Where either side is unknown (synthetic data, a source that recorded
+none) there is nothing to compare; a flat token file names no tokenizer, which one warning line
+says (issue 55 item 6: it trained without a word).
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ def check_tokenizer(
     ``source``'s (an ``init_source.InitSource``, whose module imports this one); the source's
     special tokens for the run to record when the data's tokenizer is its own."""
     data = data_record(config)
-    if source.record is None or data is None:
+    if source.record is None:
+        return None
+    if data is None:
+        if config.data.resolved_source == "tokens":  # a flat file: a folder names its own
+            warn(
+                f"checkpoint.init_from: data.token_path {config.data.token_path} is a flat token "
+                f"file, which does not say its tokenizer: it cannot be checked against "
+                f"{source.where}'s {describe(source.record)}; tokenize with that one (speedtronic "
+                "data tokenize) to have it checked"
+            )
         return None
     where, record = data
     if same_tokenizer(record, source.record):
@@ -56,13 +68,17 @@ def check_tokenizer(
 def data_record(config: SpeedtronicConfig) -> tuple[str, dict] | None:
     """Where the data names its tokenizer and that tokenizer's record; None when it does not
     (a flat token file, synthetic data)."""
-    from speedtronic.data.manifest import is_shard_dir, read_manifest
+    from speedtronic.data.manifest import is_shard_dir, read_manifest, tokenizer_of
 
     data = config.data
     source = data.resolved_source
     if source == "tokens" and data.token_path and is_shard_dir(data.token_path):
-        record = read_manifest(data.token_path, "data.token_path").get("tokenizer")
-        return (f"data.token_path {data.token_path}", record) if isinstance(record, dict) else None
+        manifest = read_manifest(data.token_path, "data.token_path")
+        if not isinstance(manifest.get("tokenizer"), dict):
+            return None
+        # its record, with the identity of the folder's copy of the file (checked against it)
+        record = tokenizer_record(tokenizer_of(data.token_path, manifest))[0]
+        return (f"data.token_path {data.token_path}", record) if record is not None else None
     if source == "text":
         from speedtronic.data.tokenizer import load_tokenizer
 

@@ -141,3 +141,33 @@ def _text(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text(TEXT, encoding="utf-8")
     return path
+
+
+def test_a_token_folder_of_another_tokenizer_is_refused_as_a_set(tmp_path):
+    """One tokenizer identity (issue 53 item 9): an eval.sets folder tokenized with another
+    tokenizer than the run's fed the model ids that mean other tokens, and its bits per byte
+    were counted with the folder's tokenizer, silently. The same tokenizer saved otherwise
+    is accepted."""
+    pytest.importorskip("tokenizers")
+    from modelout_support import text_file, write_bpe
+    from tokenizers import Tokenizer
+
+    from speedtronic.runtime import train_from_config
+
+    bpe = write_bpe(tmp_path)
+    compact = tmp_path / "compact.json"
+    Tokenizer.from_file(str(bpe)).save(str(compact), pretty=False)
+    for name, tokenizer in [("bytes", "byte"), ("same", compact)]:
+        args = [text_file(tmp_path), tmp_path / name, "--tokenizer", tokenizer]
+        args += ["--separator", "<bos>"] if name == "same" else []
+        made = invoke("data", "tokenize", *args, "--val-fraction", "0.5", "--workers", 1)
+        assert made.exit_code == 0, made.stderr
+    sets = {"every": 6, "max_tokens": 64}
+    data = {"text_path": str(text_file(tmp_path)), "tokenizer": str(bpe)}
+    config = config_of(tmp_path, model={"vocab_size": 320}, data=data,
+                       eval={**sets, "sets": [f"b={tmp_path / 'bytes'}"]})  # fmt: skip
+    with pytest.raises(DataError, match=r"eval.sets\[b\]: .*bytes is tokenized with bytes"):
+        train_from_config(config, console=False)
+    assert not (tmp_path / "run").exists()
+    config["eval"]["sets"] = [f"s={tmp_path / 'same'}"]
+    train_from_config(config, console=False)

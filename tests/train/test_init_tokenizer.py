@@ -67,3 +67,41 @@ def test_the_models_own_tokenizer_trains_and_the_notice_names_it(made, tmp_path)
     assert result.exit_code == 0, result.stderr
     assert f"the model settings are {run}" in result.stderr, result.stderr
     assert f"its tokenizer is tokenizer.json sha256 {sha['own'][:12]}" in result.stderr
+
+
+def test_the_models_own_tokenizer_saved_compactly_trains(made, tmp_path):
+    """Issue 53 item 9: the same tokenizer saved compactly is the same tokenizer (the token
+    files are byte-identical); the guard compared tokenizer.json's bytes and refused it."""
+    from tokenizers import Tokenizer
+
+    run, folders, sha = made
+    compact = tmp_path / "compact.json"
+    Tokenizer.from_file(str(run / "checkpoints" / latest(run).name / "tokenizer.json")).save(
+        str(compact), pretty=False
+    )
+    assert hashlib.sha256(compact.read_bytes()).hexdigest() != sha["own"]
+    args = (text_file(tmp_path), tmp_path / "tok", "--tokenizer", compact, "--workers", 1)
+    assert invoke("data", "tokenize", *args, "--separator", "<bos>").exit_code == 0
+    shards = sorted(p.name for p in folders["own"].glob("*.bin"))
+    assert shards and shards == sorted(p.name for p in (tmp_path / "tok").glob("*.bin"))
+    for name in shards:
+        assert (tmp_path / "tok" / name).read_bytes() == (folders["own"] / name).read_bytes()
+    result = invoke("train", "-c", config(tmp_path, tmp_path / "tok"), "--init-from", run)
+    assert result.exit_code == 0, result.stderr
+    assert "is tokenized with" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "validate"])
+def test_a_flat_token_file_says_its_tokenizer_cannot_be_checked(made, tmp_path, command):
+    """Issue 55 item 6: a flat .bin names no tokenizer; training it from a model is allowed,
+    with one line saying the tokenizer could not be checked."""
+    import numpy as np
+
+    run, _, sha = made
+    flat = tmp_path / "other.bin"
+    np.arange(2000, dtype=np.uint16).__mod__(300).astype(np.uint16).tofile(flat)
+    result = invoke(command, "-c", config(tmp_path, flat), "--init-from", run)
+    assert result.exit_code == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "cannot be checked" in line]
+    assert len(lines) == 1, result.stderr
+    assert str(flat) in lines[0] and sha["own"][:12] in lines[0]
