@@ -101,6 +101,8 @@ def _missing(records: list[dict[str, Any]], series: list[dict], metric: str) -> 
             continue
         if metric == "bits_per_byte" and record["curve"].get("train"):
             lines.append(f"{row['path']}: no bits per byte (score eval sets with eval.sets)")
+        elif row["role"] == "master" and not row["steps"]:
+            lines.append(f"{row['path']}: no curve: a DumbDiLoCo master that trains nothing")
         else:
             why = row["problem"] or "it logged no losses (summary.json or logging.json_file)"
             lines.append(f"{row['path']}: no curve: {why}")
@@ -146,7 +148,8 @@ def final_globals(paths: list[Path], records: list[dict], x: str) -> list[dict[s
         if type(meta.get("step")) is not int:
             continue
         diloco = meta.get("diloco") if isinstance(meta.get("diloco"), dict) else {}
-        fleet = _fleet(record["config"]) or diloco.get("repo") or str(path)
+        fleet = _fleet(record["config"]) or _fleet(meta.get("config")) or diloco.get("repo")
+        fleet = fleet if isinstance(fleet, str) and fleet else str(path)
         at = {"tokens": meta.get("tokens"), "steps": meta.get("optimizer_steps")}.get(x)
         final = {
             "fleet": str(fleet),
@@ -310,6 +313,17 @@ def _record(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def smooth(ys: list[float], weight: float) -> list[float]:
+    """W&B's "exponential moving average" (TensorBoard's formula): each point the running
+    average with ``weight`` on the past, debiased so the first points are not pulled towards
+    zero; ``weight`` 0 leaves the points as they are."""
+    out, last = [], 0.0
+    for n, y in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * y
+        out.append(last / (1 - weight**n))
+    return out
+
+
 # ---- the terminal picture --------------------------------------------------------------------
 
 # run i draws with MARKS[i] ("*": several meet); as many runs as marks can be compared
@@ -337,13 +351,13 @@ def char_plot(series: list[dict[str, Any]], width: int = 60, height: int = 10) -
     pad = max(map(len, labels))
     rows = zip(labels, canvas, strict=True)
     lines = [f"{label:>{pad}} |{''.join(row)}".rstrip() for label, row in rows]
-    left, right = _short(x0), _short(x1)
+    left, right = short(x0), short(x1)
     lines.append(f"{'':>{pad}} +{'-' * width}")
     lines.append(f"{'':>{pad}}  {left}{right:>{width - len(left)}}")
     return lines
 
 
-def _short(value: float) -> str:
+def short(value: float) -> str:
     """1234567 -> 1.23M: an axis label."""
     for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= size:
