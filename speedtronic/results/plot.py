@@ -59,6 +59,7 @@ def draw(doc: dict[str, Any], options: PlotOptions) -> Any:
     options.check()
     try:
         import matplotlib
+        import matplotlib.ticker  # noqa: F401 (FuncFormatter, for a log y)
     except ImportError:
         raise ConfigError(
             "--plot needs matplotlib: pip install 'speedtronic[plot]'", hint=None
@@ -67,7 +68,9 @@ def draw(doc: dict[str, Any], options: PlotOptions) -> Any:
     from matplotlib import pyplot
 
     kinds = [k for k in ("train", "eval") if any(s["kind"] == k for s in doc["series"])]
-    figure, axes = pyplot.subplots(1, max(1, len(kinds)), figsize=(10, 4.2), squeeze=False)
+    many = len(doc["runs"]) > 12  # legends beside the panels: a wider picture
+    size = (10 + 5 * max(1, len(kinds)) * many, 4.2 + 1.8 * many)
+    figure, axes = pyplot.subplots(1, max(1, len(kinds)), figsize=size, squeeze=False)
     ylabel = "bits per byte" if doc["metric"] == "bits_per_byte" else "loss"
     colors = _colors(matplotlib, len(doc["runs"]))
     for n, (ax, kind) in enumerate(zip(axes[0], kinds, strict=False)):
@@ -79,14 +82,26 @@ def draw(doc: dict[str, Any], options: PlotOptions) -> Any:
         ax.set_title(title)
         ax.set_xlabel(X_LABELS[doc["x"]] + (" (log scale)" if options.log_x else ""))
         ax.set_xscale("log" if options.log_x else "linear")
-        ax.set_yscale("log" if options.log_y else "linear")
+        if options.log_y:  # losses span less than a decade: plain numbers, not 3x10^0
+            ax.set_yscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
         ax.grid(alpha=0.3, which="both")
-        shown = [h for h in ax.get_lines() if not h.get_label().startswith("_")]
-        ax.legend(fontsize=7, ncol=1 + len(shown) // 14)
+        _legend(ax)
     if doc["note"]:
         figure.suptitle(doc["note"], fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def _legend(ax: Any) -> None:
+    """In the panel for a few curves; beside it, in columns, for many (36 runs)."""
+    shown = [h for h in ax.get_lines() if not h.get_label().startswith("_")]
+    if len(shown) <= 12:
+        ax.legend(fontsize=7)
+    else:
+        ax.legend(fontsize=6, ncol=1 + len(shown) // 25, loc="upper left", bbox_to_anchor=(1, 1))
 
 
 def _colors(matplotlib: Any, count: int) -> list[Any]:
