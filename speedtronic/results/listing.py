@@ -235,7 +235,7 @@ def _from_checkpoints(path: Path, name: str, problems: list[str]) -> dict[str, A
         tokens=_count(meta.get("tokens")) if meta else _count(end.get("tokens")),
         train_s=finite(end.get("elapsed_s")),
         params=_count(meta.get("param_count")) or _count(start.get("params")),
-        optimizer=_text(_get(config, "optimizer.name")) or _text(start.get("optimizer")),
+        optimizer=_text(_get(config, "optimizer.name")) or _first_word(start.get("optimizer")),
         final_loss=finite(meta.get("loss")) if meta else finite(end.get("final_loss")),
         best_eval_loss=_least([_loss_of(meta.get("eval_loss")), *logged, *set_losses]),
         bits_per_byte=next(
@@ -451,3 +451,10 @@ def _count(value: object) -> int | None:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _first_word(label: object) -> str | None:
+    """run_start's optimizer label ("muon (7 matrices, bf16) + adamw (fused)") -> "muon", the
+    ``optimizer.name`` a checkpoint's config gives."""
+    words = label.split() if isinstance(label, str) else []
+    return words[0] if words else None

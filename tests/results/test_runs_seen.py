@@ -22,7 +22,7 @@ from speedtronic.results.listing import list_runs
 def write_log(run: Path, steps: int, name: str = "metrics.jsonl", end: bool = False) -> Path:
     """A metrics JSONL as ``train`` writes it: run_start, one train_step per step."""
     run.mkdir(parents=True, exist_ok=True)
-    start = {"event": "run_start", "name": run.name, "params": 18528, "optimizer": "adamw"}
+    start = {"event": "run_start", "name": run.name, "params": 18528, "optimizer": "adamw (fused)"}
     records = [start]
     for step in range(1, steps + 1):
         loss = 5.0 - step / 10
