@@ -206,13 +206,13 @@ def _compare(
     from speedtronic.results.compare import compare_runs, thin_series
 
     doc = compare_runs(paths, x)
+    for warning in doc["warnings"]:
+        print(f"speedtronic: warning: {warning}", file=sys.stderr)
     if plot is not None:
         from speedtronic.results.plot import write_plot
 
         write_plot(plot, doc, options)
         print(f"wrote {plot}", file=sys.stderr)
-    for warning in doc["warnings"]:
-        print(f"speedtronic: warning: {warning}", file=sys.stderr)
     doc = thin_series(doc)  # every point went into the picture; 256 a series are shown
     if output_format is OutputFormat.json:
         print(json_text(doc))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import ConfigError, OutputError
+from speedtronic.errors import ConfigError, DataError, OutputError
 from speedtronic.results.compare import X_LABELS, short, smooth
 
 SUFFIXES = (".png", ".svg")
@@ -43,6 +43,8 @@ def write_plot(path: Path, doc: dict[str, Any], options: PlotOptions | None = No
     """Draw ``compare_runs``' document into ``path``: train curves left, eval curves right."""
     if path.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"--plot: {path} must end in .png or .svg")
+    if not doc["series"] and not any(f["x"] for f in doc["finals"]):
+        raise DataError(f"--plot: nothing to draw into {path}: no run has a curve (see above)")
     figure = draw(doc, options or PlotOptions())
     from matplotlib import pyplot
 

@@ -112,6 +112,16 @@ def test_plot_options_are_checked_in_one_line(tmp_path):
         assert words in result.stderr
 
 
+def test_a_plot_with_nothing_to_draw_is_refused_in_one_line(tmp_path):
+    a = write_summary(tmp_path / "a", summary(curve={"train": [], "eval": []}))
+    b = write_summary(tmp_path / "b", summary(curve={"train": [], "eval": []}))
+    picture = tmp_path / "c.png"
+    result = runner.invoke(app, ["runs", "compare", str(a), str(b), "--plot", str(picture)])
+    assert result.exit_code == 2 and not picture.exists()
+    assert f"nothing to draw into {picture}" in result.stderr.splitlines()[-1]
+    assert result.stderr.count("no curve: it logged no losses") == 2
+
+
 def fleet(tmp_path: Path) -> list[Path]:
     """A master (coordinating: its final global only) and two workers of one fleet, and a
     run on one machine."""
