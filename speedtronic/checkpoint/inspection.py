@@ -190,8 +190,8 @@ def metrics_file(root: Path, dirs: list[Path]) -> Path | None:
 
     Its ``logging.json_file``, from the newest checkpoint whose meta.json records a config:
     as is when absolute, else in the run's output dir, which is the checkpoints root's parent
-    in the default layout (or ``run.output_dir``, relative to here). Failing that, in the
-    default layout, the run dir's only ``*.jsonl`` file.
+    in the default layout. Failing that, in the default layout, the run dir's only ``*.jsonl``
+    file. Outside the default layout a relative log is not looked for (``metrics_file_for``).
     """
     run_dir = root.parent if root.name == "checkpoints" else None
     return metrics_file_for(run_dir, _stored_config(dirs))
@@ -199,19 +199,20 @@ def metrics_file(root: Path, dirs: list[Path]) -> Path | None:
 
 def metrics_file_for(run_dir: Path | None, config: dict) -> Path | None:
     """``metrics_file`` given the run dir (None outside the default layout) and its stored
-    config; ``runs`` calls it with the config of the one meta.json it read."""
-    logging, run = config.get("logging"), config.get("run")
+    config; ``runs`` calls it with the config of the one meta.json it read.
+
+    Only the run's own directory is searched (and an absolute ``logging.json_file``): its
+    stored ``run.output_dir`` is where it ran, relative to a working directory we cannot
+    know, and whatever sits there now may be another run (issue 53).
+    """
+    logging = config.get("logging")
     name = logging.get("json_file") if isinstance(logging, dict) else None
-    output_dir = run.get("output_dir") if isinstance(run, dict) else None
     candidates = []
     if isinstance(name, str) and name:
         if Path(name).is_absolute():
             candidates.append(Path(name))
-        else:
-            if run_dir is not None:
-                candidates.append(run_dir / name)
-            if isinstance(output_dir, str) and output_dir:
-                candidates.append(Path(output_dir) / name)
+        elif run_dir is not None:
+            candidates.append(run_dir / name)
     elif run_dir is not None:
         found = sorted(run_dir.glob("*.jsonl"))
         candidates += found if len(found) == 1 else []

@@ -60,8 +60,19 @@ def runs(
         None,
         "--plot",
         metavar="FILE",
-        help="Compare: also draw the curves into FILE (.png or .svg); needs the plot extra "
-        "(pip install 'speedtronic[plot]').",
+        help="Compare: also draw the curves into FILE (.png or .svg), every logged point "
+        "against a log-scaled x; needs the plot extra (pip install 'speedtronic[plot]').",
+    ),
+    smooth: float = typer.Option(
+        None,
+        "--smooth",
+        metavar="WEIGHT",
+        help="With --plot: smooth each curve as W&B does (exponential moving average, "
+        "debiased), WEIGHT from 0 (none, the default) to below 1; the logged points stay, faint.",
+    ),
+    log_y: bool = typer.Option(False, "--log-y", help="With --plot: a log-scaled y axis."),
+    linear_x: bool = typer.Option(
+        False, "--linear-x", help="With --plot: a linear x axis instead of the log-scaled one."
     ),
     output_format: OutputFormat = format_option("a table, or the differing keys and curves"),
 ) -> None:
@@ -74,10 +85,13 @@ def runs(
     if words[:1] == ["compare"]:
         if sort is not None:
             raise ConfigError("--sort: only for listing runs, not with compare")
-        _compare([Path(w) for w in words[1:]], (x or XAxis.tokens).value, plot, output_format)
+        options = _plot_options(plot, smooth, log_y, linear_x)
+        _compare(
+            [Path(w) for w in words[1:]], (x or XAxis.tokens).value, plot, options, output_format
+        )
         return
-    if x is not None or plot is not None:
-        raise ConfigError("--x and --plot: only with 'runs compare RUN RUN'")
+    if x is not None or plot is not None or _plot_only(smooth, log_y, linear_x):
+        raise ConfigError("--x, --plot and its options: only with 'runs compare RUN RUN'")
     _list([Path(w) for w in words] or [DEFAULT_DIR], sort, output_format)
 
 
@@ -169,15 +183,37 @@ def register(app: typer.Typer) -> None:
     app.command(short_help=short)(handle_errors(runs))
 
 
-def _compare(paths: list[Path], x: str, plot: Path | None, output_format: OutputFormat) -> None:
-    from speedtronic.results.compare import compare_runs
+def _plot_only(smooth: float | None, log_y: bool, linear_x: bool) -> bool:
+    return smooth is not None or log_y or linear_x
+
+
+def _plot_options(plot: Path | None, smooth: float | None, log_y: bool, linear_x: bool) -> Any:
+    """The picture's options, checked before any run is read (None without --plot)."""
+    if plot is None:
+        if _plot_only(smooth, log_y, linear_x):
+            raise ConfigError("--smooth, --log-y and --linear-x: only with --plot FILE")
+        return None
+    from speedtronic.results.plot import PlotOptions
+
+    options = PlotOptions(smooth=smooth or 0.0, log_x=not linear_x, log_y=log_y)
+    options.check()
+    return options
+
+
+def _compare(
+    paths: list[Path], x: str, plot: Path | None, options: Any, output_format: OutputFormat
+) -> None:
+    from speedtronic.results.compare import compare_runs, thin_series
 
     doc = compare_runs(paths, x)
+    for warning in doc["warnings"]:
+        print(f"speedtronic: warning: {warning}", file=sys.stderr)
     if plot is not None:
         from speedtronic.results.plot import write_plot
 
-        write_plot(plot, doc)
+        write_plot(plot, doc, options)
         print(f"wrote {plot}", file=sys.stderr)
+    doc = thin_series(doc)  # every point went into the picture; 256 a series are shown
     if output_format is OutputFormat.json:
         print(json_text(doc))
         return
@@ -189,7 +225,7 @@ def _compare_lines(doc: dict[str, Any]) -> list[str]:
     """The runs by number, the differing keys, one character plot per series kind, and a
     sparkline per series."""
     from speedtronic.observe.history import sparkline
-    from speedtronic.results.compare import MARKS, X_LABELS, char_plot
+    from speedtronic.results.compare import MARKS, X_LABELS, char_plot, short
 
     lines = [f"{MARKS[i]} = {r['name']} ({r['status']})" for i, r in enumerate(doc["runs"])]
     keys = doc["differing_keys"]
@@ -211,8 +247,15 @@ def _compare_lines(doc: dict[str, Any]) -> list[str]:
                 f"  {MARKS[s['index'] % len(MARKS)]} {sparkline(ys, 30)} "
                 f"{ys[0]:.4f} -> {ys[-1]:.4f} (min {min(ys):.4f})"
             )
+    for final in doc["finals"]:
+        at = "-" if final["x"] is None else f"{short(final['x'])} fleet {X_LABELS[doc['x']]}"
+        loss = "not measured" if final["loss"] is None else f"{final['loss']:.4f}"
+        lines.append(
+            f"final global of {final['fleet']}: outer step {final['outer_step']} at {at}, "
+            f"loss {loss} ({final['path']})"
+        )
     if not groups:
-        lines.append("no curves: the runs logged no losses (summary.json or logging.json_file)")
+        lines.append("no curves: no run logged a loss (summary.json or logging.json_file)")
     return lines
 
 

@@ -13,10 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from speedtronic.checkpoint.inspection import metrics_file_for
 from speedtronic.checkpoint.tokenizer import same_tokenizer
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, DataError
 from speedtronic.observe.history import finite, read_lines
-from speedtronic.results.listing import RUN_MARKS, read_run
+from speedtronic.readlimit import read_json
+from speedtronic.results.listing import FILE_LIMIT, RUN_MARKS, read_run
 
 COMPARE_SCHEMA_VERSION = 1
 X_AXES = {"steps": 0, "tokens": 1, "time": 2}  # index in a curve point
@@ -27,9 +29,18 @@ GRID = 50  # x values every series is interpolated at ("grid" of the JSON docume
 
 
 def compare_runs(paths: list[Path], x: str = "tokens") -> dict[str, Any]:
-    """The JSON-ready comparison of the runs in ``paths`` (at least two run directories)."""
+    """The JSON-ready comparison of the runs in ``paths`` (at least two run directories).
+
+    Its series hold every point each run logged (``thin_series`` for a shorter document);
+    ``warnings`` name what is missing (a run with no curve, no bits per byte), and ``finals``
+    the final global of each DumbDiLoCo fleet among the runs."""
     if len(paths) < 2:
         raise ConfigError("runs compare: name at least two runs (their output directories)")
+    if len(paths) > len(MARKS):
+        raise ConfigError(
+            f"runs compare: at most {len(MARKS)} runs at once (got {len(paths)}); compare "
+            "fewer, or rank them all with `speedtronic runs --sort loss`"
+        )
     if x not in X_AXES:
         raise ConfigError(f"--x: must be one of {', '.join(X_AXES)} (got {x!r})")
     records = [_load(p) for p in paths]
@@ -39,35 +50,129 @@ def compare_runs(paths: list[Path], x: str = "tokens") -> dict[str, Any]:
     note = None
     if differ:
         note = "the runs use different tokenizers: comparing bits per byte, not loss"
-        if not series:
-            note += " (no run has any: score eval sets with eval.sets)"
+        if not series:  # bits per byte needs eval sets: the train loss, said to be unfit
+            metric = "loss"
+            series = [s for i, r in enumerate(records) for s in _series(i, r, x, metric)]
+            note = (
+                "the runs use different tokenizers and none scored bits per byte (that needs "
+                "eval sets: eval.sets); showing train loss, which does not compare across "
+                "tokenizers"
+            )
     grid = _grid(series)
     return {
         "schema_version": COMPARE_SCHEMA_VERSION,
-        "runs": [{k: r["row"][k] for k in _RUN_FIELDS} for r in records],
+        "runs": [_run_fields(r) for r in records],
         "differing_keys": differing_keys([r["config"] for r in records]),
         "x": x,
         "metric": metric,
         "note": note,
+        "warnings": _missing(records, series, metric),
         "series": series,
+        "finals": final_globals(paths, records, x),
         "grid": grid,
         "aligned": [_interpolate(s["points"], grid) for s in series],
     }
 
 
 _RUN_FIELDS = ("name", "path", "status", "source", "steps", "tokens", "final_loss", "problem")
+_RUN_FIELDS += ("role", "node_id")
+
+
+def _run_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """A run's entry: its row's figures, and the fleet (repo) a DumbDiLoCo node belongs to."""
+    fields = {k: record["row"][k] for k in _RUN_FIELDS}
+    return dict(fields, fleet=_fleet(record["config"]))
+
+
+def _fleet(config: dict[str, Any]) -> str | None:
+    section = config.get("distributed") if isinstance(config, dict) else None
+    if not isinstance(section, dict) or section.get("enabled") is not True:
+        return None
+    repo = section.get("repo_id") or section.get("path")
+    return repo if isinstance(repo, str) and repo else None
+
+
+def _missing(records: list[dict[str, Any]], series: list[dict], metric: str) -> list[str]:
+    """One line per run that draws nothing: what it lacks, and where it would come from."""
+    drawn = {s["index"] for s in series}
+    lines = []
+    for i, record in enumerate(records):
+        row = record["row"]
+        if i in drawn:
+            continue
+        if metric == "bits_per_byte" and record["curve"].get("train"):
+            lines.append(f"{row['path']}: no bits per byte (score eval sets with eval.sets)")
+        elif row["role"] == "master" and not row["steps"]:
+            lines.append(f"{row['path']}: no curve: a DumbDiLoCo master that trains nothing")
+        else:
+            why = row["problem"] or "it logged no losses (summary.json or logging.json_file)"
+            lines.append(f"{row['path']}: no curve: {why}")
+    return lines
+
+
+def thin_series(doc: dict[str, Any], most: int = MAX_POINTS) -> dict[str, Any]:
+    """``doc`` with each series thinned to ``most`` evenly spaced points (first and last
+    kept): the JSON and text forms; ``aligned`` was computed from every point."""
+    return dict(doc, series=[dict(s, points=_thin(s["points"], most)) for s in doc["series"]])
 
 
 def _load(path: Path) -> dict[str, Any]:
     if not path.is_dir() or not any((path / m).exists() for m in RUN_MARKS):
         raise ConfigError(
-            f"{path} is not a run directory (no summary.json, checkpoints/ or diloco_master/)",
+            f"{path} is not a run directory (no summary.json, checkpoints/, diloco_master/ "
+            "or .running)",
             hint="pass run output directories, as `speedtronic runs` lists them",
         )
     record = read_run(path, str(path))
-    if record["curve"] is None:
-        record["curve"] = curve_from_metrics(record["metrics"], record["row"])
+    kept = record["curve"]  # summary.json's: 256 points at most
+    log = record["metrics"] if kept is None else metrics_file_for(path, record["config"])
+    logged = curve_from_metrics(log, record["row"]) if log is not None else None
+    # the run's own log holds every point; without it, its summary's curve
+    if logged is not None and (kept is None or len(logged["train"]) >= len(kept.get("train", []))):
+        record["curve"] = logged
+    elif kept is None:
+        record["curve"] = {"train": [], "eval": []}
     return record
+
+
+FINAL_DIR = "final_global"  # = distributed.final_global.FINAL_DIR (that module needs torch)
+
+
+def final_globals(paths: list[Path], records: list[dict], x: str) -> list[dict[str, Any]]:
+    """Each fleet's final global among the runs (a node's ``final_global/meta.json``; the
+    newest outer step when several nodes hold one): its outer step, its ``x`` (the fleet's
+    tokens or optimizer steps; None against time: it has no training seconds) and its loss
+    (None: not measured during the run)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path, record in zip(paths, records, strict=True):
+        meta = _final_meta(path / FINAL_DIR / "meta.json")
+        if type(meta.get("step")) is not int:
+            continue
+        diloco = meta.get("diloco") if isinstance(meta.get("diloco"), dict) else {}
+        fleet = _fleet(record["config"]) or _fleet(meta.get("config")) or diloco.get("repo")
+        fleet = fleet if isinstance(fleet, str) and fleet else str(path)
+        at = {"tokens": meta.get("tokens"), "steps": meta.get("optimizer_steps")}.get(x)
+        final = {
+            "fleet": str(fleet),
+            "run": record["row"]["name"],
+            "path": str(path / FINAL_DIR),
+            "outer_step": meta["step"],
+            "x": finite(at),
+            "loss": finite(meta.get("loss")),
+        }
+        if fleet not in found or final["outer_step"] > found[fleet]["outer_step"]:
+            found[fleet] = final
+    return list(found.values())
+
+
+def _final_meta(path: Path) -> dict[str, Any]:
+    """A final global's meta.json, bounded; {} when there is none or it does not read (a
+    fleet's picture goes on without its marker)."""
+    try:
+        meta = read_json(path, FILE_LIMIT, error=DataError) if path.is_file() else None
+    except ConfigError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def flatten(config: object, prefix: str = "") -> dict[str, Any]:
@@ -123,7 +228,7 @@ def _series(index: int, record: dict[str, Any], x: str, metric: str) -> list[dic
         {"run": name, "index": index, "kind": "eval", "set": s, "points": pts}
         for s, pts in sets.items()
     ]
-    return [dict(s, points=_thin(s["points"])) for s in found if s["points"]]
+    return [s for s in found if s["points"]]
 
 
 def _point(p: object, width: int, at: int, y: int) -> bool:
@@ -131,11 +236,11 @@ def _point(p: object, width: int, at: int, y: int) -> bool:
     return ok and finite(p[at]) is not None and finite(p[y]) is not None
 
 
-def _thin(points: list[list[float]]) -> list[list[float]]:
-    if len(points) <= MAX_POINTS:
+def _thin(points: list[list[float]], most: int) -> list[list[float]]:
+    if len(points) <= most:
         return points
     last = len(points) - 1
-    return [points[round(i * last / (MAX_POINTS - 1))] for i in range(MAX_POINTS)]
+    return [points[round(i * last / (most - 1))] for i in range(most)]
 
 
 def _grid(series: list[dict[str, Any]]) -> list[float]:
@@ -212,9 +317,21 @@ def _record(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def smooth(ys: list[float], weight: float) -> list[float]:
+    """W&B's "exponential moving average" (TensorBoard's formula): each point the running
+    average with ``weight`` on the past, debiased so the first points are not pulled towards
+    zero; ``weight`` 0 leaves the points as they are."""
+    out, last = [], 0.0
+    for n, y in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * y
+        out.append(last / (1 - weight**n))
+    return out
+
+
 # ---- the terminal picture --------------------------------------------------------------------
 
-MARKS = "123456789abcdefghijklmnopqrstuvwxyz"  # run i draws with MARKS[i]; "*": several meet
+# run i draws with MARKS[i] ("*": several meet); as many runs as marks can be compared
+MARKS = "123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def char_plot(series: list[dict[str, Any]], width: int = 60, height: int = 10) -> list[str]:
@@ -238,13 +355,13 @@ def char_plot(series: list[dict[str, Any]], width: int = 60, height: int = 10) -
     pad = max(map(len, labels))
     rows = zip(labels, canvas, strict=True)
     lines = [f"{label:>{pad}} |{''.join(row)}".rstrip() for label, row in rows]
-    left, right = _short(x0), _short(x1)
+    left, right = short(x0), short(x1)
     lines.append(f"{'':>{pad}} +{'-' * width}")
     lines.append(f"{'':>{pad}}  {left}{right:>{width - len(left)}}")
     return lines
 
 
-def _short(value: float) -> str:
+def short(value: float) -> str:
     """1234567 -> 1.23M: an axis label."""
     for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= size:

@@ -1,11 +1,14 @@
 """Every run under some directories, one row each: what ``speedtronic runs`` lists.
 
 A run directory holds ``summary.json`` (written when a run ends), ``checkpoints/`` (written
-while it trains) or ``diloco_master/`` (a DumbDiLoCo master's state). The summary says it all;
-without one (a run killed with -9, one made before summaries, one still training) the row
-comes from the newest checkpoint's meta.json and the tail of the metrics JSONL. Every file is
-read with a bound, so a corrupt or a 100 MB file costs its row a ``problem``, never a
-traceback, and 1,000 runs list in about a second (``benchmarks/observe/runs_list.py``).
+while it trains), ``diloco_master/`` (a DumbDiLoCo master's state) or ``.running`` (``train``'s
+marker, there from its first step). The summary says it all; without one (a run killed with
+-9, one made before summaries, one still training) the row comes from the newest checkpoint's
+meta.json and the metrics JSONL's head and tail, whichever is newer. Only files inside the run's
+directory describe it: a stored path is never resolved against the caller's working
+directory. Every file is read with a bound, so a corrupt or a 100 MB file costs its row a
+``problem``, never a traceback, and 1,000 runs list in well under a second
+(``benchmarks/observe/runs_list.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ COLUMNS = {
     "tokens_per_s": "tokens_per_s",
     "role": "role",
 }
-RUN_MARKS = (SUMMARY_FILE, "checkpoints", MASTER_DIR)
+HEAD_BYTES = 16 << 10  # of a JSONL with no checkpoint beside it: its run_start (name, params)
+RUN_MARKS = (SUMMARY_FILE, "checkpoints", MASTER_DIR, RUNNING_FILE)
 _END_STATUS = {"completed": "completed", "at_target": "completed", "stopped": "stopped"}
 _TAIL_WORDS = ('"run_start"', '"run_end"', '"eval"', '"outer_step"')
 _MANIFEST = re.compile(r"step_(\d{10})\.json")
@@ -87,10 +91,15 @@ def _walk(root: Path) -> list[tuple[str, Path]]:
 
 
 def _entries(folder: Path) -> dict[str, bool]:
-    """Names in ``folder`` -> is a directory (hidden ones left out: tmp dirs, caches)."""
+    """Names in ``folder`` -> is a directory (hidden ones left out: tmp dirs, caches; but
+    ``.running``, which marks a run that may have nothing else yet)."""
     try:
         with os.scandir(folder) as it:
-            return {e.name: e.is_dir() for e in it if not e.name.startswith(".")}
+            return {
+                e.name: e.is_dir()
+                for e in it
+                if not e.name.startswith(".") or e.name == RUNNING_FILE
+            }
     except OSError:
         return {}
 
@@ -129,7 +138,8 @@ def read_run(path: Path, name: str) -> dict[str, Any]:
         return found
     if problems:
         found["row"]["problem"] = "; ".join(problems)
-        if not (path / "checkpoints").is_dir():  # a summary we cannot read, and nothing else
+        alone = marked is None and not (path / "checkpoints").is_dir()
+        if alone and (path / SUMMARY_FILE).exists():  # a summary we cannot read, nothing else
             found["row"]["status"] = "unknown"
     return found
 
@@ -202,28 +212,30 @@ def _row(name: str, path: Path, source: str) -> dict[str, Any]:
 
 
 def _from_checkpoints(path: Path, name: str, problems: list[str]) -> dict[str, Any]:
-    """The row of a run without summary.json: its newest readable meta.json, and the tail of
-    its metrics JSONL (how it ended, its speed, a worker's outer step)."""
+    """The row of a run without summary.json: its newest readable meta.json, and its metrics
+    JSONL (how it ended, its speed, a worker's outer step; how far it got when that is past
+    its newest checkpoint, or when it has none: a run training or killed before its first)."""
     root = path / "checkpoints"
     meta = _newest_meta(root, problems)
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    metrics = metrics_file_for(path, config)
+    metrics = _own_log(path, config, problems)
     tail = _tail_records(metrics, problems) if metrics is not None else []
+    start = _head_start(metrics) if metrics is not None and not meta else {}
     end = next((r for r in reversed(tail) if r.get("event") == "run_end"), {})
     speed = next((r for r in reversed(tail) if "tokens_per_s" in r), {})
     role, node_id = _node(path, config)
     evals = _eval_sets(meta.get("eval_sets"))
     set_losses = [e["loss"] for e in evals.values()]
     logged = [finite(r.get("eval_loss")) for r in tail if r.get("event") == "eval"]
-    row = _row(name, path, "checkpoints")
+    row = _row(name, path, "checkpoints" if meta else "log")
     row.update(
-        run_name=_text(_get(config, "run.name")),
+        run_name=_text(_get(config, "run.name")) or _text(start.get("name")),
         status=_status(root, metrics, tail),
         steps=_count(meta.get("step")) if meta else _count(end.get("steps")),
         tokens=_count(meta.get("tokens")) if meta else _count(end.get("tokens")),
         train_s=finite(end.get("elapsed_s")),
-        params=_count(meta.get("param_count")),
-        optimizer=_text(_get(config, "optimizer.name")),
+        params=_count(meta.get("param_count")) or _count(start.get("params")),
+        optimizer=_text(_get(config, "optimizer.name")) or _first_word(start.get("optimizer")),
         final_loss=finite(meta.get("loss")) if meta else finite(end.get("final_loss")),
         best_eval_loss=_least([_loss_of(meta.get("eval_loss")), *logged, *set_losses]),
         bits_per_byte=next(
@@ -236,6 +248,7 @@ def _from_checkpoints(path: Path, name: str, problems: list[str]) -> dict[str, A
         ended_at=_text(meta.get("created_at")),
         eval=evals,
     )
+    _newer_from_log(row, tail)
     return {
         "row": row,
         "config": config,
@@ -243,6 +256,49 @@ def _from_checkpoints(path: Path, name: str, problems: list[str]) -> dict[str, A
         "curve": None,
         "metrics": metrics,
     }
+
+
+def _own_log(path: Path, config: dict[str, Any], problems: list[str]) -> Path | None:
+    """The run's metrics JSONL, inside its directory (or at its absolute ``logging.json_file``);
+    a log its config names that is not there is a problem: no curve, never another run's."""
+    metrics = metrics_file_for(path, config)
+    named = _get(config, "logging.json_file")
+    if metrics is None and isinstance(named, str) and named:
+        where = Path(named) if Path(named).is_absolute() else path / named
+        what = "is not a regular file" if where.exists() else "is missing"
+        problems.append(f"its metrics log {where} {what}: no curve, time or speed")
+    return metrics
+
+
+def _newer_from_log(row: dict[str, Any], tail: list[dict[str, Any]]) -> None:
+    """Steps, tokens and loss from the log's last train_step when it is past the newest
+    checkpoint (or there is none): how far the run got, as W&B shows a run as it logs."""
+    last = next((r for r in reversed(tail) if r.get("event") == "train_step"), {})
+    step = _count(last.get("step"))
+    if step is None or (row["steps"] is not None and step <= row["steps"]):
+        return
+    row.update(steps=step, tokens=_count(last.get("tokens")), final_loss=finite(last.get("loss")))
+
+
+def _head_start(path: Path) -> dict[str, Any]:
+    """The first ``run_start`` in the first ``HEAD_BYTES`` of a metrics JSONL ({} if none): a
+    run with no checkpoint yet is named, sized and its optimizer told by it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not os.path.isfile(path):
+                return {}
+            lines = handle.read(HEAD_BYTES).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return {}
+    for line in (ln for ln in lines if '"run_start"' in ln):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and record.get("event") == "run_start":
+            return record
+    return {}
 
 
 def _newest_meta(root: Path, problems: list[str]) -> dict[str, Any]:
@@ -275,8 +331,10 @@ def _tail_records(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         lines = lines[1:]  # the first is cut
     # Parse only what a row uses: most lines are train_steps, and parsing them all is the cost
     speed = next((ln for ln in reversed(lines) if '"tokens_per_s"' in ln), None)
+    step = next((ln for ln in reversed(lines) if '"train_step"' in ln), None)
     records = []
-    for line in (ln for ln in lines if ln is speed or any(w in ln for w in _TAIL_WORDS)):
+    wanted = (ln for ln in lines if ln is speed or ln is step or any(w in ln for w in _TAIL_WORDS))
+    for line in wanted:
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
@@ -342,7 +400,9 @@ def _outer_step(path: Path, config: dict[str, Any], role: str | None, tail: list
     newest its events name."""
     if role == "master":
         state = _get(config, "distributed.state_dir")
-        folder = Path(state).expanduser() if isinstance(state, str) else path / MASTER_DIR
+        chosen = Path(state).expanduser() if isinstance(state, str) and state else None
+        # a relative state_dir was relative to where train ran: unknowable from here
+        folder = chosen if chosen is not None and chosen.is_absolute() else path / MASTER_DIR
         steps = [int(m.group(1)) for n in _entries(folder) if (m := _MANIFEST.fullmatch(n))]
         return max(steps, default=None)
     if role == "worker":
@@ -391,3 +451,10 @@ def _count(value: object) -> int | None:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _first_word(label: object) -> str | None:
+    """run_start's optimizer label ("muon (7 matrices, bf16) + adamw (fused)") -> "muon", the
+    ``optimizer.name`` a checkpoint's config gives."""
+    words = label.split() if isinstance(label, str) else []
+    return words[0] if words else None
