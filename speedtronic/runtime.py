@@ -22,14 +22,9 @@ from speedtronic.data.describe import blocks_of, source_line
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
+from speedtronic.observe import running as run_marker
 from speedtronic.observe.metrics import MetricLogger
-from speedtronic.observe.summary import (
-    SUMMARY_FILE,
-    RunRecord,
-    clear_running,
-    mark_running,
-    summarize_run,
-)
+from speedtronic.observe.summary import SUMMARY_FILE, RunRecord, summarize_run
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
 from speedtronic.train import clock as run_clock
@@ -242,16 +237,29 @@ def _clear_locals(exc: BaseException | None) -> None:
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
     began = run_clock.now()  # start-up, apart from the training seconds (train/clock.py)
     # Everything that can fail before the first step fails here, before the output directory
-    # is touched: --overwrite must never delete the old run for a typo in the new (issue 31).
+    # is touched: --overwrite must never delete the old run for a typo in the new (issue 31),
+    # nor a live run's files, whatever the flags (issue 53). Rank 0 alone: it is the one that
+    # writes checkpoints and the marker, and the others must not race it.
+    main = parallel.is_main_process()
+    if main:
+        run_marker.check_free(config.output_dir)
     check_seq_len(config)
     given = {k: kwargs.get(k) for k in ("model", "dataset", "tokenizer")}
     start = plan_start(config, **given)
-    # Rank 0 alone: it is the one that writes checkpoints, and the others must not race it.
-    cleared = prepare_output(start.config) if parallel.is_main_process() else None
-    runtime = build_runtime(start.config, start=start, **kwargs)
+    running = run_marker.claim(start.config.output_dir) if main else None
+    try:
+        return _run(start, began, **kwargs)
+    finally:
+        run_marker.release(running)
+
+
+def _run(start: StartPlan, began: float, **kwargs: Any) -> TrainResult:
+    """Train the run ``start`` planned, in an output directory this process has claimed."""
+    config = start.config
+    cleared = prepare_output(config) if parallel.is_main_process() else None
+    runtime = build_runtime(config, start=start, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     runtime.clock.began = began
-    running = mark_running(start.config.output_dir) if parallel.is_main_process() else None
     try:
         if cleared:
             logger.notice(cleared)
@@ -281,7 +289,6 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             summarize_run(runtime, None, exc)
         raise
     finally:
-        clear_running(running)
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()
         logger.close()

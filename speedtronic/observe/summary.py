@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +24,6 @@ from speedtronic.observe.metrics import json_safe
 
 SUMMARY_FILE = "summary.json"
 SUMMARY_FORMAT = 1
-RUNNING_FILE = ".running"  # "pid host" while a run trains (mark_running)
 CURVE_POINTS = 256  # points per curve in the summary
 KEPT_POINTS = 2 * CURVE_POINTS  # kept while running: thinned to half when full
 DATA_SET = "val"  # the eval set name of data.eval_every's held-out split (no text bytes)
@@ -219,27 +217,6 @@ def write_summary(directory: Path, doc: dict[str, Any]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def mark_running(directory: Path) -> Path | None:
-    """``directory/.running``: this process's pid and host while the run trains, removed when
-    it ends however it ends (``clear_running``), so ``runs`` tells a live run from one killed
-    with -9 (the marker stays, naming a dead pid). Never fails the run."""
-    path = directory / RUNNING_FILE
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{os.getpid()} {socket.gethostname()}\n", encoding="utf-8")
-    except OSError:
-        return None
-    return path
-
-
-def clear_running(path: Path | None) -> None:
-    if path is not None:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 def now_iso() -> str:
