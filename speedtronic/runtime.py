@@ -8,6 +8,7 @@ import random
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,14 @@ from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.observe import running as run_marker
 from speedtronic.observe.metrics import MetricLogger
-from speedtronic.observe.summary import SUMMARY_FILE, RunRecord, summarize_run
+from speedtronic.observe.summary import (
+    SUMMARY_FILE,
+    RunRecord,
+    coordinator_summary,
+    now_iso,
+    store_summary,
+    summarize_run,
+)
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
 from speedtronic.train import clock as run_clock
@@ -356,19 +364,37 @@ def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLo
 
 
 def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
-    """A DumbDiLoCo master that does not train: it aggregates and publishes until done."""
+    """A DumbDiLoCo master that does not train: it aggregates and publishes until done. It is a
+    run like any other (issue 53): it claims its output directory while it lives (refused
+    where a live run holds it) and leaves a summary.json however it ends."""
+    run_marker.check_free(config.output_dir)
+    running = run_marker.claim(config.output_dir)
+    try:
+        return _coordinate(config, hooks, console)
+    finally:
+        run_marker.release(running)
+
+
+def _coordinate(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
     from speedtronic.distributed import setup
 
     logger = run_logger(config, console, hooks)
+    done: dict[str, Any] = {"started_at": now_iso(), "params": None}
     try:
         seed_everything(config.run.seed)  # the same initial weights as every worker
         model = build_model(config.model.name, config.model.params, config.model.imports)
+        done["params"] = count_parameters(model)
         logger.log("run_start", coordinator_facts(config))  # hooks open their runs on it
-        done = setup.coordinate_only(config, model, logger)
+        done.update(setup.coordinate_only(config, model, logger))
         status = "interrupted" if done["signal"] else "completed"
         result = TrainResult(0, None, 0, 0, done["elapsed_s"], status, done["signal"])
         logger.log("run_end", {**result.__dict__, "outer_step": done["outer_step"]})
+        summary = partial(coordinator_summary, config, done)
+        result.summary = store_summary(config.output_dir, summary, logger)
         return result
+    except BaseException as exc:
+        store_summary(config.output_dir, partial(coordinator_summary, config, done, exc), logger)
+        raise
     finally:
         logger.close()
 

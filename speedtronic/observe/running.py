@@ -5,7 +5,8 @@ changes anything in it: ``check_free`` refuses, in one line naming the pid and h
 whose marker names a live process (``speedtronic.liveness``'s rule), so neither ``--overwrite``
 nor ``--resume`` nor a fresh start touches a live run's checkpoints, logs or marker (issue 53).
 ``claim`` writes this process's marker (``liveness.stamp``) whole or not at all; ``release``
-removes it when the run ends however it ends, and only while it is still this process's. A run
+removes it when the run ends however it ends, and only while it is still this process's (with
+the folders ``claim`` made, where the run left them empty). A run
 killed with -9 leaves it, naming a dead process: ``speedtronic runs`` reads that as interrupted.
 Stdlib only.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from speedtronic import liveness
@@ -33,11 +35,20 @@ def check_free(directory: Path, key: str = "run.output_dir") -> None:
         )
 
 
-def claim(directory: Path, key: str = "run.output_dir") -> Path | None:
+@dataclass(frozen=True)
+class Claim:
+    """This process's marker, and the topmost folder ``claim`` made for it (None: it was there):
+    a run refused before it wrote anything leaves no empty output directory behind."""
+
+    path: Path
+    made: Path | None
+
+
+def claim(directory: Path, key: str = "run.output_dir") -> Claim | None:
     """Mark ``directory`` as this process's run; refused (``check_free``) while another live
     process holds it. None when the marker cannot be written: that never fails the run."""
     directory = Path(directory)
-    path = directory / RUNNING_FILE
+    path, made = directory / RUNNING_FILE, _first_missing(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".running.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -54,17 +65,33 @@ def claim(directory: Path, key: str = "run.output_dir") -> Path | None:
         return None
     finally:
         tmp.unlink(missing_ok=True)
-    return path
+    return Claim(path, made)
 
 
-def release(path: Path | None) -> None:
-    """Remove this process's marker at ``path``; another process's stays where it is."""
-    if path is None:
+def release(held: Claim | None) -> None:
+    """Remove this process's marker; another process's stays where it is. The folders ``claim``
+    made go too, where the run left them empty."""
+    if held is None:
         return
     try:
-        with path.open("rb") as handle:
+        with held.path.open("rb") as handle:
             mine = handle.read(liveness.MARKER_LIMIT + 1) == liveness.stamp().encode()
         if mine:
-            path.unlink()
+            held.path.unlink()
     except OSError:
         pass
+    folder = held.path.parent
+    while held.made is not None and folder.is_relative_to(held.made):
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def _first_missing(directory: Path) -> Path | None:
+    if directory.exists():
+        return None
+    while not directory.parent.exists() and directory.parent != directory:
+        directory = directory.parent
+    return directory

@@ -43,10 +43,10 @@ def test_a_killed_resume_is_not_read_from_the_last_parts_summary(tmp_path):
 
 
 def test_marking_never_fails_and_clears(tmp_path):
-    path = claim(tmp_path / "out")
-    assert path.read_text().split()[0] == str(os.getpid())
-    release(path)
-    assert not path.exists()
+    held = claim(tmp_path / "out")
+    assert held.path.read_text().split()[0] == str(os.getpid())
+    release(held)
+    assert not held.path.exists()
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert claim(blocked / "out") is None  # a file where the directory should be
