@@ -42,6 +42,7 @@ class Claim:
 
     path: Path
     made: Path | None
+    text: str  # what it wrote: the marker is ours while it holds just that
 
 
 def claim(directory: Path, key: str = "run.output_dir") -> Claim | None:
@@ -52,7 +53,8 @@ def claim(directory: Path, key: str = "run.output_dir") -> Claim | None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".running.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(liveness.stamp(), encoding="utf-8")
+        text = liveness.stamp()
+        tmp.write_text(text, encoding="utf-8")
     except OSError:
         return None
     try:
@@ -65,7 +67,7 @@ def claim(directory: Path, key: str = "run.output_dir") -> Claim | None:
         return None
     finally:
         tmp.unlink(missing_ok=True)
-    return Claim(path, made)
+    return Claim(path, made, text)
 
 
 def release(held: Claim | None) -> None:
@@ -75,7 +77,7 @@ def release(held: Claim | None) -> None:
         return
     try:
         with held.path.open("rb") as handle:
-            mine = handle.read(liveness.MARKER_LIMIT + 1) == liveness.stamp().encode()
+            mine = handle.read(liveness.MARKER_LIMIT + 1) == held.text.encode()
         if mine:
             held.path.unlink()
     except OSError:
