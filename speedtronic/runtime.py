@@ -8,6 +8,7 @@ import random
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ from speedtronic.data.describe import blocks_of, source_line
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
+from speedtronic.observe import running as run_marker
 from speedtronic.observe.metrics import MetricLogger
 from speedtronic.observe.summary import (
     SUMMARY_FILE,
     RunRecord,
-    clear_running,
-    mark_running,
+    coordinator_summary,
+    now_iso,
+    store_summary,
     summarize_run,
 )
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
@@ -242,16 +245,29 @@ def _clear_locals(exc: BaseException | None) -> None:
 def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
     began = run_clock.now()  # start-up, apart from the training seconds (train/clock.py)
     # Everything that can fail before the first step fails here, before the output directory
-    # is touched: --overwrite must never delete the old run for a typo in the new (issue 31).
+    # is touched: --overwrite must never delete the old run for a typo in the new (issue 31),
+    # nor a live run's files, whatever the flags (issue 53). Rank 0 alone: it is the one that
+    # writes checkpoints and the marker, and the others must not race it.
+    main = parallel.is_main_process()
+    if main:
+        run_marker.check_free(config.output_dir)
     check_seq_len(config)
     given = {k: kwargs.get(k) for k in ("model", "dataset", "tokenizer")}
     start = plan_start(config, **given)
-    # Rank 0 alone: it is the one that writes checkpoints, and the others must not race it.
-    cleared = prepare_output(start.config) if parallel.is_main_process() else None
-    runtime = build_runtime(start.config, start=start, **kwargs)
+    running = run_marker.claim(start.config.output_dir) if main else None
+    try:
+        return _run(start, began, **kwargs)
+    finally:
+        run_marker.release(running)
+
+
+def _run(start: StartPlan, began: float, **kwargs: Any) -> TrainResult:
+    """Train the run ``start`` planned, in an output directory this process has claimed."""
+    config = start.config
+    cleared = prepare_output(config) if parallel.is_main_process() else None
+    runtime = build_runtime(config, start=start, **kwargs)
     trainer, logger = runtime.trainer, runtime.logger
     runtime.clock.began = began
-    running = mark_running(start.config.output_dir) if parallel.is_main_process() else None
     try:
         if cleared:
             logger.notice(cleared)
@@ -281,7 +297,6 @@ def _train(config: SpeedtronicConfig, **kwargs: Any) -> TrainResult:
             summarize_run(runtime, None, exc)
         raise
     finally:
-        clear_running(running)
         if trainer.parallel is not None:
             trainer.parallel.restore_signals()
         logger.close()
@@ -349,19 +364,37 @@ def run_logger(config: SpeedtronicConfig, console: bool, hooks: Any) -> MetricLo
 
 
 def coordinate_only(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
-    """A DumbDiLoCo master that does not train: it aggregates and publishes until done."""
+    """A DumbDiLoCo master that does not train: it aggregates and publishes until done. It is a
+    run like any other (issue 53): it claims its output directory while it lives (refused
+    where a live run holds it) and leaves a summary.json however it ends."""
+    run_marker.check_free(config.output_dir)
+    running = run_marker.claim(config.output_dir)
+    try:
+        return _coordinate(config, hooks, console)
+    finally:
+        run_marker.release(running)
+
+
+def _coordinate(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainResult:
     from speedtronic.distributed import setup
 
     logger = run_logger(config, console, hooks)
+    done: dict[str, Any] = {"started_at": now_iso(), "params": None}
     try:
         seed_everything(config.run.seed)  # the same initial weights as every worker
         model = build_model(config.model.name, config.model.params, config.model.imports)
+        done["params"] = count_parameters(model)
         logger.log("run_start", coordinator_facts(config))  # hooks open their runs on it
-        done = setup.coordinate_only(config, model, logger)
+        done.update(setup.coordinate_only(config, model, logger))
         status = "interrupted" if done["signal"] else "completed"
         result = TrainResult(0, None, 0, 0, done["elapsed_s"], status, done["signal"])
         logger.log("run_end", {**result.__dict__, "outer_step": done["outer_step"]})
+        summary = partial(coordinator_summary, config, done)
+        result.summary = store_summary(config.output_dir, summary, logger)
         return result
+    except BaseException as exc:
+        store_summary(config.output_dir, partial(coordinator_summary, config, done, exc), logger)
+        raise
     finally:
         logger.close()
 

@@ -193,8 +193,18 @@ def tick(fleet: Fleet, next_kill: list[float], master_kill: list) -> None:
             fleet.kill(master, fleet.rng.uniform(*plan.restart_s))
 
 
+def used(work: Path, plan: Plan) -> Path | None:
+    """What ``work`` holds of an earlier run: the repo, a node's folder or the faults log. A run
+    there would read it as its own (a second run whose workers trained nothing reported the
+    first run's final loss), so a used ``work`` is refused, never cleared."""
+    names = ["repo", "faults.log", "m", *(f"w{i}" for i in range(1, plan.workers + 2))]
+    return next((work / name for name in names if os.path.lexists(work / name)), None)
+
+
 def run_fleet(work: Path, plan: Plan, seed: int, chaos: bool) -> dict:
-    """One run, clean or chaotic; returns its report (``report``)."""
+    """One run, clean or chaotic, in a ``work`` no run used; returns its report (``report``)."""
+    if used(work, plan) is not None:
+        raise FileExistsError(f"{used(work, plan)}: {work} holds an earlier run")
     work.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(work, plan, seed, chaos)
     fleet.launch(fleet.nodes["m"])  # it creates the repo: a worker never does
@@ -360,11 +370,17 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=Plan.kill_every_s)
     parser.add_argument("--fault-rate", type=float, default=Plan.fault_rate)
     parser.add_argument("--no-clean", action="store_true", help="skip the clean run")
-    parser.add_argument("--work", type=Path, help="where the runs go (default: a temp dir)")
+    parser.add_argument("--work", type=Path, help="where the runs go, a folder no earlier "
+                        "run used (default: a new temp dir)")  # fmt: skip
     args = parser.parse_args()
     plan = Plan(steps=args.steps, workers=args.workers, kill_every_s=args.kill_every,
                 fault_rate=args.fault_rate)  # fmt: skip
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos_"))
+    for part in ["chaos"] + ([] if args.no_clean else ["clean"]):
+        if used(work / part, plan) is not None:  # before either run starts
+            print(f"chaos.py: error: --work {work}: {used(work / part, plan)} is an earlier "
+                  "run's; name a new --work (or delete that one)", file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
     runs = [] if args.no_clean else [run_fleet(work / "clean", plan, args.chaos, False)]
     runs.append(run_fleet(work / "chaos", plan, args.chaos, True))
     print(f"load average {os.getloadavg()[0]:.2f}; plan {asdict(plan)}")

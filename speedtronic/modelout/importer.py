@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedtronic import liveness
 from speedtronic.checkpoint.files import fsync_dir, install_dir
 from speedtronic.checkpoint.layout import TMP_PREFIX, step_dir_name
 from speedtronic.checkpoint.save import save_checkpoint
@@ -36,7 +36,7 @@ from speedtronic.modelout.export import link_target
 from speedtronic.modelout.source_model import SourceModel, load_state, open_source
 
 IMPORT_MARK = "speedtronic_import.json"
-WRITER_MARK = ".speedtronic-import-writer"  # in the temporary copy only: "<pid> <host>"
+WRITER_MARK = ".speedtronic-import-writer"  # in the temporary copy only: liveness.stamp()
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -70,7 +70,7 @@ def import_model(
         _remove_stale(out)
         shutil.rmtree(tmp, ignore_errors=True)  # ours, from an earlier attempt
         tmp.mkdir()
-        _write_file(tmp / WRITER_MARK, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        _write_file(tmp / WRITER_MARK, liveness.stamp().encode())
         done = _write(tmp, given, source)
         if verify is not None:
             done.verified = verify(tmp, source)
@@ -93,15 +93,14 @@ def _tmp_prefix(out: Path) -> str:
 
 def _remove_stale(out: Path) -> None:
     """Temporary copies of earlier imports into ``out`` whose writer is gone: marked as an
-    import's and naming a pid that no longer runs on this host. Anything else stays."""
-    from speedtronic.data.ingest.owner import marker_alive  # data tokenize's liveness rule, shared
-
+    import's and no longer held by their writer (``speedtronic.liveness``: a pid gone or taken
+    by another process on this host, an empty or garbled mark). Anything else stays."""
     prefix = _tmp_prefix(out)
     for path in out.parent.iterdir() if out.parent.is_dir() else []:
         pid = path.name.removeprefix(prefix)
         if path.name.startswith(prefix) and pid.isdigit() and not path.is_symlink():
             mark = path / WRITER_MARK
-            if mark.is_file() and not marker_alive(mark):
+            if mark.is_file() and not liveness.marker_alive(mark):
                 shutil.rmtree(path, ignore_errors=True)
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from speedtronic.observe.metrics import json_safe
 
 SUMMARY_FILE = "summary.json"
 SUMMARY_FORMAT = 1
-RUNNING_FILE = ".running"  # "pid host" while a run trains (mark_running)
 CURVE_POINTS = 256  # points per curve in the summary
 KEPT_POINTS = 2 * CURVE_POINTS  # kept while running: thinned to half when full
 DATA_SET = "val"  # the eval set name of data.eval_every's held-out split (no text bytes)
@@ -91,8 +91,8 @@ def evenly(points: list[Any], most: int) -> list[Any]:
 def summarize_run(runtime: Any, result: Any = None, exc: BaseException | None = None) -> dict:
     """Build and store the summary of a run that returned ``result`` or raised ``exc``.
 
-    Storing it never fails the run: the checkpoints hold its work, and on the error path the
-    original error matters more. A second Ctrl-C (``KeyboardInterrupt``) is a stop, not a failure.
+    Storing it never fails the run (``store_summary``). A second Ctrl-C (``KeyboardInterrupt``)
+    is a stop, not a failure.
     """
     if exc is None:
         status, reason, error = *outcome(result, runtime.clock), None
@@ -100,11 +100,18 @@ def summarize_run(runtime: Any, result: Any = None, exc: BaseException | None = 
         status, reason, error = "stopped", "signal", None
     else:
         status, reason, error = "failed", "error", error_line(exc)
+    build = partial(build_summary, runtime, status, reason, error)
+    return store_summary(runtime.config.output_dir, build, runtime.logger)
+
+
+def store_summary(directory: Path, build: Callable[[], dict], logger: Any) -> dict:
+    """Build a summary and write it in ``directory``; a failure is warned, never raised: the
+    run's checkpoints hold its work, and on the error path the run's own error matters more."""
     try:
-        doc = build_summary(runtime, status, reason, error)
-        write_summary(runtime.config.output_dir, doc)
+        doc = build()
+        write_summary(directory, doc)
     except Exception as failure:  # noqa: BLE001 (reported; the run's own outcome stands)
-        runtime.logger.warn(f"summary.json: not written ({error_line(failure)})")
+        logger.warn(f"summary.json: not written ({error_line(failure)})")
         return {}
     return doc
 
@@ -132,37 +139,67 @@ def build_summary(runtime: Any, status: str, stop_reason: str, error: str | None
     """The summary document of ``runtime``'s run as it stands (see the module docstring)."""
     trainer, cfg, clock = runtime.trainer, runtime.config, runtime.clock
     final_loss = trainer.last_loss if error else trainer.current_loss()
-    config = cfg.to_dict(redact=True)
     tokens_per_s = clock.tokens / clock.seconds if clock.seconds > 0 else None
-    return json_safe(
-        {
-            "schema_version": SUMMARY_FORMAT,
-            "name": cfg.run.name,
-            "status": status,
-            "error": error,
-            "stop_reason": stop_reason,
-            "started_at": runtime.record.started_at,
-            "ended_at": now_iso(),
-            "steps": trainer.step,
-            "tokens": trainer.tokens,
-            "train_s": clock.seconds,
-            "startup_s": clock.startup_seconds(),
-            "time_budget_s": cfg.run.time_budget_s,
-            "params": sum(p.numel() for p in runtime.model.parameters()),
-            "tokens_per_s": tokens_per_s,
-            "mfu": _mfu(trainer, tokens_per_s),
-            "peak_memory_bytes": _peak_memory(trainer),
-            "optimizer": cfg.optimizer.name,
-            "final_train_loss": final_loss,
-            "eval": eval_figures(trainer.plugins),
-            "config_sha256": config_sha256(config),
-            "changed_keys": changed_keys(config, type(cfg)().to_dict(redact=True)),
-            "config": config,
-            "tokenizer": _tokenizer(runtime),
-            **_node(cfg, trainer.plugins),
-            "curve": runtime.record.curve(trainer, final_loss),
-        }
-    )
+    figures = {
+        "status": status,
+        "error": error,
+        "stop_reason": stop_reason,
+        "started_at": runtime.record.started_at,
+        "steps": trainer.step,
+        "tokens": trainer.tokens,
+        "train_s": clock.seconds,
+        "startup_s": clock.startup_seconds(),
+        "params": sum(p.numel() for p in runtime.model.parameters()),
+        "tokens_per_s": tokens_per_s,
+        "mfu": _mfu(trainer, tokens_per_s),
+        "peak_memory_bytes": _peak_memory(trainer),
+        "final_train_loss": final_loss,
+        "eval": eval_figures(trainer.plugins),
+        "tokenizer": _tokenizer(runtime),
+        **_node(cfg, trainer.plugins),
+        "curve": runtime.record.curve(trainer, final_loss),
+    }
+    return summary_doc(cfg, figures)
+
+
+def summary_doc(cfg: Any, figures: dict[str, Any]) -> dict:
+    """Every field of a summary, in the documented order: ``figures`` are the run's own (status
+    and how it ended among them); a field it lacks is null (nothing trained, nothing measured)."""
+    config = cfg.to_dict(redact=True)
+    doc: dict[str, Any] = {
+        "schema_version": SUMMARY_FORMAT,
+        "name": cfg.run.name,
+        **dict.fromkeys(("status", "error", "stop_reason", "started_at")),
+        "ended_at": now_iso(),
+        **dict.fromkeys(("steps", "tokens", "train_s", "startup_s")),
+        "time_budget_s": cfg.run.time_budget_s,
+        **dict.fromkeys(("params", "tokens_per_s", "mfu", "peak_memory_bytes")),
+        "optimizer": cfg.optimizer.name,
+        "final_train_loss": None,
+        "eval": {},
+        "config_sha256": config_sha256(config),
+        "changed_keys": changed_keys(config, type(cfg)().to_dict(redact=True)),
+        "config": config,
+        **dict.fromkeys(("tokenizer", "role", "node_id", "outer_step")),
+        "curve": {"train": [], "eval": []},
+    }
+    doc.update(figures)  # the fields keep their places
+    return json_safe(doc)
+
+
+def coordinator_summary(cfg: Any, done: dict[str, Any], exc: BaseException | None = None) -> dict:
+    """The summary of a DumbDiLoCo master that only coordinates (``train_locally: false``): it
+    trains nothing (0 steps), and its outer step says how far the run got. ``done`` holds its
+    ``started_at`` and ``params``, and once it returned, ``outer_step`` and ``signal``."""
+    if exc is not None and not isinstance(exc, KeyboardInterrupt):
+        ended = {"status": "failed", "stop_reason": "error", "error": error_line(exc)}
+    elif exc is not None or done.get("signal"):  # a second Ctrl-C is a stop too
+        ended = {"status": "stopped", "stop_reason": "signal"}
+    else:  # at outer_steps, or every node it heard from ended
+        ended = {"status": "completed", "stop_reason": "outer_steps"}
+    figures = {"started_at": done["started_at"], "steps": 0, "tokens": 0, "params": done["params"]}
+    node = {"role": "master", "node_id": cfg.distributed.resolved_node_id}
+    return summary_doc(cfg, {**ended, **figures, **node, "outer_step": done.get("outer_step")})
 
 
 def eval_figures(plugins: list[Any]) -> dict[str, dict[str, Any]]:
@@ -219,27 +256,6 @@ def write_summary(directory: Path, doc: dict[str, Any]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def mark_running(directory: Path) -> Path | None:
-    """``directory/.running``: this process's pid and host while the run trains, removed when
-    it ends however it ends (``clear_running``), so ``runs`` tells a live run from one killed
-    with -9 (the marker stays, naming a dead pid). Never fails the run."""
-    path = directory / RUNNING_FILE
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{os.getpid()} {socket.gethostname()}\n", encoding="utf-8")
-    except OSError:
-        return None
-    return path
-
-
-def clear_running(path: Path | None) -> None:
-    if path is not None:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 def now_iso() -> str:

@@ -28,13 +28,13 @@ from speedtronic.checkpoint.layout import (
     list_tmp_dirs,
     parse_tmp_pid,
 )
-from speedtronic.data.ingest.owner import marker_alive
 from speedtronic.errors import ConfigError, DataError
+from speedtronic.liveness import marker_alive
 from speedtronic.observe.history import finite
 from speedtronic.readlimit import MIB, read_json
 
 SUMMARY_FILE = "summary.json"
-RUNNING_FILE = ".running"  # = observe.summary.RUNNING_FILE: "pid host" while a run trains
+RUNNING_FILE = ".running"  # = observe.running.RUNNING_FILE: names the process while a run trains
 MASTER_DIR = "diloco_master"  # distributed.state_dir's default, inside the output dir
 FILE_LIMIT = 4 * MIB  # summary.json and meta.json: a few KiB each when sound
 TAIL_BYTES = 64 << 10  # of the metrics JSONL: its last records say how the run ended
@@ -367,9 +367,9 @@ def _status(root: Path, metrics: Path | None, tail: list[dict[str, Any]]) -> str
 
 
 def _marker_status(path: Path) -> str | None:
-    """``running`` while the process a run's marker names may live (tokenize's rule: another
-    machine's, or an unreadable marker, counts as live), ``interrupted`` once it is gone (killed
-    with -9: it had no chance to remove the marker); None with no marker."""
+    """``running`` while the process a run's marker names may live (``speedtronic.liveness``'s
+    rule, shared with train and tokenize), ``interrupted`` once it is gone (killed with -9: it
+    had no chance to remove the marker); None with no marker."""
     if not path.is_file():
         return None
     return "running" if marker_alive(path) else "interrupted"

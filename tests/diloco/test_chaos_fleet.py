@@ -55,6 +55,35 @@ def true_reasons(line: str, master_log: str) -> list[str]:
     return wrong
 
 
+@pytest.mark.parametrize("earlier", ["chaos/m", "chaos/repo", "clean/faults.log"])
+def test_a_work_folder_an_earlier_run_used_is_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys, earlier
+):
+    """Issue 53, item 12: run twice with one --work, the second run (its workers exited 2,
+    no step trained) reported the first run's final loss."""
+
+    def never(*args):
+        raise AssertionError("a run started")
+
+    (tmp_path / earlier).parent.mkdir(parents=True)
+    (tmp_path / earlier).touch()
+    monkeypatch.setattr(chaos, "run_fleet", never)
+    monkeypatch.setattr(sys, "argv", ["chaos.py", "--chaos", "7", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        chaos.main()
+    assert stop.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"chaos.py: error: --work {tmp_path}: {tmp_path / earlier} is an")
+    assert chaos.used(tmp_path / "fresh", PLAN) is None
+
+
+def test_a_fleet_in_a_used_folder_is_refused_before_a_node_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(chaos.Fleet, "launch", lambda *args: pytest.fail("a node started"))
+    (tmp_path / "w3").mkdir()  # the late worker's folder
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
+        chaos.run_fleet(tmp_path, PLAN, seed=3, chaos=True)
+
+
 @pytest.mark.slow
 def test_a_fleet_under_chaos_ends_whole_and_counts_nothing_twice(tmp_path):
     run = chaos.run_fleet(tmp_path, PLAN, seed=3, chaos=True)

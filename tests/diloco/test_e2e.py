@@ -102,6 +102,9 @@ def test_a_master_and_two_workers_train_one_model_through_a_directory(tmp_path):
     for i, process in enumerate(workers, 1):
         assert proc_support.wait(process) == 0, log_of(tmp_path, f"worker-{i}")
     assert proc_support.wait(master) == 0, log_of(tmp_path, "master")  # the run ended: it ends
+    summary = json.loads((tmp_path / "master" / "summary.json").read_text())  # a run too
+    assert (summary["status"], summary["role"], summary["steps"]) == ("completed", "master", 0)
+    assert not (tmp_path / "master" / ".running").exists()
     assert not list(repo.glob("nodes/*/delta_*.safetensors")), log_of(tmp_path, "master")
     step, final = decode_weights((repo / GLOBAL_WEIGHTS).read_bytes(), _reference())
     assert_run_ended_whole(tmp_path, repo, ["worker-1", "worker-2"], ["master"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -161,6 +162,25 @@ def test_a_killed_imports_temporary_copy_is_removed_by_the_next_import(tmp_path)
     result = invoke("import", src, tmp_path / "run")
     assert result.exit_code == 0, result.stderr
     assert not stale[0].exists() and foreign.is_dir()
+
+
+def test_a_stale_copy_whose_mark_was_torn_or_is_huge_is_removed(tmp_path):
+    """A kill while the writer's mark was written leaves it empty; a huge one is read with a
+    bound (issue 53, item 5: before, both were taken as held forever, the huge one read whole)."""
+    from speedtronic.modelout.importer import WRITER_MARK, _remove_stale
+
+    hour_ago = time.time() - 3600
+    copies = {pid: tmp_path / f".tmp-import-run-{pid}" for pid in (11, 12, 13)}
+    for copy in copies.values():
+        copy.mkdir()
+    with (copies[12] / WRITER_MARK).open("wb") as handle:  # sparse: no disk space used
+        handle.truncate(3 << 30)
+    (copies[11] / WRITER_MARK).write_bytes(b"")
+    (copies[13] / WRITER_MARK).write_text(f"{os.getpid()} {socket.gethostname()}\n")  # held
+    for copy in copies.values():
+        os.utime(copy / WRITER_MARK, (hour_ago, hour_ago))
+    _remove_stale(tmp_path / "run")
+    assert [p for p, copy in copies.items() if copy.exists()] == [13]
 
 
 @pytest.mark.hub

@@ -7,8 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
-from speedtronic.observe.summary import RUNNING_FILE, clear_running, mark_running
+from speedtronic.observe.running import RUNNING_FILE, claim, release
 from speedtronic.results.listing import read_run
 
 
@@ -42,10 +43,20 @@ def test_a_killed_resume_is_not_read_from_the_last_parts_summary(tmp_path):
 
 
 def test_marking_never_fails_and_clears(tmp_path):
-    path = mark_running(tmp_path / "out")
-    assert path.read_text().split()[0] == str(os.getpid())
-    clear_running(path)
-    assert not path.exists()
+    held = claim(tmp_path / "out")
+    assert held.path.read_text().split()[0] == str(os.getpid())
+    release(held)
+    assert not held.path.exists()
     blocked = tmp_path / "file"
     blocked.write_text("")
-    assert mark_running(blocked / "out") is None  # a file where the directory should be
+    assert claim(blocked / "out") is None  # a file where the directory should be
+
+
+def test_an_empty_marker_an_hour_old_is_not_running(tmp_path):
+    """A kill while the marker was written left it empty: not "running" forever (issue 53)."""
+    (tmp_path / "checkpoints").mkdir()
+    marker = tmp_path / RUNNING_FILE
+    marker.write_text("")
+    hour_ago = time.time() - 3600
+    os.utime(marker, (hour_ago, hour_ago))
+    assert read_run(tmp_path, "r")["row"]["status"] == "interrupted"

@@ -12,7 +12,7 @@ folder ``OUT.partial/``, a lock file ``.OUT.lock`` held for the whole run, and f
 - **One writer.** ``OutLock`` takes an exclusive ``flock`` on ``.OUT.lock`` (pid and host
   written in it for the refusal's message); the kernel drops it when its process dies, so a
   ``kill -9`` leaves no stale lock to clear. Where ``fcntl`` is missing, the file is created
-  with ``O_EXCL`` and a lock whose pid is gone on this host is taken over.
+  with ``O_EXCL`` and a lock whose holder is gone (``speedtronic.liveness``'s rule) is taken over.
 - **Sources.** ``check_out`` refuses an OUT that names no new entry (``.``, ``/``, ``''``);
   ``check_sources`` refuses an OUT that is, holds or lies in a source; ``avoid`` lists what a
   glob's matches must leave out (OUT, its staging folder, the lock, the record).
@@ -30,6 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
+from speedtronic import liveness
 from speedtronic.errors import DataError, OutputError
 
 MARKER = ".speedtronic-tokenize"
@@ -237,10 +238,11 @@ class OutLock:
             raise OutputError(f"{self.path}: cannot create the lock ({_reason(exc)})") from None
         if self._fd is None:
             raise DataError(
-                f"{self.out}: another {self.command} is writing it ({_holder(self.path)}; lock "
+                f"{self.out}: another {self.command} is writing it "
+                f"({liveness.holder(self.path)}; lock "
                 f"{self.path}); wait for it to end, or name another OUT"
             )
-        stamp = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        stamp = liveness.stamp().encode()
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, stamp, 0)
         return self
@@ -289,34 +291,7 @@ def _exclusive(path: Path) -> int | None:
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            if marker_alive(path):
+            if liveness.marker_alive(path):
                 return None
             path.unlink(missing_ok=True)
     return None
-
-
-def marker_alive(path: Path) -> bool:
-    """Whether the process a marker names (``pid host``) may still hold it: an unreadable
-    marker, or another machine's, counts as held."""
-    try:
-        pid, host = path.read_text(encoding="utf-8").split()
-        pid_number = int(pid)
-    except (OSError, ValueError):
-        return True  # being written, or unreadable: taken as held
-    if host != socket.gethostname():
-        return True  # another machine's: cannot tell, so it holds
-    try:
-        os.kill(pid_number, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # someone else's process: alive
-    return True
-
-
-def _holder(path: Path) -> str:
-    try:
-        pid, host = path.read_text(encoding="utf-8").split()
-        return f"pid {int(pid)} on {host}"
-    except (OSError, ValueError):
-        return "holder unknown"
