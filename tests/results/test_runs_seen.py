@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from results.test_runs import row_of, write_checkpoint
-from speedtronic.observe.summary import RUNNING_FILE, mark_running
+from speedtronic.observe.running import RUNNING_FILE, claim, release
 from speedtronic.results.compare import compare_runs
 from speedtronic.results.listing import list_runs
 
@@ -46,7 +46,8 @@ def write_log(run: Path, steps: int, name: str = "metrics.jsonl", end: bool = Fa
 def test_a_training_and_a_killed_run_without_checkpoints_are_listed(tmp_path):
     live = tmp_path / "live"
     write_log(live, 12)
-    assert mark_running(live) is not None  # this process: alive
+    held = claim(live)  # this process: alive
+    assert held is not None
     killed = tmp_path / "killed"
     write_log(killed, 7)
     (killed / RUNNING_FILE).write_text(f"999999999 {socket.gethostname()}\n")  # a dead pid
@@ -58,6 +59,7 @@ def test_a_training_and_a_killed_run_without_checkpoints_are_listed(tmp_path):
     assert (one["params"], one["optimizer"], one["problem"]) == (18528, "adamw", None)
     other = row_of(rows, "killed")
     assert (other["status"], other["steps"], other["problem"]) == ("interrupted", 7, None)
+    release(held)
 
 
 def test_a_run_without_its_log_never_borrows_the_one_at_its_stored_output_dir(
