@@ -134,6 +134,7 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     clock = RunClock(config.run.time_budget_s)
+    clock.milestones = run_clock.milestones(config)
     budget = clock.progress if config.run.time_budget_s else None
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps, budget)
     datasets = start.datasets or (dataset, None)

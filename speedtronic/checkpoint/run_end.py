@@ -59,14 +59,11 @@ def settle(
         notes.append(_kept_words(budget, seconds))
     asked = config.scheduler.total_steps
     if asked is not None and asked != horizon:
-        return (
-            config,
-            [],
-            (
-                f"--resume: scheduler.total_steps: {horizon} -> {asked} cannot change within a run: "
-                "the LR schedule is the run's own: another one would make the LR jump"
-            ),
+        problem = (
+            f"--resume: scheduler.total_steps: {horizon} -> {asked} cannot change within a "
+            "run: the LR schedule is the run's own: another one would make the LR jump"
         )
+        return config, [], problem
     new_budget = config.run.time_budget_s
     if new_budget == budget and config.schedule_steps == horizon:
         return config, notes, None
