@@ -47,7 +47,8 @@ DOCS: dict[str, str] = {
     "data.eval_path": "a held-out file of the same kind as the training source; the "
     "token_path folder itself: its held-out part (data tokenize --val-fraction)",
     "data.eval_fraction": "hold out this share of the end of the training file instead",
-    "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
+    "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: at the end "
+    "only",
     "data.eval_batches": "batches per evaluation (the same ones every time)",
     "optimizer.name": "adamw: AdamW, weight decay on matrices only; muon: Muon on the hidden "
     "matrices, that AdamW on the rest (see Muon below)",
