@@ -119,7 +119,10 @@ def reconcile(
     elif run_end.involved(saved, config):
         config = run_end.carry(saved, config)
         config, horizon_notes, problem = run_end.settle(saved, config, step, seconds, lr_factor)
-        changed = [k for k in changed if not _same(k, old[k], _flat_value(config, k))]
+        # a kept budget is no change: only what the run goes on with is named
+        changed = [
+            k for k in changed if k not in old or not _same(k, old[k], _flat_value(config, k))
+        ]
     else:
         config = rewarm.carry(saved, run_end.carry(saved, config))
         config, horizon_notes, problem = _freeze_horizon(saved, config, step)
