@@ -111,3 +111,19 @@ def test_max_steps_on_a_resume_ends_a_budgeted_run_by_steps(args, keep, tmp_path
     result = CliRunner().invoke(app, ["validate", "--output-dir", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
     assert f"keep_budget: {str(keep).lower()}" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["cosine", "wsd", "constant"])
+@pytest.mark.parametrize("top", [1.0, 0.4])
+def test_a_continued_schedule_starts_where_it_stood_and_only_falls(name, top):
+    from speedtronic.config import SchedulerConfig
+    from speedtronic.optim.build import progress_factor
+
+    top = 1.0 if name == "constant" else top
+    cfg = SchedulerConfig(name=name, warmup_steps=2, min_lr_ratio=FLOOR)
+    cfg.continue_factor, cfg.continue_progress = top, 0.3  # at step 30 of a new 100-step end
+    factor = progress_factor(cfg, 100, lambda: 0.0)
+    values = [factor(step) for step in range(30, 101)]
+    assert values[0] == pytest.approx(top)
+    assert values == sorted(values, reverse=True)
+    assert values[-1] == pytest.approx(1.0 if name == "constant" else FLOOR)
