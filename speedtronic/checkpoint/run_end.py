@@ -67,8 +67,6 @@ def settle(
     new_budget = config.run.time_budget_s
     if new_budget == budget and config.schedule_steps == horizon:
         return config, notes, None
-    if cap != config.run.max_steps:
-        notes.append(f"--resume: run.max_steps: {_steps(cap)} -> {_steps(config.run.max_steps)}")
     at = max(seconds / new_budget if new_budget else 0.0, step / config.schedule_steps)
     floor = config.scheduler.min_lr_ratio
     factor = 1.0 if step < config.scheduler.warmup_steps else lr_factor
