@@ -11,7 +11,8 @@ one set of param groups for the schedule. Schedules: linear warmup, then cosine 
 ``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps); a re-warm restarts one
 of these from a resumed step (``scheduler.rewarm_steps``). A decay is a function of the
 progress through it, in [0, 1]: of the steps, or with a time budget (``run.time_budget_s``)
-of the budget's seconds or of the steps, whichever is further along (``progress_factor``).
+of the budget's seconds or of the steps, whichever is further along (``progress_factor``). A
+run resumed with a new end (``checkpoint.run_end``) decays on from the LR it stood at, never up.
 """
 
 from __future__ import annotations
