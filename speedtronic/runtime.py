@@ -20,7 +20,7 @@ from speedtronic.checkpoint.start import check_fresh_start, clear_checkpoints, h
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data import DataStream, build_dataloader, build_eval_loader
 from speedtronic.data.describe import blocks_of, source_line
-from speedtronic.data.loader import run_tokenizer
+from speedtronic.data.loader import bytes_per_token, run_tokenizer
 from speedtronic.errors import ConfigError, OutputError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.observe import running as run_marker
@@ -137,6 +137,7 @@ def build_runtime(
         _enable_checkpointing(model, logger)
     optimizer, kernel = build_optimizer(model, config.optimizer, logger.warn)
     clock = RunClock(config.run.time_budget_s)
+    clock.milestones = run_clock.milestones(config)
     budget = clock.progress if config.run.time_budget_s else None
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps, budget)
     datasets = start.datasets or (dataset, None)
@@ -195,12 +196,14 @@ def _build_data(
     shard = (world.rank, world.size)
     loader = build_dataloader(config, dataset=train_set, device=device, shard=shard)
     data = DataStream(loader, log=logger.notice)
-    if eval_set is None or not config.data.eval_every:
+    if eval_set is None:
         return data, []
     eval_loader = build_eval_loader(config, eval_set, device)
-    every, batches = config.data.eval_every, config.data.eval_batches
+    every, batches = config.data.eval_every, config.data.eval_batches  # 0: at the end only
     reduce = parallel.sum_across if world.active else None
-    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce)]
+    tokens = batches * config.data.micro_batch_size * config.seq_len
+    per_token = bytes_per_token(eval_set, tokens)
+    return data, [EvalPlugin(eval_loader, every, batches, shard, reduce, per_token)]
 
 
 def _held_out_sets(config: SpeedtronicConfig, sets: list[Any], world: parallel.World) -> list:

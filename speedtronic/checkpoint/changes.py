@@ -28,7 +28,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from speedtronic.checkpoint import rewarm
+from speedtronic.checkpoint import rewarm, run_end
 from speedtronic.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ IGNORED = {
     "checkpoint.allow_tokenizer_mismatch",
     "distributed.token",
     *rewarm.KEYS,  # a re-warm is asked for (or carried over) by rewarm.py, never compared
+    *run_end.KEYS,  # recorded by run_end.py when a budgeted run's end changes
+    run_end.KEEP,
 }
 _DATA = "the saved data position indexes the data the run was reading"
 _ORDER = "the saved data position counts along the run's data order"
@@ -85,13 +87,19 @@ _PATHS = {"data.text_path", "data.token_path", "data.eval_path", "data.tokenizer
 
 
 def reconcile(
-    saved: dict[str, Any] | None, config: SpeedtronicConfig, step: int, where: str
+    saved: dict[str, Any] | None,
+    config: SpeedtronicConfig,
+    step: int,
+    where: str,
+    seconds: float = 0.0,
+    lr_factor: float | None = None,
 ) -> tuple[SpeedtronicConfig, list[str]]:
     """The config to resume with, and one notice per applied change.
 
     ``saved`` is the config the checkpoint at ``where`` recorded (meta.json), ``step`` its
-    step. Raises a ConfigError listing every refused change (each one line) with how to do it
-    instead.
+    step, ``seconds`` its training seconds and ``lr_factor`` its LR as a share of the base LR
+    (for a time budget's end: ``run_end``). Raises a ConfigError listing every refused change
+    (each one line) with how to do it instead.
     """
     if not isinstance(saved, dict):
         return config, ["--resume: the checkpoint records no config; nothing compared"]
@@ -108,8 +116,15 @@ def reconcile(
     ]
     if rewarming:
         config, horizon_notes, problem = rewarm.start(saved, config, step)
+    elif run_end.involved(saved, config):
+        config = run_end.carry(saved, config)
+        config, horizon_notes, problem = run_end.settle(saved, config, step, seconds, lr_factor)
+        # a kept budget is no change: only what the run goes on with is named
+        changed = [
+            k for k in changed if k not in old or not _same(k, old[k], _flat_value(config, k))
+        ]
     else:
-        config = rewarm.carry(saved, config)
+        config = rewarm.carry(saved, run_end.carry(saved, config))
         config, horizon_notes, problem = _freeze_horizon(saved, config, step)
     problems += [problem] if problem else []
     if problems:
@@ -133,6 +148,12 @@ def flatten(config: dict[str, Any]) -> dict[str, Any]:
         else:
             flat[section] = values
     return {k: v for k, v in flat.items() if k not in IGNORED}
+
+
+def _flat_value(config: SpeedtronicConfig, key: str) -> Any:
+    section, _, name = key.partition(".")
+    values = config.to_dict(redact=True).get(section)
+    return values.get(name) if isinstance(values, dict) else values
 
 
 def _same(key: str, old: Any, new: Any) -> bool:

@@ -53,6 +53,11 @@ class Losses:
             self.train.add(payload["step"], payload.get("loss"))
         elif event == "eval":
             self.eval.add(payload["step"], payload.get("eval_loss"))
+        elif event == "run_end":  # a run ending between log lines: its last loss is logged here
+            steps, last = payload.get("steps"), self.train.last
+            if isinstance(steps, int) and payload.get("final_loss") is not None:
+                if last is None or last[0] < steps:
+                    self.train.add(steps, payload["final_loss"])
 
     def lines(self) -> list[str]:
         """``loss ▇▅▃▂▁ 5.5436 -> 2.1023 (min ...)`` and the same for eval, when logged."""

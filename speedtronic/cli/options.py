@@ -200,15 +200,19 @@ def run_sets(
     init_from: str | None,
     init_overrides: list[str] | None,
     allow_tokenizer_mismatch: bool = False,
+    overrides: list[str] | None = None,
 ) -> list[str]:
     """The ``--set`` overrides train's run options make: ``flags`` are ``run.*`` keys and
-    ``nodes`` ``distributed.*`` ones (any of which turns distributed training on)."""
+    ``nodes`` ``distributed.*`` ones (any of which turns distributed training on); the user's
+    own ``overrides`` are read for a max_steps (on a resume: steps instead of a budget)."""
     sets = [f"{k}={v}" for k, v in flags.items() if v is not None]
     sets += [f"distributed.{k}={json.dumps(v)}" for k, v in nodes.items() if v is not None]
     if any(v is not None for v in nodes.values()):
         sets.append("distributed.enabled=true")
     if resume:
         sets.append("checkpoint.resume=true")
+    if resume and "run.time_budget_s" not in flags and _sets_max_steps(flags, overrides):
+        sets.append("checkpoint.keep_budget=false")  # steps end a budgeted run instead
     if rewarm is not None:
         sets.append(f"scheduler.rewarm_steps={rewarm}")
     if overwrite:
@@ -220,6 +224,12 @@ def run_sets(
     if allow_tokenizer_mismatch:
         sets.append("checkpoint.allow_tokenizer_mismatch=true")
     return sets
+
+
+def _sets_max_steps(flags: dict[str, Any], overrides: list[str] | None) -> bool:
+    """--max-steps, or ``--set max_steps=N`` / ``run.max_steps=N``, is on the command line."""
+    keys = {o.partition("=")[0].strip() for o in overrides or []}
+    return flags.get("max_steps") is not None or bool(keys & {"max_steps", "run.max_steps"})
 
 
 def load_run_config(path: Path | None, sets: list[str], init: bool) -> SpeedtronicConfig:

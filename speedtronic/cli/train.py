@@ -85,7 +85,7 @@ def train(
         )
     nodes = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = run_sets(flags, nodes, resume, rewarm, overwrite, init_from, init_overrides,
-                    allow_tokenizer_mismatch)  # fmt: skip
+                    allow_tokenizer_mismatch, overrides)  # fmt: skip
     cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     if nproc_per_node is not None:
         # checked here, once: N children refusing the same config print N errors + torchrun's report
@@ -253,7 +253,7 @@ def validate(
     flags |= budget_flags(time_budget, max_steps)
     node = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides,
-                    allow_tokenizer_mismatch)  # fmt: skip
+                    allow_tokenizer_mismatch, overrides)  # fmt: skip
     cfg = load_run_config(config, sets + list(overrides or []), init_from is not None)
     fleet = Fleet(nodes, step_time, uplink or Fleet.uplink_mbps)
     warnings: list[str] = []

@@ -47,7 +47,8 @@ DOCS: dict[str, str] = {
     "data.eval_path": "a held-out file of the same kind as the training source; the "
     "token_path folder itself: its held-out part (data tokenize --val-fraction)",
     "data.eval_fraction": "hold out this share of the end of the training file instead",
-    "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: never",
+    "data.eval_every": "optimizer steps between evaluations (and one at the end); 0: at the end "
+    "only",
     "data.eval_batches": "batches per evaluation (the same ones every time)",
     "optimizer.name": "adamw: AdamW, weight decay on matrices only; muon: Muon on the hidden "
     "matrices, that AdamW on the rest (see Muon below)",
@@ -85,6 +86,11 @@ DOCS: dict[str, str] = {
     "optimizer's moments, data position and random streams; 0: off",
     "scheduler.rewarm_from": "the step a re-warm started at; set by --resume and recorded in "
     "meta.json so a later resume follows the same curve; leave null",
+    "scheduler.continue_factor": "the LR factor (of lr) where --resume gave the run a new end "
+    "(another time budget, or steps instead of one); the decay goes on from it to min_lr_ratio "
+    "at the new end; set by --resume and recorded in meta.json; leave null",
+    "scheduler.continue_progress": "the new end's progress in [0, 1] where continue_factor was "
+    "recorded; set by --resume; leave null",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
     "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero (restored "
     "after the loop); false keeps IEEE subnormals, at several microseconds each",
@@ -106,6 +112,9 @@ DOCS: dict[str, str] = {
     "checkpoint.allow_tokenizer_mismatch": "train on data tokenized with another tokenizer than "
     "init_from's (as --allow-tokenizer-mismatch); the checkpoints record the data's; false: "
     "refused before the first step",
+    "checkpoint.keep_budget": "--resume of a run with a time budget, by a config that sets none: "
+    "keep the checkpoint's run.time_budget_s and run.max_steps; false (as --max-steps on a "
+    "resume): end the run by run.max_steps instead",
     "logging.level": "least level of the plain lines; warning: warnings only (JSONL gets all)",
     "logging.file": "also write the plain log lines here (relative: in output_dir)",
     "logging.json_file": "also write every event as JSON lines here (relative: in output_dir)",

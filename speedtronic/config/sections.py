@@ -230,9 +230,19 @@ class SchedulerConfig:
     # records the step it started at in rewarm_from, so a later resume follows the same curve.
     rewarm_steps: int = ranged(0, "[0, 2**40]")
     rewarm_from: int | None = ranged(None, "[0, 2**40]")
+    # --resume with a new end (another time budget, or steps instead of one) records where the
+    # schedule stood: the LR factor there and the new end's progress there (issue 53: the LR
+    # jumped back to its peak). The decay goes on from that factor (checkpoint/run_end.py).
+    continue_factor: float | None = ranged(None, "[0, 1]")
+    continue_progress: float | None = ranged(None, "[0, 1]")
 
     def check(self) -> list[str]:
         problems = []
+        if (self.continue_factor is None) != (self.continue_progress is None):
+            problems.append(
+                "scheduler.continue_factor / continue_progress: set both or neither (got "
+                f"{brief(self.continue_factor)} and {brief(self.continue_progress)})"
+            )
         if self.name != "wsd" and self.decay_fraction != SchedulerConfig().decay_fraction:
             problems.append(
                 f"scheduler.decay_fraction: only with scheduler.name: wsd (got "
@@ -281,6 +291,9 @@ class CheckpointConfig:
     # Train on data tokenized with another tokenizer than init_from's (issue 48: a wrong one
     # trained silently and the checkpoints recorded it); the run then records the data's
     allow_tokenizer_mismatch: bool = False
+    # --resume of a time-budgeted run with a config that sets no budget keeps the checkpoint's
+    # budget and max_steps (issue 53); false ends it by run.max_steps instead (--max-steps)
+    keep_budget: bool = True
 
     def check(self) -> list[str]:
         problems = []

@@ -7,6 +7,7 @@ iterator of micro-batches the trainer consumes, so a run can report and restore 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from collections.abc import Callable, Iterator
@@ -136,6 +137,17 @@ def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
     if held >= len(train):
         raise DataError(f"data.eval_fraction: {fraction} leaves no training blocks")
     return train.split(held)
+
+
+def bytes_per_token(dataset: Any, tokens: int) -> Callable[[], float | None] | None:
+    """How many text bytes a token of held-out ``dataset`` stands for, when its bytes are
+    known: 1 for byte-level text, else measured over the first ``tokens`` tokens' text (once,
+    when first asked); None for token files and a caller's own data."""
+    if isinstance(dataset, ByteTextBlocks):
+        return lambda: 1.0
+    if isinstance(dataset, TokenizedTextStream):
+        return functools.cache(lambda: dataset.bytes_per_token(tokens))
+    return None
 
 
 def run_tokenizer(

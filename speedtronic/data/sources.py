@@ -318,6 +318,23 @@ class TokenizedTextStream(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def bytes_per_token(self, tokens: int) -> float | None:
+        """UTF-8 bytes per token of this stream's first segments, as many as hold ``tokens``
+        tokens (what an evaluation reads): turns its loss into bits per byte (issue 53)."""
+        nbytes = count = 0
+        fd = _reopen(self.path, self.key)
+        try:
+            for segment in self.segments:
+                start, end = self.bounds[segment], self.bounds[segment + 1]
+                data = _read_exact(fd, end - start, start, self.path, self.key)
+                count += len(self.tokenizer(_decode(data, start, self.path, self.key)))
+                nbytes += end - start
+                if count >= tokens:
+                    break
+        finally:
+            os.close(fd)
+        return nbytes / count if count else None
+
     def set_shard(self, rank: int, world: int) -> None:
         if len(self.segments) < world:  # a rank with no segment would read nothing at all
             raise DataError(

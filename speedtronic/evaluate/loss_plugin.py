@@ -1,4 +1,6 @@
-"""Held-out evaluation as a Trainer plug-in: eval loss and perplexity every ``eval_every`` steps.
+"""Held-out evaluation as a Trainer plug-in: eval loss and perplexity every ``eval_every`` steps
+and at the last step (with ``eval_every: 0`` only there: litgpt's final validation, issue 53),
+and bits per byte where the split's text bytes are known (``data.loader.bytes_per_token``).
 
 Each evaluation reads the same first ``eval_batches`` batches of the held-out set, under
 ``torch.no_grad`` and ``model.eval()``, then puts the model back in train mode and restores
@@ -39,14 +41,18 @@ class EvalPlugin:
         batches: int,
         shard: tuple[int, int] = (0, 1),
         sum_across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        bytes_per_token: Callable[[], float | None] | None = None,
     ):
         self.loader, self.every, self.batches = loader, every, batches
         self.rank, self.world = shard
         self.sum_across = sum_across  # the group's all-reduce (sum); None: one process
+        self.bytes_per_token = bytes_per_token  # None: the split's bytes are unknown
         self.last: tuple[int, float] | None = None  # (step, eval loss): checkpoints record it
+        self.bits_per_byte: float | None = None  # of the last evaluation, where known
 
     def after_optimizer_step(self, trainer: Any) -> None:
-        if trainer.step % self.every == 0 or trainer.step == trainer.options.max_steps:
+        due = self.every and trainer.step % self.every == 0
+        if due or trainer.step == trainer.options.max_steps:
             self.evaluate(trainer)
 
     def evaluate(self, trainer: Any) -> dict[str, float]:
@@ -66,6 +72,9 @@ class EvalPlugin:
             "eval_tokens": tokens,
             "eval_s": time.perf_counter() - started,
         }
+        per_token = self.bytes_per_token() if self.bytes_per_token is not None else None
+        self.bits_per_byte = loss / math.log(2) / per_token if per_token else None
+        payload["eval_bits_per_byte"] = self.bits_per_byte
         trainer.logger.log("eval", payload)
         self.last = (trainer.step, loss)
         return payload

@@ -265,6 +265,10 @@ def _step_cap(max_steps: int) -> str:
     return "no step cap" if max_steps >= UNCAPPED_STEPS else f"{max_steps} steps"
 
 
+def _bits(value: Any) -> str:
+    return f" | bits/byte {value:.4f}" if isinstance(value, float) else ""
+
+
 def format_event(event: str, payload: dict[str, Any]) -> str:
     """The plain one-line form of an event (what non-TTY output and text files show)."""
     if event == "train_step":
@@ -285,6 +289,7 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         return (
             f"eval step {payload['step']} | eval_loss {payload['eval_loss']:.4f} | "
             f"ppl {payload['eval_ppl']:.2f} | {payload['eval_tokens']:,} tokens"
+            + _bits(payload.get("eval_bits_per_byte"))
         )
     if event == "eval_set":
         return (

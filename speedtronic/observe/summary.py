@@ -28,7 +28,7 @@ SUMMARY_FILE = "summary.json"
 SUMMARY_FORMAT = 1
 CURVE_POINTS = 256  # points per curve in the summary
 KEPT_POINTS = 2 * CURVE_POINTS  # kept while running: thinned to half when full
-DATA_SET = "val"  # the eval set name of data.eval_every's held-out split (no text bytes)
+DATA_SET = "val"  # the eval set name of data.eval_every's held-out split
 
 
 class RunRecord:
@@ -52,8 +52,8 @@ class RunRecord:
             _append(self.train, point)
         elif event in ("eval", "eval_set"):
             tokens = self.trainer.tokens if self.trainer is not None else None
-            if event == "eval":  # data.eval_every's split: tokens only, no text bytes
-                figures = [DATA_SET, payload["eval_loss"], None]
+            if event == "eval":  # data.eval_every's split: bits per byte where its bytes are known
+                figures = [DATA_SET, payload["eval_loss"], payload.get("eval_bits_per_byte")]
             else:
                 figures = [payload["set"], payload["loss"], payload["bits_per_byte"]]
             _append(self.eval, [step, tokens, self.clock.at(step), *figures])
@@ -204,13 +204,14 @@ def coordinator_summary(cfg: Any, done: dict[str, Any], exc: BaseException | Non
 
 def eval_figures(plugins: list[Any]) -> dict[str, dict[str, Any]]:
     """The last loss and bits per byte of each eval set: ``eval.sets`` (scored from the text's
-    bytes, as ``speedtronic eval`` does) and ``val``, data.eval_every's split (tokens only, no
-    bytes: its bits per byte is null)."""
+    bytes, as ``speedtronic eval`` does) and ``val``, data.eval_every's split (bits per byte for
+    a text source; null for token files, whose bytes are not recorded)."""
     figures: dict[str, dict[str, Any]] = {}
     for plugin in plugins:
         last = getattr(plugin, "last", None)
         if getattr(plugin, "name", "") == "eval" and last is not None:
-            figures[DATA_SET] = {"loss": last[1], "bits_per_byte": None}
+            bpb = getattr(plugin, "bits_per_byte", None)
+            figures[DATA_SET] = {"loss": last[1], "bits_per_byte": bpb}
         elif getattr(plugin, "name", "") == "eval_sets":
             for name, sets in last.items():
                 figures[name] = {"loss": sets["loss"], "bits_per_byte": sets["bits_per_byte"]}

@@ -11,7 +11,8 @@ one set of param groups for the schedule. Schedules: linear warmup, then cosine 
 ``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps); a re-warm restarts one
 of these from a resumed step (``scheduler.rewarm_steps``). A decay is a function of the
 progress through it, in [0, 1]: of the steps, or with a time budget (``run.time_budget_s``)
-of the budget's seconds or of the steps, whichever is further along (``progress_factor``).
+of the budget's seconds or of the steps, whichever is further along (``progress_factor``). A
+run resumed with a new end (``checkpoint.run_end``) decays on from the LR it stood at, never up.
 """
 
 from __future__ import annotations
@@ -191,7 +192,9 @@ def build_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """``budget``: the share of the run's time budget spent so far (``train.clock``); None
     for a run without one, whose schedule follows the steps alone."""
-    factor = lr_factor(cfg, horizon) if budget is None else progress_factor(cfg, horizon, budget)
+    if budget is None and cfg.continue_factor is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, horizon))
+    factor = progress_factor(cfg, horizon, budget or _no_budget)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
@@ -216,19 +219,43 @@ def progress_factor(
 ) -> Callable[[int], float]:
     """Multiplier at step ``step`` of a time-budgeted run: warmup over ``warmup_steps`` steps
     (it protects the optimizer's first updates, however long they take), then the decay at the
-    run's progress: the budget's share spent or ``step / horizon``, whichever is further."""
+    run's progress: the budget's share spent or ``step / horizon``, whichever is further. A
+    run whose end changed on resume goes on from where it stood (``_continued``)."""
     warmup = cfg.warmup_steps
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, max(budget(), step / horizon))
+        if cfg.continue_factor is not None:
+            return _continued(cfg, progress)
         if cfg.name == "wsd":  # the last decay_fraction of the run decays
             start = 1.0 - cfg.decay_fraction
             return _decay(cfg, max(0.0, (progress - start) / cfg.decay_fraction))
         return _decay(cfg, progress)
 
     return factor
+
+
+def _no_budget() -> float:
+    return 0.0
+
+
+def _continued(cfg: SchedulerConfig, progress: float) -> float:
+    """The multiplier of a run resumed with a new end (``checkpoint.run_end``): from
+    ``continue_factor`` at ``continue_progress`` down to ``min_lr_ratio`` at progress 1, by the
+    schedule's shape (cosine; wsd: stable then linear while it had not begun decaying, else
+    linear), so the LR never rises."""
+    start, top, floor = cfg.continue_progress or 0.0, cfg.continue_factor or 0.0, cfg.min_lr_ratio
+    through = 1.0 if start >= 1.0 else min(1.0, max(0.0, (progress - start) / (1.0 - start)))
+    if cfg.name == "constant" or top <= floor:
+        return top
+    if cfg.name == "wsd" and top >= 1.0:
+        stable = 1.0 - cfg.decay_fraction
+        return _decay(cfg, max(0.0, (through - stable) / cfg.decay_fraction))
+    if cfg.name == "wsd":
+        return top - (top - floor) * through
+    return floor + (top - floor) * 0.5 * (1.0 + math.cos(math.pi * through))
 
 
 def _decay(cfg: SchedulerConfig, progress: float) -> float:

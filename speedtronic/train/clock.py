@@ -39,6 +39,8 @@ class RunClock:
         self.budget_reached = False
         self.measured_step: int | None = None  # the step self.seconds was measured at
         self._base: tuple[float, float, int, int] | None = None  # at this part's clock start
+        # (step, words): a budget ending before that step warns (see ``milestones``)
+        self.milestones: list[tuple[int, str]] = []
 
     def progress(self) -> float:
         """The budget's share spent, in [0, 1] (0 without a budget)."""
@@ -81,6 +83,13 @@ class RunClock:
                 f"run.time_budget_s: {self.seconds:.1f} s of the {self.budget_s:g} s budget "
                 f"trained at step {trainer.step}; ending the run"
             )
+            short = [words for step, words in self.milestones if trainer.step < step]
+            if short:
+                trainer.logger.warn(
+                    f"run.time_budget_s: the {self.budget_s:g} s budget ended at step "
+                    f"{trainer.step}, {' and '.join(short)}: a larger budget compares more than "
+                    "the start of training"
+                )
         trainer.options.max_steps = trainer.step
         return True
 
@@ -95,6 +104,26 @@ class RunClock:
         self.seconds = float(state.get("train_seconds", 0.0))
         self.tokens = int(state.get("train_tokens", 0))
         self.startup_before = float(state.get("startup_seconds", 0.0))
+
+
+def milestones(config: Any) -> list[tuple[int, str]]:
+    """The steps a budget should reach: the warmup's end and the first scheduled evaluation
+    (of ``data.eval_every``'s split or of ``eval.sets``), each with its words."""
+    marks = []
+    warmup = config.scheduler.warmup_steps
+    if warmup:
+        marks.append((warmup, f"inside the LR warmup (scheduler.warmup_steps {warmup})"))
+    data = config.data
+    cadences = []
+    if data.eval_every and (data.eval_path or data.eval_fraction):
+        cadences.append((data.eval_every, "data.eval_every"))
+    if config.eval.sets and (config.eval.every or data.eval_every):
+        key = "eval.every" if config.eval.every else "data.eval_every"
+        cadences.append((config.eval.every or data.eval_every, key))
+    if cadences:
+        every, key = min(cadences)
+        marks.append((every, f"before the first evaluation ({key} {every})"))
+    return marks
 
 
 def _agreed(trainer: Any, seconds: float) -> float:

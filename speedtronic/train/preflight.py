@@ -118,13 +118,28 @@ def _plan_resume(plan: StartPlan) -> None:
         return
     step = plan.resume.trainer_state["step"]
     saved = plan.resume.meta.get("config")
-    plan.config, notes = reconcile(saved, config, step, str(plan.resume.path))
+    seconds, factor = _stand(plan.resume.trainer_state)
+    plan.config, notes = reconcile(saved, config, step, str(plan.resume.path), seconds, factor)
     _no_rewarm(plan.config, f"the checkpoint {plan.resume.path} records no config")
     plan.notices += notes
     if config.checkpoint.init_from:
         plan.notices.append(
             f"checkpoint.init_from: not used: the run resumes from its checkpoint at step {step}"
         )
+
+
+def _stand(state: dict[str, Any]) -> tuple[float, float | None]:
+    """The checkpoint's training seconds (its clock's) and LR as a share of the base LR (its
+    scheduler's); 0 and None where it saved none."""
+    clock = (state.get("plugins") or {}).get("clock") or {}
+    seconds = clock.get("train_seconds", 0.0)
+    sched = state.get("scheduler") or {}
+    last, base = sched.get("_last_lr"), sched.get("base_lrs")
+    try:
+        factor = float(last[0]) / float(base[0])
+    except (TypeError, IndexError, ValueError, ZeroDivisionError):
+        factor = None
+    return float(seconds) if isinstance(seconds, (int, float)) else 0.0, factor
 
 
 def _no_rewarm(config: SpeedtronicConfig, why: str) -> None:

@@ -341,3 +341,16 @@ def test_a_reader_closing_the_stream_stops_the_run_cleanly(tiny, tmp_path):
     assert json.loads(done.stdout)["event"] == "run_start"
     assert "the event stream's reader closed it; stopping" in done.stderr
     assert list((tmp_path / "out").glob("*/step_*")), done.stderr  # stopped with a checkpoint
+
+
+def test_the_summary_sparkline_ends_at_the_runs_last_loss():
+    """Issue 53: a run that ended between log lines (a time budget at step 9, a line every 10
+    steps) read ``5.5902 -> 5.5902`` while ``done:`` said 4.8563."""
+    from speedtronic.cli.display import Losses
+
+    losses = Losses()
+    losses.record("train_step", {"step": 1, "loss": 5.5902})
+    losses.record("run_end", {"steps": 9, "final_loss": 4.8563, "status": "completed"})
+    assert losses.lines()[0].startswith("loss: █▁ 5.5902 -> 4.8563 (min 4.8563 at step 9)")
+    losses.record("run_end", {"steps": 9, "final_loss": 4.8563})  # logged already: not twice
+    assert losses.train.count == 2

@@ -121,3 +121,41 @@ def test_time_budget_s_is_validated_in_one_line(tiny, value, rule):
     with pytest.raises(ConfigError) as caught:
         SpeedtronicConfig.from_dict(tiny)
     assert str(caught.value) == f"run.time_budget_s: {rule}"
+
+
+class Events:
+    def __init__(self):
+        self.seen: list[tuple[str, dict]] = []
+
+    def on_event(self, event, payload) -> None:
+        self.seen.append((event, payload))
+
+    def warnings(self) -> list[str]:
+        return [p["message"] for e, p in self.seen if e == "warning"]
+
+
+def test_a_budget_that_ends_inside_warmup_says_so(tiny, monkeypatch):
+    """Issue 53: docs/runs.md's 60 s example ended inside its 10-step warmup with no word."""
+    events = Events()
+    tiny["scheduler"] = {"warmup_steps": 20}
+    tiny["run"].update(max_steps=1000, time_budget_s=BUDGET_S)
+    fake = FakeTime()
+    monkeypatch.setattr(run_clock, "now", fake.now)
+    train_from_config(tiny, console=False, plugins=[fake], hooks=[events])
+    said = [w for w in events.warnings() if w.startswith("run.time_budget_s")]
+    assert len(said) == 1 and "step 9" in said[0]
+    assert "inside the LR warmup (scheduler.warmup_steps 20)" in said[0]
+
+
+def test_a_budget_that_ends_before_the_first_evaluation_says_so(tiny, tmp_path, monkeypatch):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    tiny["data"].update(text_path=str(text), eval_fraction=0.2, eval_every=50)
+    tiny["model"]["vocab_size"] = 256
+    events, fake = Events(), FakeTime()
+    tiny["run"].update(max_steps=1000, time_budget_s=BUDGET_S)
+    monkeypatch.setattr(run_clock, "now", fake.now)
+    train_from_config(tiny, console=False, plugins=[fake], hooks=[events])
+    said = [w for w in events.warnings() if w.startswith("run.time_budget_s")]
+    assert len(said) == 1 and "before the first evaluation (data.eval_every 50)" in said[0]
+    assert "warmup" not in said[0]  # 2 warmup steps: long past
