@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from speedtronic.config import SpeedtronicConfig
 from speedtronic.data.describe import model_vocab
 from speedtronic.data.manifest import data_tokenizer
-from speedtronic.data.shards import open_token_path
+from speedtronic.data.shards import TokenShardBlocks, open_token_path
 from speedtronic.data.sources import ByteTextBlocks, TokenizedTextStream
 from speedtronic.data.synthetic import SyntheticTokens
 from speedtronic.data.tokenizer import (
@@ -142,9 +142,12 @@ def _hold_out(train: Any, fraction: float) -> tuple[Dataset, Dataset]:
 def bytes_per_token(dataset: Any, tokens: int) -> Callable[[], float | None] | None:
     """How many text bytes a token of held-out ``dataset`` stands for, when its bytes are
     known: 1 for byte-level text, else measured over the first ``tokens`` tokens' text (once,
-    when first asked); None for token files and a caller's own data."""
+    when first asked); for a token folder, from its manifest's bytes per shard (the shards those
+    tokens lie in); None for a flat token file, an older folder and a caller's own data."""
     if isinstance(dataset, ByteTextBlocks):
         return lambda: 1.0
+    if isinstance(dataset, TokenShardBlocks):
+        return lambda: dataset.bytes_per_token(tokens)
     if isinstance(dataset, TokenizedTextStream):
         return functools.cache(lambda: dataset.bytes_per_token(tokens))
     return None

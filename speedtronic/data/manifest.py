@@ -3,13 +3,16 @@
 ``speedtronic data tokenize`` writes ``manifest.json`` last into its output folder: the format
 and version, the dtype and vocabulary, the tokenizer (``kind`` byte or tokenizers, its source,
 sha256; the folder keeps a copy as ``tokenizer.json``), the document separator, the held-out
-rule, every shard per part (``train``, ``val``: file, tokens, sha256), every source (name, size,
-sha256, documents, tokens) and the counts. A folder without it is not a finished tokenize.
+rule, every shard per part (``train``, ``val``: file, tokens, sha256, and ``bytes``: the UTF-8
+bytes of the text its tokens came from, separators excluded; absent in folders written before
+it was counted), every source (name, size, sha256, documents, tokens) and the counts. A folder
+without it is not a finished tokenize.
 
 ``read_manifest`` checks it and that each shard is there at its recorded size; ``shards``
-lists a part's files. ``data_tokenizer(config)`` is what the runtime records in a checkpoint as
-the run's tokenizer (``runtime.tokenizer``): for ``data.token_path`` naming a shard folder, the
-manifest's tokenizer (``ByteTokenizer``, or an ``HFTokenizer`` whose ``.path`` is the folder's
+lists a part's files, ``text_bytes`` their bytes of text where recorded (bits per byte).
+``data_tokenizer(config)`` is what the runtime records in a checkpoint as the run's tokenizer
+(``runtime.tokenizer``): for ``data.token_path`` naming a shard folder, the manifest's
+tokenizer (``ByteTokenizer``, or an ``HFTokenizer`` whose ``.path`` is the folder's
 ``tokenizer.json``); for a flat token file, None (unknown: a flat file does not say); for a text
 source, ``data.tokenizer`` loaded; for synthetic data, None. Stdlib only (no torch).
 """
@@ -105,6 +108,14 @@ def shards(folder: str | Path, doc: dict, part: str, key: str) -> list[tuple[Pat
             )
         out.append((path, tokens))
     return out
+
+
+def text_bytes(doc: dict, part: str) -> list[int] | None:
+    """Each shard of ``part``'s UTF-8 bytes of text, in order; None unless every one says."""
+    found = [record.get("bytes") for record in doc["parts"].get(part) or []]
+    if not found or not all(isinstance(n, int) and n >= 0 for n in found):
+        return None  # an older folder (or a damaged record): its bits per byte are unknown
+    return found
 
 
 def summary(doc: dict) -> dict:

@@ -5,7 +5,9 @@ flat token file: block ``k`` is tokens ``[k*T, k*T + T + 1)`` of their concatena
 may span two shards, so no token is dropped at a shard's end), read with ``os.pread`` like
 ``TokenFileBlocks``. It is map-style, so the seeded ``ResumableSampler`` shuffles, resumes
 exactly and splits the blocks across DDP ranks with no overlap, whatever the number of shards.
-Every id is checked once against the model's vocabulary at start, as for a flat file.
+Every id is checked once against the model's vocabulary at start, as for a flat file. Where
+the manifest records each shard's bytes of text, ``bytes_per_token`` turns an evaluation's loss
+into bits per byte (issue 53).
 
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
@@ -48,8 +50,10 @@ class TokenShardBlocks(_BlockRange):
         vocab_size: int | None,
         key: str = "data.token_path",
         name: str = "",
+        text_bytes: list[int] | None = None,
     ):
         self.seq_len, self.key, self.name = seq_len, key, name
+        self.text_bytes = text_bytes  # UTF-8 bytes of text per shard; None: not recorded
         self.dtype = np.dtype(_TOKEN_DTYPES[dtype])
         self.paths = [Path(p) for p, _ in shards]
         for path, tokens in shards:
@@ -99,6 +103,20 @@ class TokenShardBlocks(_BlockRange):
             raise IndexError(index)
         return _block(self.tokens((self.start + index) * self.seq_len, self.seq_len + 1))
 
+    def bytes_per_token(self, tokens: int) -> float | None:
+        """Bytes of text per token of the shards that this range's first ``tokens`` tokens
+        (what an evaluation reads) lie in. Shards are whole documents, so this is the scored
+        text's own rate where those are read whole (a held-out part within ``eval_batches``),
+        and the rate of the shards around it otherwise. None where the manifest has no bytes."""
+        if self.text_bytes is None or not len(self):
+            return None
+        blocks = min(len(self), -(-tokens // self.seq_len))
+        first, last = self.start * self.seq_len, (self.start + blocks) * self.seq_len
+        a = bisect.bisect_right(self.starts, first) - 1
+        b = min(bisect.bisect_right(self.starts, last) - 1, len(self.paths) - 1)
+        nbytes = sum(self.text_bytes[a : b + 1])
+        return nbytes / (self.starts[b + 1] - self.starts[a]) if nbytes else None
+
 
 def open_token_path(
     path: str,
@@ -138,4 +156,5 @@ def open_token_path(
         raise DataError(f"{key}: {path} has no {part} part" + (
             "; tokenize with --val-fraction to hold one out" if part == "val" else ""
         ))  # fmt: skip
-    return TokenShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, f"{path} ({part})")
+    name, nbytes = f"{path} ({part})", manifests.text_bytes(doc, part)
+    return TokenShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, name, nbytes)

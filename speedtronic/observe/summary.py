@@ -205,7 +205,7 @@ def coordinator_summary(cfg: Any, done: dict[str, Any], exc: BaseException | Non
 def eval_figures(plugins: list[Any]) -> dict[str, dict[str, Any]]:
     """The last loss and bits per byte of each eval set: ``eval.sets`` (scored from the text's
     bytes, as ``speedtronic eval`` does) and ``val``, data.eval_every's split (bits per byte for
-    a text source; null for token files, whose bytes are not recorded)."""
+    a text source or a token folder whose manifest records its bytes; else null)."""
     figures: dict[str, dict[str, Any]] = {}
     for plugin in plugins:
         last = getattr(plugin, "last", None)

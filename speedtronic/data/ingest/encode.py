@@ -146,10 +146,16 @@ def held_out(text: str, fraction: float) -> bool:
     return int.from_bytes(digest, "big") < fraction * 2**64
 
 
+def _utf8_bytes(text: str) -> int:
+    """The UTF-8 size of ``text`` (a lone surrogate from a JSON escape counts its 3 bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 @dataclass
 class Encoded:
     """One unit's tokens: the train and validation parts, and per document (in order) its
-    length and part, so a token cap can stop at a document's end."""
+    length, part and UTF-8 bytes of text, so a token cap can stop at a document's end and the
+    manifest can say how many bytes of text each shard holds (bits per byte, issue 53)."""
 
     train: np.ndarray
     val: np.ndarray
@@ -159,10 +165,17 @@ class Encoded:
     val_documents: int
     skipped: int = 0
     max_id: int = -1
+    nbytes: np.ndarray | None = None  # UTF-8 bytes of text per entry of lengths
 
     @property
     def documents(self) -> int:
         return self.train_documents + self.val_documents
+
+    def text_bytes(self, val: bool) -> int:
+        """The UTF-8 bytes of the text behind the train (or, ``val``, held-out) tokens."""
+        if self.nbytes is None:
+            return 0
+        return int(self.nbytes[self.is_val == val].sum())
 
 
 class Encoder:
@@ -198,7 +211,8 @@ class Encoder:
             lengths = np.zeros(len(docs), np.int64)
             lengths[~flags], lengths[flags] = train_len, val_len
         held = int(flags.sum())
-        return self._done(train, val, lengths, flags, (len(docs) - held, held), skipped)
+        nbytes = np.fromiter((_utf8_bytes(d) for d in docs), np.int64, len(docs))
+        return self._done(train, val, lengths, flags, (len(docs) - held, held), skipped, nbytes)
 
     def text(self, text: str, first: bool, val: bool) -> Encoded:
         """A text file's segment; ``first`` starts its document (the separator before it)."""
@@ -213,11 +227,15 @@ class Encoder:
             part = self._cast(np.asarray([*before, *self._ids([text])[0]], dtype=np.int64))
         train, held = (empty, part) if val else (part, empty)
         documents = (0, int(first)) if val else (int(first), 0)
-        return self._done(train, held, np.array([len(part)]), np.array([val]), documents)
+        nbytes = np.array([_utf8_bytes(text)])
+        return self._done(train, held, np.array([len(part)]), np.array([val]), documents, 0, nbytes)
 
-    def _done(self, train, val, lengths, flags, documents: tuple[int, int], skipped=0) -> Encoded:
+    def _done(
+        self, train, val, lengths, flags, documents: tuple[int, int], skipped=0, nbytes=None
+    ) -> Encoded:
         top = max((int(a.max()) for a in (train, val) if a.size), default=-1)
-        return Encoded(train, val, lengths, flags, *documents, skipped, top)
+        nbytes = np.zeros(len(lengths), np.int64) if nbytes is None else nbytes
+        return Encoded(train, val, lengths, flags, *documents, skipped, top, nbytes)
 
     def _ids(self, docs: list[str]) -> list:
         """Each document's ids: a list, or for a long document an int64 array of its pieces'."""

@@ -265,8 +265,8 @@ class _Run:
         if isinstance(result, tuple):
             raise DataError(result[0], result[1])
         result = self._capped(result)
-        self.writer.add("train", result.train, result.train_documents)
-        self.writer.add("val", result.val, result.val_documents)
+        self.writer.add("train", result.train, result.train_documents, result.text_bytes(False))
+        self.writer.add("val", result.val, result.val_documents, result.text_bytes(True))
         self.writer.end_unit()
         cur = self.current
         cur["documents"] += result.documents
@@ -303,7 +303,8 @@ class _Run:
             docs = (result.train_documents, result.val_documents)
         kept = result.train[:train_n], result.val[:val_n]
         top = max((int(a.max()) for a in kept if a.size), default=-1)
-        return Encoded(*kept, lengths, flags, *docs, result.skipped, top)
+        nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
+        return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes)
 
     def _end_file(self, index: int, digest) -> None:
         file = self.plan.inputs[index]

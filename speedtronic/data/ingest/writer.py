@@ -4,10 +4,14 @@ The output is built in ``OUT.partial/``: per part (``train``, ``val``) shards ``
 ``train_00001.bin``, ... of flat ``uint16`` / ``uint32`` ids; a shard is closed at the first unit
 boundary past ``shard_tokens``. ``progress.json`` (the journal) says how far the output is
 good: the plan the tokenize started with, the next unit to read, every closed shard (tokens,
-sha256) and the length of each open one, and the counts so far. A commit fsyncs the open shards,
-then replaces the journal atomically (write, fsync, rename, fsync the folder): whatever was
-written after the last commit is cut off on resume (``ShardWriter.resume``), and the units after
-it are read again, so the result is byte-identical to a run never killed.
+sha256, UTF-8 bytes of text) and the length (tokens, text bytes) of each open one, and the
+counts so far. A commit fsyncs the open shards, then replaces the journal atomically (write,
+fsync, rename, fsync the folder): whatever was written after the last commit is cut off on
+resume (``ShardWriter.resume``), and the units after it are read again, so the result is
+byte-identical to a run never killed. The text bytes come with each unit's tokens
+(``Encoded``), so they are cut back with them: a shard's ``bytes`` is the size of the text its
+tokens came from (bits per byte, issue 53); a journal written before they were counted leaves
+the open shard's unknown (None, and no ``bytes`` in its record).
 
 A write that fails (a full disk, a quota, a file-size limit) is an ``OutputError`` naming the
 file (exit 1); the journal is left at its last commit, so a rerun after freeing space continues.
@@ -76,6 +80,7 @@ class Part:
     name: str
     closed: list[dict] = field(default_factory=list)
     open_tokens: int = 0
+    open_bytes: int | None = 0  # text bytes of the open shard; None: unknown (an old journal)
     documents: int = 0
     _file: object = None
     _hash: object = None
@@ -86,7 +91,12 @@ class Part:
         return sum(s["tokens"] for s in self.closed) + self.open_tokens
 
     def state(self) -> dict:
-        return {"closed": self.closed, "open_tokens": self.open_tokens, "documents": self.documents}
+        return {
+            "closed": self.closed,
+            "open_tokens": self.open_tokens,
+            "open_bytes": self.open_bytes,
+            "documents": self.documents,
+        }
 
 
 class ShardWriter:
@@ -106,6 +116,7 @@ class ShardWriter:
                 saved.get("open_tokens", 0),
                 saved.get("documents", 0),
             )
+            part.open_bytes = saved.get("open_bytes", None if part.open_tokens else 0)
             for record in part.closed:
                 self._check_closed(record)
             self._open(part)
@@ -136,7 +147,7 @@ class ShardWriter:
         f.seek(keep)
         part._file = f
 
-    def add(self, name: str, tokens: np.ndarray, documents: int) -> None:
+    def add(self, name: str, tokens: np.ndarray, documents: int, text_bytes: int = 0) -> None:
         if not tokens.size and not documents:
             return
         part = self.parts[name]
@@ -148,6 +159,8 @@ class ShardWriter:
         part._hash.update(data)
         part.open_tokens += tokens.size
         part.documents += documents
+        if part.open_bytes is not None:
+            part.open_bytes += text_bytes
 
     def end_unit(self) -> None:
         """A unit boundary: close each shard that has reached ``shard_tokens``."""
@@ -159,14 +172,15 @@ class ShardWriter:
     def _close(self, part: Part) -> None:
         self._flush(part)
         part._file.close()
-        part.closed.append(
-            {
-                "file": shard_name(part.name, len(part.closed)),
-                "tokens": part.open_tokens,
-                "sha256": part._hash.hexdigest(),
-            }
-        )
-        part.open_tokens = 0
+        record = {
+            "file": shard_name(part.name, len(part.closed)),
+            "tokens": part.open_tokens,
+            "sha256": part._hash.hexdigest(),
+        }
+        if part.open_bytes is not None:
+            record["bytes"] = part.open_bytes
+        part.closed.append(record)
+        part.open_tokens, part.open_bytes = 0, 0
 
     def sync(self) -> dict:
         """Make the open shards durable; the state a journal records for them."""
