@@ -1,0 +1,138 @@
+"""Applying a round of ``global_dtype: deltas``: the one arithmetic, and a node's replay.
+
+``apply_round`` is the only function that turns a round's deltas into the next weights: float32
+on the CPU, the deltas in the record's order, ``w - lr * sum(coef * delta)``. The master computes
+its outer step with it (``master.outer``) and every node replays the record with it
+(``RoundReplayer``), so both produce the same bits on the same kind of CPU; a node checks that
+against the record's ``weights_sha256`` and never trusts it (another CPU, a corrupted download).
+
+``RoundReplayer`` keeps the last step it verified. Given a newer ``RoundChain`` it replays the
+rounds after that step, or, when it holds none of the chain (a start, a rejoin, a node too far
+behind), reads the chain's keyframe and replays from there. Every delta is read with its size
+as the cap and checked against the record's sha256, then validated as any delta is
+(``codec.decode_delta``). A round it cannot apply (a delta missing, damaged, oversized, or a
+result that disagrees) is refused with one line naming the file or the round, counted, and the
+node re-anchors on the next keyframe past it: until one comes, it keeps the weights it has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from speedtronic.distributed.codec import canonical, decode_delta
+from speedtronic.distributed.protocol import BadDelta
+from speedtronic.distributed.round_record import Round, RoundChain
+
+Tensors = dict[str, Tensor]
+
+
+def weights_sha256(weights: Tensors) -> str:
+    """The sha256 of float32 weights: names, shapes and bytes, in sorted name order."""
+    digest = hashlib.sha256()
+    for key in sorted(weights):
+        value = weights[key].detach().to("cpu", torch.float32).contiguous()
+        digest.update(f"{key}:{tuple(value.shape)};".encode())
+        digest.update(value.numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def apply_round(weights: Tensors, parts: list[tuple[Tensors, float]], lr: float) -> Tensors:
+    """New weights ``w - lr * sum(coef * delta)``: float32 on the CPU, ``parts`` in order.
+    ``weights`` are not changed (a node's cached step stays valid if a later check fails)."""
+    total = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in weights.items()}
+    for tensors, coef in parts:
+        for key, acc in total.items():
+            acc.add_(tensors[key].to("cpu", torch.float32), alpha=coef)
+    return {
+        key: value.to("cpu", torch.float32).sub(total[key], alpha=lr)
+        for key, value in weights.items()
+    }
+
+
+def encode_round_file(chain: RoundChain) -> bytes:
+    """The bytes published at ``global/latest.safetensors``: no tensors, the chain as metadata."""
+    return canonical(safetensors.torch.save({}, metadata=chain.to_metadata()))
+
+
+KeyframeLoader = Callable[[RoundChain, int], tuple[Tensors, int]]
+
+
+class RoundReplayer:
+    """A node's replay of round records onto its last verified step (module doc)."""
+
+    def __init__(self, transport: Any, reference: Tensors, load_keyframe: KeyframeLoader):
+        self.transport, self.reference, self.load_keyframe = transport, reference, load_keyframe
+        self.step: int | None = None  # the last verified outer step and its weights
+        self.sha256: str | None = None
+        self.weights: Tensors | None = None
+        self.failed: int | None = None  # a round refused: wait for a keyframe past it
+        self.counts = {"rounds_applied": 0, "rounds_refused": 0, "round_mismatches": 0}
+
+    def read(self, chain: RoundChain, max_bytes: int) -> tuple[Tensors, int]:
+        """The weights at ``chain.outer_step`` and the bytes it took; BadDelta if it cannot."""
+        if self.failed is not None and chain.keyframe_step < self.failed:
+            raise BadDelta(
+                f"outer step {self.failed} could not be applied here; waiting for a keyframe "
+                f"past it (the newest is at outer step {chain.keyframe_step})"
+            )
+        self.failed = None
+        if self.step == chain.outer_step and self._verified(chain):
+            return self.weights, 0
+        read = 0
+        if not (self.step is not None and chain.keyframe_step <= self.step < chain.outer_step
+                and self._verified(chain)):  # fmt: skip
+            weights, read = self.load_keyframe(chain, max_bytes)
+            self.step, self.weights, self.sha256 = chain.keyframe_step, weights, None
+        for one in chain.since(self.step):
+            read += self._apply(one)
+        return self.weights, read
+
+    def _verified(self, chain: RoundChain) -> bool:
+        """Whether this node's step is the chain's (its sha256 as the record names it)."""
+        if self.step == chain.keyframe_step:  # a step means the same weights (I3): verified
+            return True  # at it (a round's sha256, or its keyframe), they are the keyframe's
+        entry = chain.round_at(self.step)
+        return entry is not None and entry.weights_sha256 == self.sha256
+
+    def _apply(self, one: Round) -> int:
+        parts, read = [], 0
+        for delta in one.deltas:
+            try:
+                data = self.transport.read(delta.path, delta.size)
+            except Exception as exc:  # an oversize or damaged file: refused by name
+                raise self._refuse(one, f"{delta.path} cannot be read ({exc})") from None
+            if data is None:
+                raise self._refuse(one, f"{delta.path} is missing")
+            data = bytes(data)
+            read += len(data)
+            if len(data) != delta.size or hashlib.sha256(data).hexdigest() != delta.sha256:
+                raise self._refuse(one, f"{delta.path} is not the delta the record names "
+                                        "(its size or sha256 differs)")  # fmt: skip
+            try:
+                _, tensors = decode_delta(data, delta.path, self.weights)
+            except BadDelta as exc:
+                raise self._refuse(one, f"{delta.path} is damaged ({exc})") from None
+            parts.append((tensors, delta.coef))
+        weights = apply_round(self.weights, parts, one.lr)
+        sha = weights_sha256(weights)
+        if sha != one.weights_sha256:
+            self.counts["round_mismatches"] += 1
+            raise self._refuse(one, "the weights this node computed differ from the record's "
+                                    "sha256 (another CPU, or a damaged download)")  # fmt: skip
+        self.step, self.weights, self.sha256 = one.outer_step, weights, sha
+        self.counts["rounds_applied"] += 1
+        return read
+
+    def _refuse(self, one: Round, why: str) -> BadDelta:
+        self.failed = one.outer_step
+        self.counts["rounds_refused"] += 1
+        return BadDelta(
+            f"outer step {one.outer_step} not applied: {why}; re-anchoring on the next keyframe"
+        )
