@@ -117,6 +117,12 @@ class DistributedConfig:
             problems.append("distributed.train_locally: only a master may set it to false")
         if self.enabled and not self.train_locally and self.outer_steps is None:
             problems.append("distributed.outer_steps: required when train_locally is false")
+        if self.global_dtype == "deltas" and self.outer_momentum > 0:
+            problems.append(
+                f"distributed.outer_momentum: must be 0 with global_dtype deltas (got "
+                f"{self.outer_momentum}): a keyframe carries weights, not the momentum a "
+                "joining node would need to repeat the rounds"
+            )
         return problems + [
             f"distributed.collaborators: {brief(name)} is not a Hugging Face user name "
             "(1-96 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"

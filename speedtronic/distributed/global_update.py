@@ -207,7 +207,7 @@ class GlobalReader:
     def __init__(self, transport: Any, reference: Tensors, hashed: bool = False):
         self.transport, self.reference, self.hashed = transport, reference, hashed
         self.keyframe: tuple[str, Tensors] | None = None  # (sha256, weights)
-        self.replayer = RoundReplayer(transport, reference, self._keyframe)
+        self.replayer = RoundReplayer(transport, reference, self._keyframe_at)
 
     def read(self, max_bytes: int) -> GlobalRead | None:
         """The global, or None when the repo has none; BadDelta / DamagedRepoFile if bad."""
@@ -219,7 +219,10 @@ class GlobalReader:
         chain = round_chain(data, self.reference)
         if chain is not None:  # global_dtype deltas: replay the rounds (``round_apply``)
             weights, got = self.replayer.read(chain, max_bytes)
-            where = keyframe_path(chain.keyframe_step, chain.keyframe_sha256)
+            at, sha = chain.keyframe_step, chain.keyframe_sha256
+            if chain.newest_sha256:
+                at, sha = chain.outer_step, chain.newest_sha256
+            where = keyframe_path(at, sha)
             return GlobalRead(chain.outer_step, weights, sha, len(data) + got, where)
         header = update_header(data, self.reference)
         if header is None:
@@ -230,16 +233,22 @@ class GlobalReader:
         read = len(data) + got
         return GlobalRead(header.outer_step, weights, sha, read, header.keyframe_path)
 
-    def _keyframe(self, header: UpdateHeader | RoundChain, max_bytes: int) -> tuple[Tensors, int]:
-        """The keyframe an update or a round chain builds on (read once, then kept)."""
-        sha, at = header.keyframe_sha256, header.keyframe_step
-        what = "record" if isinstance(header, RoundChain) else "update"
+    def _keyframe(self, header: UpdateHeader, max_bytes: int) -> tuple[Tensors, int]:
+        """The keyframe an update builds on (read once, then kept)."""
+        return self._keyframe_at(
+            header.keyframe_step, header.keyframe_sha256, header.outer_step, max_bytes, "update"
+        )
+
+    def _keyframe_at(
+        self, at: int, sha: str, outer_step: int, max_bytes: int, what: str = "record"
+    ) -> tuple[Tensors, int]:
+        """The keyframe at outer step ``at`` whose file has ``sha`` (read once, then kept)."""
         if self.keyframe is not None and self.keyframe[0] == sha:
             return self.keyframe[1], 0
         path = keyframe_path(at, sha)
         data = self.transport.read(path, max_bytes)
         if data is None:
-            raise BadDelta(f"{path} is missing: the global at outer step {header.outer_step} "
+            raise BadDelta(f"{path} is missing: the global at outer step {outer_step} "
                            "builds on it")  # fmt: skip
         data = bytes(data)
         if hashlib.sha256(data).hexdigest() != sha:

@@ -28,6 +28,7 @@ from torch import Tensor
 from speedtronic.distributed.codec import canonical, decode_delta
 from speedtronic.distributed.protocol import BadDelta
 from speedtronic.distributed.round_record import Round, RoundChain
+from speedtronic.errors import DamagedRepoFile
 
 Tensors = dict[str, Tensor]
 
@@ -61,7 +62,8 @@ def encode_round_file(chain: RoundChain) -> bytes:
     return canonical(safetensors.torch.save({}, metadata=chain.to_metadata()))
 
 
-KeyframeLoader = Callable[[RoundChain, int], tuple[Tensors, int]]
+# (keyframe step, its file's sha256, the step that needs it, max bytes) -> (weights, bytes read)
+KeyframeLoader = Callable[[int, str, int, int], tuple[Tensors, int]]
 
 
 class RoundReplayer:
@@ -77,19 +79,24 @@ class RoundReplayer:
 
     def read(self, chain: RoundChain, max_bytes: int) -> tuple[Tensors, int]:
         """The weights at ``chain.outer_step`` and the bytes it took; BadDelta if it cannot."""
-        if self.failed is not None and chain.keyframe_step < self.failed:
+        newest = chain.outer_step if chain.newest_sha256 else chain.keyframe_step
+        if self.failed is not None and newest < self.failed:
             raise BadDelta(
                 f"outer step {self.failed} could not be applied here; waiting for a keyframe "
-                f"past it (the newest is at outer step {chain.keyframe_step})"
+                f"past it (the newest is at outer step {newest})"
             )
-        self.failed = None
+        reanchor, self.failed = self.failed is not None, None  # on the keyframe past it
         if self.step == chain.outer_step and self._verified(chain):
             return self.weights, 0
         read = 0
-        if not (self.step is not None and chain.keyframe_step <= self.step < chain.outer_step
-                and self._verified(chain)):  # fmt: skip
-            weights, read = self.load_keyframe(chain, max_bytes)
-            self.step, self.weights, self.sha256 = chain.keyframe_step, weights, None
+        if reanchor or not (self.step is not None and chain.keyframe_step <= self.step
+                            < chain.outer_step and self._verified(chain)):  # fmt: skip
+            # none of the chain here: its newest keyframe (the step itself), or its base
+            at, sha = chain.keyframe_step, chain.keyframe_sha256
+            if chain.newest_sha256:
+                at, sha = chain.outer_step, chain.newest_sha256
+            weights, read = self.load_keyframe(at, sha, chain.outer_step, max_bytes)
+            self.step, self.weights, self.sha256 = at, weights, None
         for one in chain.since(self.step):
             read += self._apply(one)
         return self.weights, read
@@ -98,15 +105,17 @@ class RoundReplayer:
         """Whether this node's step is the chain's (its sha256 as the record names it)."""
         if self.step == chain.keyframe_step:  # a step means the same weights (I3): verified
             return True  # at it (a round's sha256, or its keyframe), they are the keyframe's
+        if self.sha256 is None:  # read as the newest keyframe of an earlier chain
+            return self.step == chain.outer_step and bool(chain.newest_sha256)
         entry = chain.round_at(self.step)
         return entry is not None and entry.weights_sha256 == self.sha256
 
     def _apply(self, one: Round) -> int:
         parts, read = [], 0
         for delta in one.deltas:
-            try:
+            try:  # a passing fault (TransportError) propagates: the next poll reads again
                 data = self.transport.read(delta.path, delta.size)
-            except Exception as exc:  # an oversize or damaged file: refused by name
+            except DamagedRepoFile as exc:  # oversize, a link, not a file: refused by name
                 raise self._refuse(one, f"{delta.path} cannot be read ({exc})") from None
             if data is None:
                 raise self._refuse(one, f"{delta.path} is missing")

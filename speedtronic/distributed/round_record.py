@@ -32,6 +32,7 @@ from speedtronic.distributed.protocol import (
 
 ROUND_FORMAT = "speedtronic-rounds-1"
 CHAIN_KEY = "rounds"  # the metadata key holding the chain's JSON
+NEWEST_KEY = "newest_keyframe_sha256"  # the chain's step is a keyframe too
 MAX_ROUNDS = 4096  # rounds between keyframes (keyframe_every is the master's)
 MAX_DELTAS = 4096  # deltas in one round
 MAX_CHAIN_CHARS = 16 << 20  # a hostile header cannot make a node parse more than this
@@ -66,12 +67,15 @@ class Round:
 
 @dataclass(frozen=True)
 class RoundChain:
-    """The rounds from the keyframe at ``keyframe_step`` to ``outer_step``, one per step."""
+    """The rounds from the keyframe at ``keyframe_step`` to ``outer_step``, one per step.
+    ``newest_sha256``: the step is a keyframe too (its file's sha256): a node that holds none
+    of the chain reads that one, while a node a few rounds behind still replays them."""
 
     outer_step: int
     keyframe_step: int
     keyframe_sha256: str
     rounds: tuple[Round, ...]
+    newest_sha256: str = ""
 
     def to_metadata(self) -> dict[str, str]:
         """The safetensors metadata of the record file (all strings, canonical JSON)."""
@@ -87,13 +91,16 @@ class RoundChain:
             }
             for r in self.rounds
         ]
-        return {
+        meta = {
             "format": ROUND_FORMAT,
             "outer_step": str(self.outer_step),
             "keyframe_step": str(self.keyframe_step),
             "keyframe_sha256": self.keyframe_sha256,
             CHAIN_KEY: json.dumps(rounds, separators=(",", ":"), sort_keys=True),
         }
+        if self.newest_sha256:
+            meta[NEWEST_KEY] = self.newest_sha256
+        return meta
 
     def since(self, step: int) -> tuple[Round, ...]:
         """The rounds after outer step ``step`` (within the chain)."""
@@ -128,7 +135,10 @@ def parse_chain(meta: dict[str, str]) -> RoundChain:
             f"{keyframe_step} do not reach outer step {step}"
         )
     parsed = tuple(_round(r, keyframe_step + 1 + i) for i, r in enumerate(rounds))
-    return RoundChain(step, keyframe_step, keyframe_sha, parsed)
+    newest = _sha(NEWEST_KEY, meta[NEWEST_KEY]) if NEWEST_KEY in meta else ""
+    if newest and not parsed:
+        raise BadDelta(f"round record {NEWEST_KEY}: the keyframe's own step names no newer one")
+    return RoundChain(step, keyframe_step, keyframe_sha, parsed, newest)
 
 
 def _round(value: object, expected_step: int) -> Round:
@@ -141,8 +151,8 @@ def _round(value: object, expected_step: int) -> Round:
     if lr <= 0:
         raise BadDelta(f"{where} lr {lr}: must be > 0")
     deltas = value["deltas"]
-    if not isinstance(deltas, list) or not 0 < len(deltas) <= MAX_DELTAS:
-        raise BadDelta(f"{where} deltas: must be a list of 1 to {MAX_DELTAS} deltas")
+    if not isinstance(deltas, list) or len(deltas) > MAX_DELTAS:
+        raise BadDelta(f"{where} deltas: must be a list of at most {MAX_DELTAS} deltas")
     parsed = tuple(_delta(d, where) for d in deltas)
     if len({d.path for d in parsed}) != len(parsed):
         raise BadDelta(f"{where} deltas: a path is named twice")

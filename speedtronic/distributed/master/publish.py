@@ -150,7 +150,7 @@ class Publisher:
         state.global_dtype = self.global_dtype
         chain = None
         if self.global_dtype == "deltas":
-            chain = next_chain(self.chain, state, state.keyframe, shared)
+            chain = next_chain(self.chain, state, state.keyframe, shared, last)
             consumed = deletes(self.chain, chain, list(consumed))
             state.round_chain = chain
         state.save(self.state_dir)
