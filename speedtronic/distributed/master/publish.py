@@ -179,8 +179,11 @@ class Publisher:
 
     def exact_at(self, outer_step: int) -> bool:
         """Whether nodes read ``outer_step``'s global as the master's weights exactly: full
-        weights (fp32), or a step published on a keyframe of itself."""
+        weights (fp32), or a step published on a keyframe of itself (with deltas: and no round
+        left for nodes to replay, so the run's end deletes every delta)."""
         keyframe = self.keyframe
+        if self.global_dtype == "deltas" and self.chain is not None and self.chain.rounds:
+            return False  # exact, but deltas wait in the repo: the run's end takes a keyframe
         return self.global_dtype == "fp32" or keyframe is None or keyframe.step == outer_step
 
     def adopt_landed(self, step: int, sha256: str, count: dict, nodes: dict) -> None:
