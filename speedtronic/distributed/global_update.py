@@ -56,7 +56,7 @@ from speedtronic.distributed.protocol import (
     parse_count,
     short_repr,
 )
-from speedtronic.distributed.round_apply import RoundReplayer
+from speedtronic.distributed.round_apply import RECORD_BYTES, RoundReplayer
 from speedtronic.distributed.round_record import ROUND_FORMAT, RoundChain, parse_chain
 
 Tensors = dict[str, Tensor]
@@ -121,6 +121,8 @@ def global_bytes_per_round(reference: Tensors, dtype: str, keyframe_every: int) 
     full = expected_delta_bytes(reference, "fp32")
     if dtype == "fp32":
         return full
+    if dtype == "deltas":  # what the master uploads (``round_apply.deltas_bytes_per_round``)
+        return RECORD_BYTES + full // keyframe_every
     codes, scales = blockquant.packed_sizes(_shapes(reference), GLOBAL_BITS[dtype])
     return codes + 4 * scales + full // keyframe_every
 

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from speedtronic.distributed.codec import canonical, decode_delta
+from speedtronic.distributed.codec import canonical, decode_delta, expected_delta_bytes
 from speedtronic.distributed.protocol import BadDelta
 from speedtronic.distributed.round_record import Round, RoundChain
 from speedtronic.errors import DamagedRepoFile
@@ -63,6 +63,27 @@ def encode_round_file(chain: RoundChain) -> bytes:
 
 
 # (keyframe step, its file's sha256, the step that needs it, max bytes) -> (weights, bytes read)
+# What a round record's file holds beside its rounds, and per delta it names (JSON, generous)
+RECORD_BYTES, RECORD_BYTES_PER_DELTA = 400, 200
+
+
+def deltas_bytes_per_round(
+    reference: Tensors, delta_dtype: str, nodes: int, keyframe_every: int
+) -> dict[str, int]:
+    """Bytes per round with ``global_dtype: deltas`` when ``nodes`` nodes send one delta each:
+    a node uploads its delta and downloads the others' and the record (up to ``keyframe_every``
+    rounds long); the master uploads the record and a keyframe every ``keyframe_every`` rounds.
+    Full weights reach a node only when it starts, rejoins or falls out of step."""
+    delta = expected_delta_bytes(reference, delta_dtype)
+    record = RECORD_BYTES + RECORD_BYTES_PER_DELTA * nodes * keyframe_every
+    full = expected_delta_bytes(reference, "fp32")
+    return {
+        "node_up": delta,
+        "node_down": (nodes - 1) * delta + record,
+        "master_up": record + full // keyframe_every,
+    }
+
+
 KeyframeLoader = Callable[[int, str, int, int], tuple[Tensors, int]]
 
 

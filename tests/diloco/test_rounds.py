@@ -6,6 +6,7 @@ are named in one line and end with the node back on the master's weights."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -306,3 +307,27 @@ def test_a_node_restarted_mid_replay_replays_from_the_keyframe_once(fleet, monke
     restarted = GlobalReader(transport, reference())  # a new process: from the keyframe
     assert exact(restarted.read(1 << 24).weights, loop.master.global_weights)
     assert restarted.replayer.counts["rounds_applied"] == 2
+
+
+def test_validate_says_what_a_round_costs_each_way(tiny, tmp_path):
+    from cli.test_cli import invoke, write
+
+    tiny["distributed"] = {
+        "enabled": True,
+        "repo_id": str(tmp_path / "repo"),
+        "node_id": "a",
+        "global_dtype": "deltas",
+        "delta_dtype": "int2",
+    }
+    doc = json.loads(invoke("validate", "-c", write(tmp_path, tiny), "--format", "json").stdout)
+    line = doc["facts"]["diloco_global"]
+    assert "per round a node with 4 nodes (the 3 others' int2 deltas and the round record" in line
+    assert "the master uploads" in line and "a keyframe every 10 rounds" in line, line
+
+
+def test_a_round_costs_a_node_the_others_deltas_and_the_master_a_share_of_a_keyframe():
+    ref = {"w": torch.zeros(1024, 128)}  # 131072 values: 1024 blocks
+    got = round_apply.deltas_bytes_per_round(ref, "int2", 4, 10)
+    int2 = 131072 // 4 + 4 * 1024  # codes and scales
+    record = round_apply.RECORD_BYTES + round_apply.RECORD_BYTES_PER_DELTA * 40
+    assert got == {"node_up": int2, "node_down": 3 * int2 + record, "master_up": record + 52428}
