@@ -73,9 +73,7 @@ class MasterConfig:
     max_staleness: int = 4  # outer steps; staler deltas are rejected
     staleness_discount: float = 0.5  # weight factor per outer step of staleness
     policy: str = "fleet"  # "fleet": the stable async rule (module doc); "naive": per round
-    # global_dtype deltas: a round is ``round_apply.apply_round`` on per-delta coefficients,
-    # the arithmetic every node repeats (``shared_round``)
-    shared_rounds: bool = False
+    shared_rounds: bool = False  # global_dtype deltas: rounds as nodes repeat them (shared_round)
 
     def __post_init__(self) -> None:
         rules = [
@@ -461,10 +459,8 @@ def _apply(cfg: MasterConfig, got: AggregateResult, weights, optimizer, fleet, s
 
 
 def shared_round(cfg: MasterConfig, got: AggregateResult, deltas: list, weights, fleet, step):
-    """A round as every node repeats it (``global_dtype: deltas``): the same policy as
-    ``_apply`` (node weights, chains' token shares, the fleet share) multiplied out into one
-    coefficient per delta, applied by ``round_apply.apply_round``. Momentum is 0 here
-    (``MasterConfig``), so the delayed step is plain ``w - lr * share * mean``."""
+    """``_apply``'s policy as every node repeats it (``global_dtype: deltas``, momentum 0): one
+    coefficient per delta (node weight x chain's token share x fleet share), ``apply_round``."""
     share = 1.0
     if cfg.policy == "fleet":
         for node, rate in got.rates.items():
