@@ -96,16 +96,14 @@ class RoundReplayer:
         self.sha256: str | None = None
         self.weights: Tensors | None = None
         self.failed: int | None = None  # a round refused: wait for a keyframe past it
+        self.refusal = ""  # ... and the line that said why
         self.counts = {"rounds_applied": 0, "rounds_refused": 0, "round_mismatches": 0}
 
     def read(self, chain: RoundChain, max_bytes: int) -> tuple[Tensors, int]:
         """The weights at ``chain.outer_step`` and the bytes it took; BadDelta if it cannot."""
         newest = chain.outer_step if chain.newest_sha256 else chain.keyframe_step
         if self.failed is not None and newest < self.failed:
-            raise BadDelta(
-                f"outer step {self.failed} could not be applied here; waiting for a keyframe "
-                f"past it (the newest is at outer step {newest})"
-            )
+            raise BadDelta(self.refusal)  # the same line: said once, not downloaded again
         reanchor, self.failed = self.failed is not None, None  # on the keyframe past it
         if self.step == chain.outer_step and self._verified(chain):
             return self.weights, 0
@@ -163,6 +161,7 @@ class RoundReplayer:
     def _refuse(self, one: Round, why: str) -> BadDelta:
         self.failed = one.outer_step
         self.counts["rounds_refused"] += 1
-        return BadDelta(
+        self.refusal = (
             f"outer step {one.outer_step} not applied: {why}; re-anchoring on the next keyframe"
         )
+        return BadDelta(self.refusal)

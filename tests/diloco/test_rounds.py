@@ -234,8 +234,9 @@ def test_a_delta_deleted_before_a_node_fetched_it_is_named_then_the_keyframe_hea
     node = GlobalReader(transport, reference())
     with pytest.raises(BadDelta, match=f"outer step 2 not applied: {paths[2]} is missing"):
         node.read(1 << 24)
-    with pytest.raises(BadDelta, match="waiting for a keyframe past it"):
-        node.read(1 << 24)  # not downloaded again each poll
+    with pytest.raises(BadDelta, match=f"outer step 2 not applied: {paths[2]} is missing"):
+        node.read(1 << 24)  # not downloaded again each poll: the same line
+    assert node.replayer.counts["rounds_refused"] == 1
     assert node.replayer.step == 1  # round 1 verified, round 2 not half applied
     recovers_at_the_next_keyframe(node, transport, loop)
 
@@ -282,7 +283,7 @@ def test_a_node_whose_result_disagrees_says_so_counts_it_and_reanchors(fleet, mo
         node.read(1 << 24)
     assert node.replayer.counts["round_mismatches"] == 1
     monkeypatch.setattr(round_apply, "apply_round", honest)
-    with pytest.raises(BadDelta, match="waiting for a keyframe"):
+    with pytest.raises(BadDelta, match="outer step 1 not applied: the weights this node"):
         node.read(1 << 24)  # never the disagreeing weights, never round 2 on top of them
     recovers_at_the_next_keyframe(node, transport, loop)
 
@@ -331,3 +332,55 @@ def test_a_round_costs_a_node_the_others_deltas_and_the_master_a_share_of_a_keyf
     int2 = 131072 // 4 + 4 * 1024  # codes and scales
     record = round_apply.RECORD_BYTES + round_apply.RECORD_BYTES_PER_DELTA * 40
     assert got == {"node_up": int2, "node_down": 3 * int2 + record, "master_up": record + 52428}
+
+
+def test_a_master_restarted_between_a_record_and_its_keyframe_publishes_it_whole(
+    fleet, tmp_path, monkeypatch
+):
+    from speedtronic.errors import TransportError
+
+    transport, loop, sent = two_rounds(fleet)
+    node = GlobalReader(transport, reference())
+    node.read(1 << 24)  # in step at outer step 2
+    real_publish = transport.publish
+
+    def killed(*args):  # the master dies after saving step 3 (a keyframe), before its publish
+        raise TransportError("killed")
+
+    monkeypatch.setattr(transport, "publish", killed)
+    sent += [send(transport, n, 3, 2, seed) for n, seed in (("a", 5), ("b", 6))]
+    with pytest.raises(TransportError):
+        loop.poll_once()
+    monkeypatch.setattr(transport, "publish", real_publish)
+    restarted = master_loop(tmp_path, transport)
+    restarted.start()  # its saved step 3 is ahead of the repo's 2: published again, whole
+    read = node.read(1 << 24)
+    assert read.outer_step == 3 and exact(read.weights, loop.master.global_weights)
+    assert node.replayer.counts["rounds_applied"] == 3  # round 3 replayed, once
+    assert exact(GlobalReader(transport, reference()).read(1 << 24).weights, read.weights)
+    assert all((tmp_path / "repo" / p).exists() for p in sent)  # nodes behind replay them
+    send(transport, "a", 4, 3, 7)
+    send(transport, "b", 4, 3, 8)
+    assert restarted.poll_once().outer_step == 4
+    assert not any((tmp_path / "repo" / p).exists() for p in sent)  # the restored chain's
+    assert exact(node.read(1 << 24).weights, restarted.master.global_weights)
+
+
+def test_a_workers_fetcher_names_a_refused_round_once_a_minute_and_counts_it(fleet, tmp_path):
+    from speedtronic.distributed.node_status import NodeStatus
+    from speedtronic.distributed.worker.fetch import GlobalFetcher
+
+    transport, loop, paths = two_rounds(fleet)
+    (tmp_path / "repo" / paths[3]).unlink()
+    log, status = Log(), NodeStatus()
+    fetcher = GlobalFetcher(settings(node_id="c"), transport, log, status, reference())
+    fetcher.refresh()
+    fetcher.refresh()  # the same failure: not said again, not downloaded again
+    assert len(log.warnings) == 1 and f"{paths[3]} is missing" in log.warnings[0], log.warnings
+    assert fetcher.ready is None and fetcher.unread == 2
+    assert status.counters["rounds_refused"] == 1 and status.counters["rounds_applied"] == 1
+    run_round(loop, transport, 3, (5, 6))  # the keyframe past it
+    fetcher.refresh()
+    assert fetcher.ready.outer_step == 3 and exact(
+        fetcher.ready.weights, loop.master.global_weights
+    )
