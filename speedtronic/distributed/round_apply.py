@@ -97,6 +97,8 @@ class RoundReplayer:
         self.weights: Tensors | None = None
         self.failed: int | None = None  # a round refused: wait for a keyframe past it
         self.refusal = ""  # ... and the line that said why
+        # sha256 -> bytes this node holds already (its own sent deltas: ``worker.inflight``)
+        self.held: Callable[[str], bytes | None] = lambda sha256: None
         self.counts = {"rounds_applied": 0, "rounds_refused": 0, "round_mismatches": 0}
 
     def read(self, chain: RoundChain, max_bytes: int) -> tuple[Tensors, int]:
@@ -132,14 +134,10 @@ class RoundReplayer:
     def _apply(self, one: Round) -> int:
         parts, read = [], 0
         for delta in one.deltas:
-            try:  # a passing fault (TransportError) propagates: the next poll reads again
-                data = self.transport.read(delta.path, delta.size)
-            except DamagedRepoFile as exc:  # oversize, a link, not a file: refused by name
-                raise self._refuse(one, f"{delta.path} cannot be read ({exc})") from None
+            data = self.held(delta.sha256)
             if data is None:
-                raise self._refuse(one, f"{delta.path} is missing")
-            data = bytes(data)
-            read += len(data)
+                data = self._download(one, delta.path, delta.size)
+                read += len(data)
             if len(data) != delta.size or hashlib.sha256(data).hexdigest() != delta.sha256:
                 raise self._refuse(one, f"{delta.path} is not the delta the record names "
                                         "(its size or sha256 differs)")  # fmt: skip
@@ -157,6 +155,15 @@ class RoundReplayer:
         self.step, self.weights, self.sha256 = one.outer_step, weights, sha
         self.counts["rounds_applied"] += 1
         return read
+
+    def _download(self, one: Round, path: str, size: int) -> bytes:
+        try:  # a passing fault (TransportError) propagates: the next poll reads again
+            data = self.transport.read(path, size)
+        except DamagedRepoFile as exc:  # oversize, a link, not a file: refused by name
+            raise self._refuse(one, f"{path} cannot be read ({exc})") from None
+        if data is None:
+            raise self._refuse(one, f"{path} is missing")
+        return bytes(data)
 
     def _refuse(self, one: Round, why: str) -> BadDelta:
         self.failed = one.outer_step

@@ -384,3 +384,28 @@ def test_a_workers_fetcher_names_a_refused_round_once_a_minute_and_counts_it(fle
     assert fetcher.ready.outer_step == 3 and exact(
         fetcher.ready.weights, loop.master.global_weights
     )
+
+
+def test_a_worker_replays_its_own_delta_from_what_it_sent_not_from_the_repo(tmp_path):
+    from speedtronic.distributed.worker.plugin import WorkerPlugin
+    from tests.diloco.test_global_update import int8_loop
+    from tests.diloco.test_nodes import FakeTrainer, model
+
+    transport = LocalTransport(tmp_path / "repo")
+    loop = int8_loop(tmp_path, transport, dtype="deltas")
+    loop.start()
+    net = model(1.0)
+    worker, trainer = WorkerPlugin(settings(), net, transport, Log()), FakeTrainer(net, 4)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)  # a boundary: its delta goes up
+    worker.uploader.drain(5.0)
+    assert loop.poll_once().outer_step == 1
+    paths, real_read = [], transport.read
+    transport.read = lambda path, cap: paths.append(path) or real_read(path, cap)
+    worker.fetcher.refresh()
+    ready = worker.fetcher.ready
+    assert ready.outer_step == 1 and exact(ready.weights, loop.master.global_weights)
+    assert not [p for p in paths if p.startswith("nodes/")], paths  # held: not downloaded
+    assert worker.status.counters["rounds_applied"] == 1
+    worker.on_train_end(trainer, None)
