@@ -177,6 +177,15 @@ def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> 
     return facts
 
 
+def _fetch_bytes(params: dict, dist: Any, nodes: int) -> int | None:
+    """global_dtype deltas: a worker downloads the others' deltas, not the master's publish."""
+    if dist.global_dtype != "deltas":
+        return None
+    from speedtronic.distributed.round_apply import deltas_bytes_per_round
+
+    return deltas_bytes_per_round(params, dist.delta_dtype, nodes, dist.keyframe_every)["node_down"]
+
+
 def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
     from speedtronic.distributed.codec import expected_delta_bytes
     from speedtronic.distributed.global_update import global_bytes_per_round
@@ -193,6 +202,7 @@ def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
         min_deltas=dist.min_deltas,
         delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
         weights_bytes=global_bytes_per_round(params, dist.global_dtype, dist.keyframe_every),
+        fetch_bytes=_fetch_bytes(params, dist, fleet.nodes),
     )
     described = describe(cost, fleet.step_time_s)
     return {"diloco_bucket_per_hour": described, "diloco_bucket": cost.as_dict()}
