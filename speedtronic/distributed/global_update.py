@@ -221,11 +221,9 @@ class GlobalReader:
         chain = round_chain(data, self.reference)
         if chain is not None:  # global_dtype deltas: replay the rounds (``round_apply``)
             weights, got = self.replayer.read(chain, max_bytes)
-            at, sha = chain.keyframe_step, chain.keyframe_sha256
-            if chain.newest_sha256:
-                at, sha = chain.outer_step, chain.newest_sha256
-            where = keyframe_path(at, sha)
-            return GlobalRead(chain.outer_step, weights, sha, len(data) + got, where)
+            return GlobalRead(
+                chain.outer_step, weights, sha, len(data) + got, chain_keyframe(chain)
+            )
         header = update_header(data, self.reference)
         if header is None:
             step, weights = decode_weights(data, self.reference)
@@ -260,6 +258,13 @@ class GlobalReader:
             raise BadDelta(f"{path} holds outer step {step}, the {what} says {at}")
         self.keyframe = (sha, weights)
         return weights, len(data)
+
+
+def chain_keyframe(chain: RoundChain) -> str:
+    """The path of the newest keyframe a round chain names (the step's own, else its base)."""
+    if chain.newest_sha256:
+        return keyframe_path(chain.outer_step, chain.newest_sha256)
+    return keyframe_path(chain.keyframe_step, chain.keyframe_sha256)
 
 
 def round_chain(data: bytes, reference: Tensors) -> RoundChain | None:

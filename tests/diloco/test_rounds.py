@@ -6,6 +6,7 @@ are named in one line and end with the node back on the master's weights."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -204,8 +205,11 @@ def test_a_restarted_master_publishes_the_same_record(fleet, tmp_path):
     transport, loop = fleet
     run_round(loop, transport, 1, (1, 2))
     data = transport.read(GLOBAL_WEIGHTS, 1 << 20)
+    read = GlobalReader(transport, reference(), hashed=True).read(1 << 24)  # a master's look
+    assert read.sha256 == hashlib.sha256(data).hexdigest()  # the record file's, as published
     again = master_loop(tmp_path, transport)
     again.start()
+    assert not again.logger.warnings  # the repo holds its step as saved: no "damaged" line
     again.republish()
     assert transport.read(GLOBAL_WEIGHTS, 1 << 20) == data
     assert again.publisher.chain == loop.publisher.chain
