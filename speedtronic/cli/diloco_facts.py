@@ -118,6 +118,8 @@ def _global_line(params: dict, dist: Any, kind: str, fleet: Fleet, loop_s: float
     from speedtronic.distributed.global_update import global_bytes_per_round
     from speedtronic.distributed.latency import upload_seconds
 
+    if dist.global_dtype == "deltas":
+        return _rounds_line(params, dist, kind, fleet, loop_s)
     size = global_bytes_per_round(params, dist.global_dtype, dist.keyframe_every)
     publish_s = upload_seconds(size, kind, fleet.uplink_mbps)
     what = (
@@ -130,6 +132,24 @@ def _global_line(params: dict, dist: Any, kind: str, fleet: Fleet, loop_s: float
         f"{size_text(size)} per round ({what}): every node downloads it, and a master on an "
         f"uplink like this one takes ~{publish_s:.1f} s ({publish_s / max(loop_s, 1e-9):.2f} "
         f"of an inner loop) to publish it{hint}"
+    )
+
+
+def _rounds_line(params: dict, dist: Any, kind: str, fleet: Fleet, loop_s: float) -> str:
+    """``global_dtype: deltas``: a node's bytes up and down a round, and the master's up."""
+    from speedtronic.data.describe import size_text
+    from speedtronic.distributed.latency import upload_seconds
+    from speedtronic.distributed.round_apply import deltas_bytes_per_round
+
+    got = deltas_bytes_per_round(params, dist.delta_dtype, fleet.nodes, dist.keyframe_every)
+    publish_s = upload_seconds(got["master_up"], kind, fleet.uplink_mbps)
+    return (
+        f"{size_text(got['node_down'])} down and {size_text(got['node_up'])} up per round a "
+        f"node with {fleet.nodes} nodes (the {fleet.nodes - 1} others' {dist.delta_dtype} "
+        f"deltas and the round record; full weights only as a keyframe at a start or "
+        f"rejoin); the master uploads {size_text(got['master_up'])} a round (the record, a "
+        f"keyframe every {dist.keyframe_every} rounds): ~{publish_s:.1f} s "
+        f"({publish_s / max(loop_s, 1e-9):.2f} of an inner loop) on an uplink like this one"
     )
 
 
@@ -157,6 +177,15 @@ def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> 
     return facts
 
 
+def _fetch_bytes(params: dict, dist: Any, nodes: int) -> int | None:
+    """global_dtype deltas: a worker downloads the others' deltas, not the master's publish."""
+    if dist.global_dtype != "deltas":
+        return None
+    from speedtronic.distributed.round_apply import deltas_bytes_per_round
+
+    return deltas_bytes_per_round(params, dist.delta_dtype, nodes, dist.keyframe_every)["node_down"]
+
+
 def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
     from speedtronic.distributed.codec import expected_delta_bytes
     from speedtronic.distributed.global_update import global_bytes_per_round
@@ -173,6 +202,7 @@ def _bucket_cost(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict:
         min_deltas=dist.min_deltas,
         delta_bytes=expected_delta_bytes(params, dist.delta_dtype),
         weights_bytes=global_bytes_per_round(params, dist.global_dtype, dist.keyframe_every),
+        fetch_bytes=_fetch_bytes(params, dist, fleet.nodes),
     )
     described = describe(cost, fleet.step_time_s)
     return {"diloco_bucket_per_hour": described, "diloco_bucket": cost.as_dict()}

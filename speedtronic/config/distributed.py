@@ -64,7 +64,8 @@ class DistributedConfig:
     error_feedback: bool = True
     # the master's publishes: full float32 weights (fp32), or an int8 / int4 update on a
     # keyframe (full weights renewed every keyframe_every outer steps and at the run's end)
-    global_dtype: Literal["fp32", "int8", "int4"] = "fp32"
+    # deltas: no weights per round, a round record every node repeats (docs/diloco.md)
+    global_dtype: Literal["fp32", "int8", "int4", "deltas"] = "fp32"
     keyframe_every: int = ranged(10, "[1, 2**20]")
     upload_timeout_s: float = ranged(60.0, "[0, 86400]")  # waiting for uploads at the end
     # The end of a run (docs/diloco.md): how long a node may stay silent before the master's
@@ -116,6 +117,12 @@ class DistributedConfig:
             problems.append("distributed.train_locally: only a master may set it to false")
         if self.enabled and not self.train_locally and self.outer_steps is None:
             problems.append("distributed.outer_steps: required when train_locally is false")
+        if self.global_dtype == "deltas" and self.outer_momentum > 0:
+            problems.append(
+                f"distributed.outer_momentum: must be 0 with global_dtype deltas (got "
+                f"{self.outer_momentum}): a keyframe carries weights, not the momentum a "
+                "joining node would need to repeat the rounds"
+            )
         return problems + [
             f"distributed.collaborators: {brief(name)} is not a Hugging Face user name "
             "(1-96 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"

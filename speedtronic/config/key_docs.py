@@ -155,8 +155,10 @@ DOCS: dict[str, str] = {
     "one (bf16 / int8 / int4 / int2)",
     "distributed.global_dtype": "the master's publishes: fp32 (full weights every round), or "
     "int8 / int4 (0.26 / 0.13 of fp32's bytes): an update on a keyframe, full weights renewed "
-    "every keyframe_every outer steps",
-    "distributed.keyframe_every": "global_dtype int8 / int4: outer steps between keyframes "
+    "every keyframe_every outer steps; deltas: a round record, every node applies the round's "
+    "deltas itself (exact; outer_momentum 0)",
+    "distributed.keyframe_every": "global_dtype int8 / int4 / deltas: outer steps between "
+    "keyframes "
     "(full weights a node downloads once)",
     "distributed.upload_timeout_s": "how long a node waits for its last upload at the end",
     "distributed.drain_timeout_s": "the end of a run: how long a silent node is waited for (and "

@@ -56,6 +56,8 @@ from speedtronic.distributed.protocol import (
     parse_count,
     short_repr,
 )
+from speedtronic.distributed.round_apply import RECORD_BYTES, RoundReplayer
+from speedtronic.distributed.round_record import ROUND_FORMAT, RoundChain, parse_chain
 
 Tensors = dict[str, Tensor]
 GLOBAL_BITS = {"int8": 8, "int4": 4}  # ``distributed.global_dtype``; fp32: full weights
@@ -119,6 +121,8 @@ def global_bytes_per_round(reference: Tensors, dtype: str, keyframe_every: int) 
     full = expected_delta_bytes(reference, "fp32")
     if dtype == "fp32":
         return full
+    if dtype == "deltas":  # what the master uploads (``round_apply.deltas_bytes_per_round``)
+        return RECORD_BYTES + full // keyframe_every
     codes, scales = blockquant.packed_sizes(_shapes(reference), GLOBAL_BITS[dtype])
     return codes + 4 * scales + full // keyframe_every
 
@@ -205,6 +209,7 @@ class GlobalReader:
     def __init__(self, transport: Any, reference: Tensors, hashed: bool = False):
         self.transport, self.reference, self.hashed = transport, reference, hashed
         self.keyframe: tuple[str, Tensors] | None = None  # (sha256, weights)
+        self.replayer = RoundReplayer(transport, reference, self._keyframe_at)
 
     def read(self, max_bytes: int) -> GlobalRead | None:
         """The global, or None when the repo has none; BadDelta / DamagedRepoFile if bad."""
@@ -213,6 +218,12 @@ class GlobalReader:
             return None
         data = bytes(data)
         sha = hashlib.sha256(data).hexdigest() if self.hashed else None
+        chain = round_chain(data, self.reference)
+        if chain is not None:  # global_dtype deltas: replay the rounds (``round_apply``)
+            weights, got = self.replayer.read(chain, max_bytes)
+            return GlobalRead(
+                chain.outer_step, weights, sha, len(data) + got, chain_keyframe(chain)
+            )
         header = update_header(data, self.reference)
         if header is None:
             step, weights = decode_weights(data, self.reference)
@@ -223,23 +234,48 @@ class GlobalReader:
         return GlobalRead(header.outer_step, weights, sha, read, header.keyframe_path)
 
     def _keyframe(self, header: UpdateHeader, max_bytes: int) -> tuple[Tensors, int]:
-        if self.keyframe is not None and self.keyframe[0] == header.keyframe_sha256:
+        """The keyframe an update builds on (read once, then kept)."""
+        return self._keyframe_at(
+            header.keyframe_step, header.keyframe_sha256, header.outer_step, max_bytes, "update"
+        )
+
+    def _keyframe_at(
+        self, at: int, sha: str, outer_step: int, max_bytes: int, what: str = "record"
+    ) -> tuple[Tensors, int]:
+        """The keyframe at outer step ``at`` whose file has ``sha`` (read once, then kept)."""
+        if self.keyframe is not None and self.keyframe[0] == sha:
             return self.keyframe[1], 0
-        path = header.keyframe_path
+        path = keyframe_path(at, sha)
         data = self.transport.read(path, max_bytes)
         if data is None:
-            raise BadDelta(f"{path} is missing: the global at outer step {header.outer_step} "
+            raise BadDelta(f"{path} is missing: the global at outer step {outer_step} "
                            "builds on it")  # fmt: skip
         data = bytes(data)
-        if hashlib.sha256(data).hexdigest() != header.keyframe_sha256:
-            raise BadDelta(f"{path} does not match the sha256 the global's update names")
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise BadDelta(f"{path} does not match the sha256 the global's {what} names")
         step, weights = decode_weights(data, self.reference)
-        if step != header.keyframe_step:
-            raise BadDelta(
-                f"{path} holds outer step {step}, the update says {header.keyframe_step}"
-            )
-        self.keyframe = (header.keyframe_sha256, weights)
+        if step != at:
+            raise BadDelta(f"{path} holds outer step {step}, the {what} says {at}")
+        self.keyframe = (sha, weights)
         return weights, len(data)
+
+
+def chain_keyframe(chain: RoundChain) -> str:
+    """The path of the newest keyframe a round chain names (the step's own, else its base)."""
+    if chain.newest_sha256:
+        return keyframe_path(chain.outer_step, chain.newest_sha256)
+    return keyframe_path(chain.keyframe_step, chain.keyframe_sha256)
+
+
+def round_chain(data: bytes, reference: Tensors) -> RoundChain | None:
+    """The round chain of a record file (``global_dtype: deltas``); None for other globals."""
+    full = {key: (torch.float32, tuple(value.shape)) for key, value in reference.items()}
+    meta, entries = read_header(data, *limits(full))
+    if not isinstance(meta, dict) or meta.get("format") != ROUND_FORMAT:
+        return None
+    if entries:
+        raise BadDelta("the round record holds tensors: it must hold none")
+    return parse_chain(meta)
 
 
 def _shapes(tensors: Tensors) -> dict[str, tuple[int, ...]]:

@@ -282,10 +282,14 @@ def test_I3_a_keyframes_version_says_whether_it_is_there_as_uploaded(repo):
     assert master.file_version(path) not in (None, uploaded)
 
 
-def test_I6_a_fleet_on_compressed_globals_ends_whole_on_the_repos_global(repo, tmp_path):
-    """int8 updates on keyframes renewed every 2 outer steps, int2 deltas: every node's last
-    delta is counted and the master's final global is the repo's, as every node reads it."""
-    compressed = dict(global_dtype="int8", keyframe_every=2, delta_dtype="int2")
+@pytest.mark.parametrize("global_dtype", ["int8", "deltas"])
+def test_I6_a_fleet_on_compressed_globals_ends_whole_on_the_repos_global(
+    repo, tmp_path, global_dtype
+):
+    """int8 updates on keyframes renewed every 2 outer steps (or round records: issue 54), int2
+    deltas: every node's last delta is counted and the master's final global is the repo's, as
+    every node reads it (the master's own trainer among them)."""
+    compressed = dict(global_dtype=global_dtype, keyframe_every=2, delta_dtype="int2")
     master = fleet.training_master(repo, tmp_path, **compressed)
     master.start(8, 0.02)
     assert wait(lambda: fleet.step_count(repo) is not None)
@@ -299,6 +303,7 @@ def test_I6_a_fleet_on_compressed_globals_ends_whole_on_the_repos_global(repo, t
     kept = safetensors.torch.load_file(tmp_path / "master" / "final_global" / "model.safetensors")
     assert torch.equal(kept["weight"], read.weights["weight"])  # the run's global, as read
     assert read.keyframe is not None  # an update: a keyframe at the end makes it exact
+    assert not deltas(repo.transport("reader"))  # nothing left for a node to replay
 
 
 @pytest.mark.parametrize("path", [STEP_COUNT, GLOBAL_WEIGHTS, "nodes/a", "README.md"])

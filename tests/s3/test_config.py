@@ -178,3 +178,20 @@ def test_validate_shows_what_the_fleet_costs_a_bucket_and_the_hub(tiny, tmp_path
     assert "diloco_hub_commits_per_hour" in hub and "diloco_bucket" not in hub
     local = json.loads(invoke(*base, "--set", f"distributed.repo_id={tmp_path}").stdout)
     assert not [k for k in local["facts"] if k.startswith(("diloco_hub", "diloco_bucket"))]
+
+
+def test_a_fleet_on_round_records_downloads_the_others_deltas_not_the_publish():
+    settings = dict(workers=4, inner_steps=100, step_time_s=1.0, poll_interval_s=30)
+    settings.update(min_publish_interval_s=60, min_deltas=2, delta_bytes=1000)
+    cost = fleet_cost(**settings, weights_bytes=400, fetch_bytes=3000)  # issue 54
+    assert cost.bytes_up == 144 * 1000 + 60 * 400  # the master: the record, a keyframe share
+    assert cost.bytes_down == 144 * 1000 + 4 * 60 * 3000
+
+
+def test_validate_prices_a_bucket_fleet_on_round_records(tiny, tmp_path):
+    base = ["validate", "-c", write(tmp_path, tiny), "--format", "json", "--nodes", "4"]
+    base += ["--set", "distributed.enabled=true", "--set", 'distributed.repo_id="s3://b-1/run"']
+    facts = json.loads(invoke(*base, "--set", "distributed.global_dtype=deltas").stdout)["facts"]
+    cost, delta = facts["diloco_bucket"], facts["diloco_delta_bytes"]["bf16"]
+    per_fetch = (cost["bytes_down"] - cost["deltas"] * delta) / (4 * cost["publishes"])
+    assert 3 * delta < per_fetch < 3 * delta + 20_000  # the 3 others' deltas and the record

@@ -23,6 +23,7 @@ from speedtronic.distributed.protocol import (
     announced_node,
     parse_delta_path,
 )
+from speedtronic.distributed.round_record import RoundDelta
 from speedtronic.distributed.transport import DeltaRef, Transport
 
 
@@ -36,6 +37,7 @@ class DeltaIntake:
         self.max_bytes = 2 * expected_delta_bytes(weights, "fp32") + (1 << 20)
         self.settled_versions: dict[str, str] = {}  # path -> listed version already handled
         self.paths: dict[str, str] = {}  # identity -> repo path, to delete once consumed
+        self.sizes: dict[str, int] = {}  # identity -> bytes (a round record names them)
         self.unusable: list[str] = []  # paths of settled files to delete with the next publish
         self.ignored: dict[str, str] = {}  # path -> why it is no delta, as logged once
         self.counters = {"found": 0, "included": 0, "rejected": 0, "stale": 0, "bytes_down": 0}
@@ -99,6 +101,17 @@ class DeltaIntake:
                 self.roster.heard(h.node_id, h.seq, h.final, "too stale", h.created_at)
         for identity in identities:
             self.headers.pop(identity, None)
+            self.sizes.pop(identity, None)
+
+    def round_deltas(self, shared: tuple | None) -> tuple[float, list[RoundDelta]] | None:
+        """A round's (lr, (identity, coefficient) ...) as the deltas its record names."""
+        if shared is None:
+            return None
+        lr, coefs = shared
+        deltas = [
+            RoundDelta(self.paths[i], i.rsplit("/", 1)[1], self.sizes[i], coef) for i, coef in coefs
+        ]
+        return lr, deltas
 
     def paths_of(self, identities: list[str]) -> list[str]:
         """The repo paths of these deltas (to delete with the publish that settles them)."""
@@ -126,7 +139,7 @@ class DeltaIntake:
         try:
             self.counters["bytes_down"] += len(data)
             identity = delta_identity(node_id, seq, data)
-            self.paths[identity] = ref.path
+            self.paths[identity], self.sizes[identity] = ref.path, len(data)
             if master.seen(identity):  # e.g. saved, but the publish deleting it failed
                 self.unusable.append(ref.path)  # applied already: delete it with the next publish
                 return

@@ -45,6 +45,7 @@ def master_config(config: Any) -> MasterConfig:
         max_staleness=config.max_staleness,
         staleness_discount=config.staleness_discount,
         policy=config.outer_policy,
+        shared_rounds=getattr(config, "global_dtype", "fp32") == "deltas",
     )
 
 
@@ -208,8 +209,9 @@ class MasterLoop:
         consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
         extra = {"nodes": nodes, "master": self.master_id}
         try:
+            shared = self.intake.round_deltas(result.shared)
             publication = self.publisher.save(
-                result.state(), consumed, extra, result.fleet_rate, last=force
+                result.state(), consumed, extra, result.fleet_rate, last=force, shared=shared
             )
         except CheckpointError as exc:
             line = self.throttle.line(

@@ -43,6 +43,7 @@ import torch
 from speedtronic.distributed.master.outer_optim import OuterOptimizer, fp32_copies
 from speedtronic.distributed.master.state import MasterState, Tensors
 from speedtronic.distributed.protocol import BadDelta, DeltaHeader
+from speedtronic.distributed.round_apply import apply_round
 from speedtronic.errors import ConfigError
 
 
@@ -72,6 +73,7 @@ class MasterConfig:
     max_staleness: int = 4  # outer steps; staler deltas are rejected
     staleness_discount: float = 0.5  # weight factor per outer step of staleness
     policy: str = "fleet"  # "fleet": the stable async rule (module doc); "naive": per round
+    shared_rounds: bool = False  # global_dtype deltas: rounds as nodes repeat them (shared_round)
 
     def __post_init__(self) -> None:
         rules = [
@@ -86,6 +88,12 @@ class MasterConfig:
         for key, ok, rule in rules:
             if not ok:
                 raise ConfigError(f"distributed.{key}: must be {rule} (got {getattr(self, key)!r})")
+        if self.shared_rounds and self.outer_momentum > 0:
+            raise ConfigError(
+                f"distributed.outer_momentum: must be 0 with global_dtype deltas (got "
+                f"{self.outer_momentum}): a keyframe carries weights, not the momentum a "
+                "joining node would need to repeat the rounds"
+            )
 
     def warnings(self) -> list[str]:
         """Why this setting is unsafe for uneven async workers; empty for the stable ones."""
@@ -230,6 +238,8 @@ class RoundResult:
     tokens: int
     momentum_state: str = "off"  # "off" (no outer momentum), "applied", or "pending"
     candidate: Any = None  # _Candidate: the master's state once this round is committed
+    # global_dtype deltas: (outer lr, ((identity, coefficient), ...)) in the order applied
+    shared: tuple[float, tuple[tuple[str, float], ...]] | None = None
 
     @property
     def consumed(self) -> list[str]:
@@ -384,8 +394,12 @@ class Master:
             pending, self._step, cfg.max_staleness, cfg.staleness_discount, self.visible_step
         )
         weights, optimizer, fleet, step = self._weights, self._optimizer, self._fleet, self._step
-        full = False
-        if got.included:
+        full, shared = False, None
+        if got.included and cfg.shared_rounds:
+            fleet = dict(self._fleet)
+            weights, shared = shared_round(cfg, got, pending, weights, fleet, step)
+            step += 1
+        elif got.included:
             weights = {k: t.clone() for k, t in self._weights.items()}  # the live ones stay
             optimizer = copy.deepcopy(self._optimizer) if cfg.outer_momentum > 0 else optimizer
             fleet = dict(self._fleet)
@@ -396,7 +410,7 @@ class Master:
         settled = self._processed | set(self._pending)
         candidate = _Candidate(step, weights, optimizer, fleet, settled, cfg.max_staleness)
         return RoundResult(
-            step, weights, got.included, stale, bad, bool(full), got.tokens, mode, candidate
+            step, weights, got.included, stale, bad, bool(full), got.tokens, mode, candidate, shared
         )
 
     def propose_same(self) -> RoundResult:
@@ -442,6 +456,34 @@ def _apply(cfg: MasterConfig, got: AggregateResult, weights, optimizer, fleet, s
     share = round_rate / max(_fleet_rate(fleet, step, cfg.max_staleness), round_rate)
     scaled = {k: v.mul(share) for k, v in got.mean.items()}
     return optimizer.delayed_step(weights, scaled, share)
+
+
+def shared_round(cfg: MasterConfig, got: AggregateResult, deltas: list, weights, fleet, step):
+    """``_apply``'s policy as every node repeats it (``global_dtype: deltas``, momentum 0): one
+    coefficient per delta (node weight x chain's token share x fleet share), ``apply_round``."""
+    share = 1.0
+    if cfg.policy == "fleet":
+        for node, rate in got.rates.items():
+            fleet[node] = (rate, step)
+        round_rate = sum(got.rates.values())
+        share = round_rate / max(_fleet_rate(fleet, step, cfg.max_staleness), round_rate)
+    by_id = {d.identity: d for d in deltas}
+    included = [by_id[i] for i in got.included]
+    chain_tokens: dict[tuple[str, str], int] = {}
+    for delta in included:
+        key = (delta.header.node_id, delta.header.chain)
+        chain_tokens[key] = chain_tokens.get(key, 0) + delta.header.tokens
+    node_tokens: dict[str, int] = {}
+    for (node, _), tokens in chain_tokens.items():
+        node_tokens[node] = node_tokens.get(node, 0) + tokens
+    total = sum(got.node_weights.values())
+    coefs = []
+    for delta in included:
+        node, chain = delta.header.node_id, delta.header.chain
+        part = chain_tokens[(node, chain)] / node_tokens[node]
+        coefs.append((delta.identity, share * got.node_weights[node] / total * part))
+    parts = [(by_id[identity].tensors, coef) for identity, coef in coefs]
+    return apply_round(weights, parts, cfg.outer_lr), (cfg.outer_lr, tuple(coefs))
 
 
 def _layout_problem(tensors: dict, reference: dict, partial: bool = False) -> str | None:

@@ -34,8 +34,11 @@ from speedtronic.distributed.global_update import (
     encode_global,
     published_weights,
 )
+from speedtronic.distributed.master.round_publish import Shared, deletes, next_chain
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.round_apply import encode_round_file
+from speedtronic.distributed.round_record import RoundChain
 from speedtronic.distributed.transport import Transport
 
 Tensors = dict[str, torch.Tensor]
@@ -52,6 +55,7 @@ class Publication:
     extra: dict[str, Any]
     fleet_rate: int
     keyframe: Keyframe | None = None  # what the weights are published as an update on
+    chain: RoundChain | None = None  # global_dtype deltas: the round record published instead
 
 
 class Publisher:
@@ -77,6 +81,7 @@ class Publisher:
         self.uploaded: str | None = None  # the keyframe path the repo holds, as far as known
         self.uploaded_version: str | None = None  # its transport version, just after upload
         self.superseded: list[str] = []  # keyframes of ours to delete with the next publish
+        self.chain: RoundChain | None = None  # global_dtype deltas: the newest saved step's
         self.restored_step = -1  # a loaded state's step: saved, so it keeps its keyframe
         # the Hub limits commits per repo, so its transport asks for a pause between publishes
         self.min_interval_s = getattr(transport, "min_publish_interval_s", 0.0)
@@ -134,17 +139,27 @@ class Publisher:
         extra: dict[str, Any],
         fleet: float,
         last: bool = False,
+        shared: Shared | None = None,
     ) -> Publication:
         """Save ``state`` (I3: before the repo sees its step; raises CheckpointError naming
         the file when it cannot) and return what to send; ``fleet`` is the fleet's pace,
-        ``last``: the run's last round (a new step then is a keyframe: the run ends exact)."""
+        ``last``: the run's last round (a new step then is a keyframe: the run ends exact);
+        ``shared``: with global_dtype deltas, the round's lr and deltas (``round_publish``)."""
         state.nodes = extra.get("nodes", {})
         state.keyframe = self.keyframe_for(state, last)
         state.global_dtype = self.global_dtype
+        chain = None
+        if self.global_dtype == "deltas":
+            chain = next_chain(self.chain, state, state.keyframe, shared, last)
+            consumed = deletes(self.chain, chain, list(consumed))
+            state.round_chain = chain
         state.save(self.state_dir)
         self.saved_step, self.keyframe = state.outer_step, state.keyframe
+        self.chain = chain
         weights, keyframe = state.global_weights, state.keyframe
-        return Publication(state.outer_step, weights, list(consumed), extra, round(fleet), keyframe)
+        return Publication(
+            state.outer_step, weights, list(consumed), extra, round(fleet), keyframe, chain
+        )
 
     def keyframe_for(self, state: MasterState, last: bool = False) -> Keyframe | None:
         """The keyframe ``state``'s publish builds on: its own if it has one (a loaded state),
@@ -164,8 +179,11 @@ class Publisher:
 
     def exact_at(self, outer_step: int) -> bool:
         """Whether nodes read ``outer_step``'s global as the master's weights exactly: full
-        weights (fp32), or a step published on a keyframe of itself."""
+        weights (fp32), or a step published on a keyframe of itself (with deltas: and no round
+        left for nodes to replay, so the run's end deletes every delta)."""
         keyframe = self.keyframe
+        if self.global_dtype == "deltas" and self.chain is not None and self.chain.rounds:
+            return False  # exact, but deltas wait in the repo: the run's end takes a keyframe
         return self.global_dtype == "fp32" or keyframe is None or keyframe.step == outer_step
 
     def adopt_landed(self, step: int, sha256: str, count: dict, nodes: dict) -> None:
@@ -178,10 +196,14 @@ class Publisher:
         """A loaded state's keyframe is the one its step was published on."""
         if state is not None and self.global_dtype != "fp32":
             self.keyframe, self.restored_step = state.keyframe, state.outer_step
+            self.chain = state.round_chain
 
     def sha256_of(self, state: MasterState) -> str:
         """The sha256 of what a publish of ``state`` sends to ``global/latest.safetensors``."""
         keyframe = self.keyframe_for(state)
+        if self.global_dtype == "deltas":
+            chain = state.round_chain or next_chain(self.chain, state, keyframe, None)
+            return hashlib.sha256(encode_round_file(chain)).hexdigest()
         data = encode_global(state.global_weights, state.outer_step, keyframe, self.global_dtype)
         return hashlib.sha256(data).hexdigest()
 
@@ -198,14 +220,17 @@ class Publisher:
         """The weights nodes read for ``weights`` published at ``outer_step`` on the newest
         keyframe: within a quantization step of them, or them exactly (fp32, a keyframe)."""
         keyframe = self.keyframe
-        if keyframe is None or keyframe.step == outer_step:
-            return weights
+        if keyframe is None or keyframe.step == outer_step or self.global_dtype == "deltas":
+            return weights  # deltas: every node repeats the master's arithmetic exactly
         data = encode_global(weights, outer_step, keyframe, self.global_dtype)
         return published_weights(data, keyframe, weights)
 
     def _send(self, publication: Publication) -> None:
         outer_step, keyframe = publication.outer_step, publication.keyframe
-        data = encode_global(publication.weights, outer_step, keyframe, self.global_dtype)
+        if publication.chain is not None:
+            data = encode_round_file(publication.chain)
+        else:
+            data = encode_global(publication.weights, outer_step, keyframe, self.global_dtype)
         step_count = {
             "outer_step": outer_step,
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -30,7 +30,8 @@ from torch import Tensor
 
 from speedtronic.checkpoint.files import fsync_dir, replace_atomically
 from speedtronic.distributed.global_update import Keyframe
-from speedtronic.distributed.protocol import check_nodes
+from speedtronic.distributed.protocol import BadDelta, check_nodes
+from speedtronic.distributed.round_record import RoundChain, parse_chain
 from speedtronic.errors import CheckpointError
 
 STATE_FORMAT = "speedtronic-master-1"
@@ -41,7 +42,7 @@ _TMP_PREFIX = ".tmp-"
 MASTER_ID_FILE = "master_id"  # this master's name in step_count.json, made once per state dir
 _MASTER_ID_RE = re.compile(r"[0-9a-f]{16}")
 _WEIGHTS, _MOMENTUM, _KEYFRAME = "weights/", "momentum/", "keyframe/"
-GLOBAL_DTYPES = ("fp32", "int8", "int4")
+GLOBAL_DTYPES = ("fp32", "int8", "int4", "deltas")
 Tensors = dict[str, Tensor]  # by parameter name, as in a state_dict
 
 
@@ -72,6 +73,8 @@ class MasterState:
     # the ``global_dtype`` the step was published in (None: an older int8 / int4 state that
     # did not say): another one would publish other weights under the same step (I3)
     global_dtype: str | None = None
+    # global_dtype deltas: the rounds since the keyframe this step publishes (``round_record``)
+    round_chain: RoundChain | None = None
 
     def save(self, state_dir: str | os.PathLike) -> Path:
         """Write atomically and durably; return the manifest.
@@ -114,6 +117,8 @@ class MasterState:
             "keyframe_step": self.keyframe.step if self.keyframe else None,
             "global_dtype": self.global_dtype,
         }
+        if self.round_chain is not None:
+            manifest["round_chain"] = self.round_chain.to_metadata()
         fsync_dir(root)  # the data files' names are durable before a manifest names them
         path = root / f"step_{self.outer_step:010d}.json"
         _replace(path, json.dumps(manifest, indent=2).encode())
@@ -255,7 +260,21 @@ def _read_state(root: Path, step: int) -> MasterState:
     state = MasterState(step, weights, {"momentum_buffer": buffers}, set(processed), nodes, fleet)
     state.keyframe = kept
     state.global_dtype = checked_global_dtype(manifest.get("global_dtype"), kept)
+    state.round_chain = _checked_chain(manifest.get("round_chain"), step)
     return state
+
+
+def _checked_chain(meta: Any, step: int) -> RoundChain | None:
+    """The manifest's ``round_chain`` (global_dtype deltas), checked as a node checks it."""
+    if meta is None:
+        return None
+    try:
+        chain = parse_chain(meta) if isinstance(meta, dict) else None
+    except BadDelta as exc:
+        raise CheckpointError(f"manifest round_chain: {exc}") from None
+    if chain is None or chain.outer_step != step:
+        raise CheckpointError(f"manifest round_chain is not the chain of outer step {step}")
+    return chain
 
 
 def checked_global_dtype(value: Any, keyframe: Any) -> str | None:

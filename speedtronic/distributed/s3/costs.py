@@ -49,10 +49,13 @@ def fleet_cost(
     min_deltas: int,
     delta_bytes: int,
     weights_bytes: int,
+    fetch_bytes: int | None = None,
 ) -> FleetCost:
     """The steady state of a fleet whose workers each finish an inner loop every
     ``inner_steps x step_time_s`` seconds; the master publishes at most once per poll and per
-    ``min_publish_interval_s``, and only once ``min_deltas`` deltas have arrived."""
+    ``min_publish_interval_s``, and only once ``min_deltas`` deltas have arrived.
+    ``fetch_bytes``: what a worker downloads per publish when it is not the publish itself
+    (``global_dtype: deltas``: the other nodes' deltas and the round record)."""
     workers = max(workers, 1)
     loop_s = max(inner_steps * step_time_s, 1e-9)
     polls = HOUR_S / poll_interval_s
@@ -68,7 +71,8 @@ def fleet_cost(
         worker_requests=worker_requests,
         master_requests=master_requests,
         bytes_up=deltas * delta_bytes + publishes * weights_bytes,
-        bytes_down=deltas * delta_bytes + workers * fetches * weights_bytes,
+        bytes_down=deltas * delta_bytes
+        + workers * fetches * (weights_bytes if fetch_bytes is None else fetch_bytes),
     )
 
 

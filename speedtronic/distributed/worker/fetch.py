@@ -75,6 +75,7 @@ class GlobalFetcher:
         self.lock = threading.Lock()
         self._fetching = threading.Lock()
         self.throttle = Throttle()  # the same failure at every poll: one line a minute
+        self._rounds_counted: dict[str, int] = {}  # the replayer's counts already added
 
     def run(self) -> None:
         """The poller thread."""
@@ -92,6 +93,18 @@ class GlobalFetcher:
             line = self.throttle.line(f"diloco: could not fetch the global weights ({exc})")
             if line:
                 self.logger.warn(line)
+        finally:
+            self._count_rounds()
+
+    def _count_rounds(self) -> None:
+        """global_dtype deltas: rounds replayed, refused and disagreeing join the node's
+        counters (added, so a resumed node's counts from its checkpoint carry on)."""
+        counts = dict(self.reader.replayer.counts)
+        for key, value in counts.items():
+            if value > self._rounds_counted.get(key, 0):
+                added = value - self._rounds_counted.get(key, 0)
+                self.status.counters[key] = self.status.counters.get(key, 0) + added
+        self._rounds_counted = counts
 
     def take(self) -> Ready | None:
         """The waiting global, if any, and forget it (the caller installs it or drops it)."""

@@ -93,6 +93,14 @@ class InFlight:
             self.spill_dir = Path(tempfile.mkdtemp(prefix="speedtronic-in-flight-"))
         return self.spill_dir
 
+    def held(self, sha256: str) -> bytes | None:
+        """The bytes of a sent delta by their sha256, kept in memory (global_dtype deltas: a
+        round this node's delta is in needs no download of it); None if not held."""
+        for record in list(self.records):  # the uploader thread may add one meanwhile
+            if record.sha256 == sha256 and record.data is not None:
+                return record.data
+        return None
+
     def drop_through(self, included_seq: int) -> bool:
         """Forget the records a global including ``included_seq`` holds; whether any went."""
         gone = [r for r in self.records if r.seq <= included_seq]

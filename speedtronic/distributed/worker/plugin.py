@@ -76,6 +76,8 @@ class WorkerPlugin:
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
+        # global_dtype deltas: a round's own deltas come from what this node sent, not the repo
+        self.fetcher.reader.replayer.held = self.uploader.in_flight.held
         self.base: dict[str, torch.Tensor] | None = None
         self.boundary_step = self.boundary_tokens = 0
         self.rate = 0.0  # tokens per step of the last inner loop: this node's pace in the fleet
