@@ -11,6 +11,9 @@ DOCS: dict[str, str] = {
     "run.name": "the run's name, and its directory under runs/",
     "run.seed": "seeds the model's initialisation and, unless data.seed is set, the data order",
     "run.device": "where to train; auto: CUDA if visible, else MPS, else CPU",
+    "run.threads": "CPU threads torch computes with (intra-op); null or 0: torch's default, one "
+    "per core. On cores other processes keep busy, 1 is often several times faster (as "
+    "--threads; docs/troubleshooting.md)",
     "run.max_steps": "optimizer steps in total: a global target that a resumed run continues to",
     "run.time_budget_s": "seconds of training (from the first step's end; start-up apart), "
     "then the run ends as completed; the schedule decays over them; with max_steps: whichever "

@@ -31,6 +31,8 @@ class RunConfig:
         0, "[0, 2**32)", "which random, numpy and torch (and the seeds derived from it) accept"
     )
     device: str = "auto"
+    # torch's intra-op CPU threads; None or 0: torch's default, one per core (train/threads.py)
+    threads: int | None = ranged(None, "[0, inf)")
     max_steps: int = ranged(100, STEPS)
     # Training seconds, counted from the first optimizer step's end (train/clock.py); with
     # max_steps the run ends at whichever comes first
