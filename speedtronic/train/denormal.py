@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,7 +47,9 @@ def _openmp() -> Any:
             paths = {line.split()[-1] for line in maps if "/" in line}
     except OSError:
         return None
-    for path in sorted(paths):
+    home = os.path.dirname(torch.__file__)
+    # torch's own first: another package may load a runtime of its own, with its own pool
+    for path in sorted(paths, key=lambda p: (not p.startswith(home), p)):
         if any(name in path.rsplit("/", 1)[-1] for name in _RUNTIMES):
             try:
                 parallel = ctypes.CDLL(path).GOMP_parallel

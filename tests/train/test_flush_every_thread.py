@@ -142,3 +142,12 @@ def test_a_region_runs_on_each_thread_of_the_team_and_raises_what_failed():
 
     with pytest.raises(ValueError, match="body failed"):
         on_every_thread(fail)
+
+
+def test_without_an_openmp_runtime_the_calling_thread_alone_is_set(monkeypatch):
+    from speedtronic.train import denormal
+
+    monkeypatch.setattr(denormal, "_openmp", lambda: None)  # e.g. a build with another pool
+    idents: list[int] = []
+    assert denormal.on_every_thread(lambda: idents.append(threading.get_ident())) == 1
+    assert idents == [threading.get_ident()]
