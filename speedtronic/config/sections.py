@@ -10,6 +10,7 @@ method; docs/config.md is generated from those and the fields (a test wants both
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ class RunConfig:
         if not DEVICE_RE.fullmatch(self.device):
             problems.append(
                 f"run.device: must be auto, cpu, cuda, cuda:N or mps (got {brief(self.device)})"
+            )
+        cores = os.cpu_count() or 1  # as generate's --threads: torch crashes far above
+        if isinstance(self.threads, int) and self.threads > cores:
+            problems.append(
+                f"run.threads: must be in 0..{cores}, this machine's cores (got {self.threads})"
             )
         if not self.name.strip():
             problems.append("run.name: must not be empty")

@@ -7,6 +7,7 @@ is tested with an injected clock and CPU time: nothing here depends on the machi
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -106,6 +107,14 @@ def test_run_threads_sets_torchs_threads_and_0_keeps_its_default(tiny, torch_thr
     runtime = build_runtime(tiny, console=False)
     assert torch.get_num_threads() == 2
     assert any(isinstance(p, CpuShareNotice) for p in runtime.trainer.plugins)
+
+
+def test_run_threads_above_the_cores_is_refused_before_torch_crashes_on_it(tiny):
+    tiny["run"]["threads"] = 100_000  # torch.set_num_threads(100000) can segfault
+    with pytest.raises(ConfigError) as caught:
+        SpeedtronicConfig.from_dict(tiny)
+    rule = f"must be in 0..{os.cpu_count()}, this machine's cores (got 100000)"
+    assert str(caught.value) == f"run.threads: {rule}"
 
 
 def test_train_threads_option_is_run_threads(tiny, tmp_path, torch_threads):
