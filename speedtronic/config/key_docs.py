@@ -178,6 +178,7 @@ DOCS: dict[str, str] = {
 CHECKED: dict[str, str] = {
     "run.name": "a directory name: 1-255 bytes, no / or \\ or control characters, not . or ..",
     "run.device": "auto, cpu, cuda, cuda:N or mps",
+    "run.threads": "at most this machine's cores (os.cpu_count())",
     "data.text_path": "not with token_path; required when source is text; not with source "
     "synthetic or tokens",
     "data.token_path": "not with text_path; required when source is tokens; not with source "
