@@ -120,9 +120,9 @@ def test_run_threads_above_the_cores_is_refused_before_torch_crashes_on_it(tiny)
 def test_train_threads_option_is_run_threads(tiny, tmp_path, torch_threads):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(tiny))
-    args = ["validate", "-c", str(path), "--threads", "3", "--format", "json"]
+    args = ["validate", "-c", str(path), "--threads", "1", "--format", "json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["config"]["run"]["threads"] == 3
+    assert json.loads(result.stdout)["config"]["run"]["threads"] == 1
     result = CliRunner().invoke(app, ["train", "-c", str(path), "--threads", "-2"])
     assert result.exit_code == 2 and "--threads" in result.stderr
