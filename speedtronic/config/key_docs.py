@@ -89,8 +89,9 @@ DOCS: dict[str, str] = {
     "scheduler.rewarm_from": "the step a re-warm started at; set by --resume and recorded in "
     "meta.json so a later resume follows the same curve; leave null",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
-    "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero (restored "
-    "after the loop); false keeps IEEE subnormals, at several microseconds each",
+    "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero on every "
+    "thread torch computes on (each thread's own setting restored after the loop); false keeps "
+    "IEEE subnormals, at several microseconds each",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
     "checkpoint.directory": "where checkpoints go; null: <output_dir>/checkpoints",
