@@ -45,6 +45,7 @@ from speedtronic.train.precision import (
     resolve_precision,
 )
 from speedtronic.train.preflight import StartPlan, plan_start, worker_warning
+from speedtronic.train.threads import CpuShareNotice, use_threads
 from speedtronic.train.trainer import Trainer, TrainerOptions, TrainResult
 
 
@@ -107,6 +108,7 @@ def build_runtime(
     check_seq_len(config)
     start = start or plan_start(config, model, dataset, tokenizer, resume=False)
     config = start.config
+    use_threads(config.run.threads)  # before anything computes: the model's init too
     seed_everything(config.run.seed)  # the same on every DDP rank: the same initial weights
     world = parallel.world_from_env()
     logger = run_logger(config, console, hooks)
@@ -170,6 +172,8 @@ def build_runtime(
     runtime.tokenizer, runtime.clock, runtime.record = run_tok, clock, RunRecord(clock)
     trainer.plugins.insert(0, clock)  # first: the others see a spent budget's last step
     trainer.plugins.append(runtime.record)
+    if device.type == "cpu":  # a busy machine's cores: named once, with the remedy
+        trainer.plugins.append(CpuShareNotice(logger.notice))
     logger.add_hook(runtime.record)
     runtime.checkpoints = CheckpointPlugin(runtime)
     trainer.plugins.append(runtime.checkpoints)

@@ -150,7 +150,8 @@ def _model_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:
             level, message = "info", f"{times(1 / speed)} slower than {configured}"
         if mode != configured and emulated_probe(doc, mode):
             message += f" ({mode} is emulated here)"
-        out.append(_verdict(f"model.{mode}", level, message + _contention(row["cpu_share"])))
+        busy = _contention(row["cpu_share"], doc["device"].get("threads"))
+        out.append(_verdict(f"model.{mode}", level, message + busy))
     for mode, reason in model.get("skipped", {}).items():
         out.append(_verdict(f"model.{mode}", "info", f"not measured: {reason}"))
     return out
@@ -166,14 +167,16 @@ def _mfu_text(doc: dict[str, Any], row: dict[str, Any]) -> str:
     return text + (f", {vendor:.0%} of the vendor peak" if vendor is not None else "")
 
 
-def _contention(share: float | None) -> str:
-    """Whose share: the CPU time this measurement got, of what its threads asked for."""
+def _contention(share: float | None, threads: int | None = None) -> str:
+    """Whose share: the CPU time this measurement got, of what its threads asked for; for a
+    training measurement on several threads, what a user can do while the machine stays busy."""
     if share is None or share >= CONTENDED:
         return ""
-    return (
-        f" (the machine was busy: this measurement got {share:.0%} of the CPU time it asked "
-        "for; rerun when quiet)"
-    )
+    hint = "rerun when quiet"
+    if threads is not None and threads > 1:  # they wait for each other (issue 55)
+        hint += "; while it stays busy, train with --threads 1 (docs/troubleshooting.md)"
+    got = f"this measurement got {share:.0%} of the CPU time it asked for"
+    return f" (the machine was busy: {got}; {hint})"
 
 
 def _overhead_verdicts(doc: dict[str, Any]) -> list[dict[str, str]]:

@@ -100,10 +100,9 @@ def generate(
     from speedtronic.modelout.generate import Sampling
 
     sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
-    if threads is not None:
-        import torch
+    from speedtronic.train.threads import use_threads
 
-        torch.set_num_threads(threads)
+    use_threads(threads)  # as train's --threads (run.threads)
     if any(not t for t in stop or ()):
         raise ConfigError("--stop: an empty text would stop at once; give the text to stop at")
     stops = (tuple(stop or ()), not no_stop)

@@ -100,6 +100,14 @@ DeviceOpt = typer.Option(
     None, "--device", help="Device to train on: auto, cpu, cuda, cuda:N or mps (run.device)."
 )
 SeedOpt = typer.Option(None, "--seed", help="Random seed of the run (run.seed).")
+ThreadsOpt = typer.Option(
+    None,
+    "--threads",
+    min=0,
+    help="CPU threads torch computes with (run.threads). Default: torch's (one per core); 0 "
+    "too. On cores other processes keep busy, 1 is often several times faster "
+    "(docs/troubleshooting.md).",
+)
 ResumeOpt = typer.Option(
     False, "--resume", help="Continue from the newest checkpoint in the checkpoint directory."
 )

@@ -36,6 +36,7 @@ from speedtronic.cli.options import (
     RoleOpt,
     SeedOpt,
     SetOpt,
+    ThreadsOpt,
     TimeBudgetOpt,
     budget_flags,
     format_option,
@@ -57,6 +58,7 @@ def train(
     output_dir: Path | None = OutputDirOpt,
     device: str | None = DeviceOpt,
     seed: int | None = SeedOpt,
+    threads: int | None = ThreadsOpt,
     resume: bool = ResumeOpt,
     rewarm: int | None = RewarmOpt,
     overwrite: bool = OverwriteOpt,
@@ -76,6 +78,7 @@ def train(
     """Train a model. With no arguments, runs the embedded smoke config (CPU-safe, 15-30 s on 2
     quiet cores)."""
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    flags["run.threads"] = threads
     flags |= budget_flags(time_budget, max_steps)
     summary_json = output_format is OutputFormat.json
     if summary_json and log_format is OutputFormat.json:
@@ -232,6 +235,7 @@ def validate(
     output_dir: Path | None = OutputDirOpt,
     device: str | None = DeviceOpt,
     seed: int | None = SeedOpt,
+    threads: int | None = ThreadsOpt,
     resume: bool = ResumeOpt,
     rewarm: int | None = RewarmOpt,
     overwrite: bool = OverwriteOpt,
@@ -250,6 +254,7 @@ def validate(
     is given: only registered models are built.
     """
     flags = {"max_steps": max_steps, "output_dir": output_dir, "device": device, "seed": seed}
+    flags["run.threads"] = threads
     flags |= budget_flags(time_budget, max_steps)
     node = {"role": role, "node_id": node_id, "repo_id": repo}
     sets = run_sets(flags, node, resume, rewarm, overwrite, init_from, init_overrides,

@@ -11,6 +11,9 @@ DOCS: dict[str, str] = {
     "run.name": "the run's name, and its directory under runs/",
     "run.seed": "seeds the model's initialisation and, unless data.seed is set, the data order",
     "run.device": "where to train; auto: CUDA if visible, else MPS, else CPU",
+    "run.threads": "CPU threads torch computes with (intra-op); null or 0: torch's default, one "
+    "per core. On cores other processes keep busy, 1 is often several times faster (as "
+    "--threads; docs/troubleshooting.md)",
     "run.max_steps": "optimizer steps in total: a global target that a resumed run continues to",
     "run.time_budget_s": "seconds of training (from the first step's end; start-up apart), "
     "then the run ends as completed; the schedule decays over them; with max_steps: whichever "
@@ -92,8 +95,9 @@ DOCS: dict[str, str] = {
     "scheduler.continue_progress": "the new end's progress in [0, 1] where continue_factor was "
     "recorded; set by --resume; leave null",
     "precision.mode": "auto: bf16 on CUDA that has it, fp16 on other CUDA, fp32 on CPU/MPS",
-    "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero (restored "
-    "after the loop); false keeps IEEE subnormals, at several microseconds each",
+    "precision.flush_denormal": "on CPU, train with subnormal floats flushed to zero on every "
+    "thread torch computes on (each thread's own setting restored after the loop); false keeps "
+    "IEEE subnormals, at several microseconds each",
     "compile": "torch.compile the model (falls back to eager with a warning if it fails)",
     "gradient_checkpointing": "call the model's set_gradient_checkpointing(True)",
     "checkpoint.directory": "where checkpoints go; null: <output_dir>/checkpoints",
@@ -186,6 +190,7 @@ DOCS: dict[str, str] = {
 CHECKED: dict[str, str] = {
     "run.name": "a directory name: 1-255 bytes, no / or \\ or control characters, not . or ..",
     "run.device": "auto, cpu, cuda, cuda:N or mps",
+    "run.threads": "at most this machine's cores (os.cpu_count())",
     "data.text_path": "not with token_path; required when source is text; not with source "
     "synthetic or tokens",
     "data.token_path": "not with text_path; required when source is tokens; not with source "

@@ -10,6 +10,7 @@ method; docs/config.md is generated from those and the fields (a test wants both
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ class RunConfig:
         0, "[0, 2**32)", "which random, numpy and torch (and the seeds derived from it) accept"
     )
     device: str = "auto"
+    # torch's intra-op CPU threads; None or 0: torch's default, one per core (train/threads.py)
+    threads: int | None = ranged(None, "[0, inf)")
     max_steps: int = ranged(100, STEPS)
     # Training seconds, counted from the first optimizer step's end (train/clock.py); with
     # max_steps the run ends at whichever comes first
@@ -44,6 +47,11 @@ class RunConfig:
         if not DEVICE_RE.fullmatch(self.device):
             problems.append(
                 f"run.device: must be auto, cpu, cuda, cuda:N or mps (got {brief(self.device)})"
+            )
+        cores = os.cpu_count() or 1  # as generate's --threads: torch crashes far above
+        if isinstance(self.threads, int) and self.threads > cores:
+            problems.append(
+                f"run.threads: must be in 0..{cores}, this machine's cores (got {self.threads})"
             )
         if not self.name.strip():
             problems.append("run.name: must not be empty")

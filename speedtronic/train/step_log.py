@@ -36,7 +36,12 @@ class StepLog:
     def __init__(self, logger: Any, options: Any, precision: Any):
         self.logger, self.options, self.device = logger, options, precision.device
         self.window = Window()
+        self.closed_wait = 0.0  # the data waits of the windows already logged
         self.peak = _peak_flops(precision)  # None: unknown (MFU unreported)
+
+    def waited(self) -> float:
+        """Seconds the loop has waited for data since the Trainer was built."""
+        return self.closed_wait + self.window.wait
 
     def due(self, step: int) -> bool:
         every = self.options.log_every
@@ -45,6 +50,7 @@ class StepLog:
     def emit(self, trainer: Any, loss: torch.Tensor, grad_norm: torch.Tensor) -> float:
         """Log the window that ends at ``trainer.step``; returns the loss read from the device."""
         window, self.window = self.window, Window()
+        self.closed_wait += window.wait
         host_loss = float(loss)  # synchronises the device: metrics are exact
         elapsed = max(time.perf_counter() - window.start, 1e-9)
         tokens_per_s = window.tokens / elapsed

@@ -24,6 +24,7 @@ from torch import nn
 from speedtronic.errors import TrainingError
 from speedtronic.observe.metrics import MetricLogger
 from speedtronic.train.clip import GradClip
+from speedtronic.train.denormal import flushed_denormals
 from speedtronic.train.failure import StepGuard
 from speedtronic.train.precision import Precision
 from speedtronic.train.rng import rng_state, set_rng_state
@@ -59,21 +60,6 @@ class TrainerOptions:
     flops_per_token: float | None = None
     handle_signals: bool = True
     flush_denormal: bool = True  # on CPU: subnormals flushed to zero during the loop
-
-
-@contextlib.contextmanager
-def flushed_denormals(wanted: bool) -> Iterator[None]:
-    """Subnormal floats flushed to zero inside, the caller's setting restored after.
-
-    torch has no getter for the flag: a division that yields a subnormal tells whether it was on.
-    """
-    before = bool((torch.tensor([1e-30]) / 1e10).item() == 0.0)
-    changed = wanted and not before and torch.set_flush_denormal(True)
-    try:
-        yield
-    finally:
-        if changed:
-            torch.set_flush_denormal(False)
 
 
 class Trainer:

@@ -476,6 +476,10 @@ def test_contention_is_called_out():
     doc["model"]["modes"]["fp32"]["cpu_share"] = 0.5
     assert busy.format("50%") in verdict(doc, "model.fp32")[1]
     assert "busy" not in verdict(doc, "model.bf16")[1]
+    assert "--threads 1" not in verdict(doc, "model.fp32")[1]  # one thread waits for no other
+    doc["device"]["threads"] = 2  # issue 55: a busy machine is named with what to do
+    assert "train with --threads 1" in verdict(doc, "model.fp32")[1]
+    assert "--threads" not in verdict(doc, "matmul.fp32")[1]
 
 
 def test_low_gpu_mfu_gets_a_hint_and_vendor_mfu_is_shown():
