@@ -262,6 +262,7 @@ class WorkerPlugin:
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
             return  # said why: the poller installs the global once it can read it
         ready = self.fetcher.take()
+        self.end.refuse_ended_run(ready)  # a run whose final round is out: nothing to join
         if ready is None:  # a worker joining a run must not quietly train from scratch
             where = self.transport.describe()
             self.logger.warn(
