@@ -91,7 +91,7 @@ def test_tokenizer_train_reads_each_linked_file_once(venv_like, tmp_path):
     args = ["--vocab-size", "270", "--held-out", "0", "--text-suffix", ".py"]
     result = run("tokenizer", "train", str(venv_like), str(tmp_path / "t.json"), *args)
     assert result.exit_code == 0, result.output
-    assert "3 documents" in result.stdout and "3 file(s)" in result.stdout, result.stdout
+    assert " 3 documents" in result.stdout and " 3 file(s)" in result.stdout, result.stdout
 
 
 def test_two_links_to_the_folder_itself_finish(src):

@@ -48,11 +48,11 @@ def int8_run(tmp_path, drain_timeout_s):
     worker.on_train_start(trainer)
     trainer.train_step(worker, move=UNEVEN)
     trainer.train_step(worker, move=UNEVEN)  # the last boundary: its delta marked final
-    ending = threading.Thread(target=worker.on_train_end, args=(trainer, None), daemon=True)
-    ending.start()
-    assert wait_for(lambda: not worker.uploader.unsent() and not worker.uploader.in_flight)
+    assert wait_for(lambda: worker.uploader.final_seq is not None)  # sent (the uploader thread)
     assert wait_for(lambda: loop.poll_once() is not None)  # outer step 1, an int8 update
     assert not loop.publisher.exact_at(1)
+    ending = threading.Thread(target=worker.on_train_end, args=(trainer, None), daemon=True)
+    ending.start()  # it finds outer step 1 at once: ended, holding its last delta, approximate
     return loop, worker, writes, log, ending
 
 
@@ -60,7 +60,7 @@ def test_I6_an_int8_worker_keeps_the_exact_final_keyframe_not_the_last_update(tm
     """Before: the worker wrote outer step 1 (the last int8 update, 2.5e-3 off in the issue)
     and called it the run's final global; the master's was the exact keyframe at step 2."""
     loop, worker, writes, log, ending = int8_run(tmp_path, drain_timeout_s=60.0)
-    # the worker has seen step 1 (ended, approximate) and waits, or (before) has written it
+    # the worker waits for the exact final global, or (before) has written step 1
     assert wait_for(lambda: not ending.is_alive() or any("exact" in n for n in log.notices))
     finish(loop)  # the final round: step 2, the same weights as a keyframe
     ending.join(60)

@@ -27,6 +27,7 @@ from speedtronic.distributed.protocol import fleet_totals
 from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.distributed.worker.fetch import GlobalFetcher, Ready
 from speedtronic.errors import ConfigError
+from speedtronic.hub.names import no_directory_note
 
 WAIT_FLOOR_S, WAIT_CAP_S = 60.0, 3600.0  # the default wait for a global holding the last delta
 END_POLL_S = 5.0  # at most this long between looks at the repo while waiting (Hub budgets)
@@ -100,6 +101,8 @@ class RunEnd:
             self._say_stopped(trainer, ready, time.monotonic() - began)
         else:
             self._say(ready, holds, sent, time.monotonic() - began)
+            if ready is None and not p.counters["uploads"] and p.uploader.unsent() and result:
+                result.failure = self._unreached()
 
     def at_target(self, trainer: Any, result: Any) -> None:
         """``--resume`` at max_steps: the run's end all the same, what is unsent sent first."""
@@ -115,12 +118,13 @@ class RunEnd:
         self.run_end(trainer, result)
 
     def refuse_ended_run(self, ready: Ready | None) -> None:
-        """A worker starting afresh (no checkpoint) on a run whose final global is out (every
-        node in it has ended) has nothing to join: its deltas would reach no round. Said at
-        once, before a step is trained (exit 2); a master's own worker is the master's call."""
+        """A worker new to a run whose final global is out (every node in it has ended: the
+        master ends then) has nothing to join: its deltas would reach no round. Said at once,
+        before a step is trained (exit 2). A node of the run restarted without its checkpoint
+        goes on as before, and a master's own worker is the master's call."""
         if ready is None or getattr(self.plugin.config, "role", "worker") == "master":
             return
-        if not fleet_totals(ready.nodes)["ended"]:
+        if self.plugin.node_id in ready.nodes or not fleet_totals(ready.nodes)["ended"]:
             return
         where = self.plugin.transport.describe()
         out = getattr(self.final_writer, "output_dir", None) or "<output_dir>"
@@ -223,6 +227,18 @@ class RunEnd:
                 "in the repo for the master"
             )
         self._event(ready, last, holds)
+
+    def _unreached(self) -> str:
+        """The one line of a worker that never reached its repo: no delta out, no global in."""
+        p = self.plugin
+        where = p.transport.describe()
+        note = no_directory_note(str(getattr(p.config, "repo", None) or where))
+        return (
+            f"diloco: {p.node_id} never reached {where}: no delta went out and no global came "
+            "in, so it took no part in the run (the warnings above say why)"
+            + (f"; {note}" if note else "")
+            + "; its deltas wait in its checkpoint, and --resume sends them"
+        )
 
     def _later(self, where: str, ready: Ready) -> str:
         """How to fetch the run's final global once the master has ended (it has not yet, or
