@@ -26,4 +26,4 @@ def no_directory_note(repo: str) -> str | None:
     None for anything else."""
     if not is_hub_repo_id(repo) or os.path.lexists(repo):
         return None
-    return f"no directory {repo} here (a directory is written ./{repo} or as an absolute path)"
+    return f"no directory {repo} here: a directory is written ./{repo} or as an absolute path"

@@ -41,5 +41,5 @@ def prepare_node(client: Any, settings: Any, logger: Any) -> None:
         if getattr(exc, "permanent", False):
             raise
         note = no_directory_note(repo_id)  # or a mistyped relative path: say that too
-        also = f"; {note}, and the Hub cannot be reached" if note else ""
+        also = f"; the Hub cannot be reached, and {note}" if note else ""
         logger.warn(f"diloco: could not check {repo_id} at start ({exc}){also}; going on")
