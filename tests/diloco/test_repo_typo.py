@@ -18,6 +18,7 @@ from modelout_support import assert_one_line_error, invoke
 
 from diloco.test_nodes import FakeTrainer, model
 from speedtronic.distributed.hub.prepare import prepare_node
+from speedtronic.distributed.repos import no_directory_note
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import TransportError
@@ -91,6 +92,7 @@ def test_a_worker_that_never_reached_its_repo_does_not_end_as_if_it_took_part(tm
     net = model(1.0)
     config = settings(repo="no_such_dir/fleet", upload_timeout_s=0.3)
     worker = WorkerPlugin(config, net, Down(tmp_path / "repo"), Log())
+    worker.end.repo_note = no_directory_note(config.repo)  # as distributed/setup sets it
     trainer = FakeTrainer(net, max_steps=4)
     worker.on_train_start(trainer)
     for _ in range(4):

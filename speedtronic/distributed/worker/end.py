@@ -9,8 +9,8 @@ cadence) for a published global whose ``step_count.json`` names this node's last
 writes the newest global it has into ``<output_dir>/final_global`` (``final_global``) and says
 whether that global holds the node's last delta, or what it lacks and where that work waits.
 ``at_target`` does the same for ``--resume`` of a node whose training is done: what its
-checkpoint holds unsent is sent, and said so. ``refuse_ended_run``: a worker starting on a run
-whose final global is out is told so at once (nothing to join). With an int8 / int4 global the
+checkpoint holds unsent is sent, and said so; a worker that never reached its repo ends with
+exit 1 (``taking_part``). With an int8 / int4 global the
 last update is within a quantization step of the master's weights: the wait goes on for the
 exact final global the master publishes next, or the line says the copy is not the final one.
 """
@@ -26,8 +26,7 @@ import torch
 from speedtronic.distributed.protocol import fleet_totals
 from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.distributed.worker.fetch import GlobalFetcher, Ready
-from speedtronic.errors import ConfigError
-from speedtronic.hub.names import no_directory_note
+from speedtronic.distributed.worker.taking_part import unreached_line
 
 WAIT_FLOOR_S, WAIT_CAP_S = 60.0, 3600.0  # the default wait for a global holding the last delta
 END_POLL_S = 5.0  # at most this long between looks at the repo while waiting (Hub budgets)
@@ -42,6 +41,7 @@ class RunEnd:
         self.wait_cap_s: float | None = None  # a DDP group: the other ranks wait this long
         self.done = False
         self.final_path: str | None = None
+        self.repo_note: str | None = None  # a Hub-spelled spec with no such directory here
 
     @staticmethod
     def at_max_steps(trainer: Any) -> bool:
@@ -102,7 +102,7 @@ class RunEnd:
         else:
             self._say(ready, holds, sent, time.monotonic() - began)
             if ready is None and not p.counters["uploads"] and p.uploader.unsent() and result:
-                result.failure = self._unreached()
+                result.failure = unreached_line(p)
 
     def at_target(self, trainer: Any, result: Any) -> None:
         """``--resume`` at max_steps: the run's end all the same, what is unsent sent first."""
@@ -116,24 +116,6 @@ class RunEnd:
                 "node's checkpoint holds unsent"
             )
         self.run_end(trainer, result)
-
-    def refuse_ended_run(self, ready: Ready | None) -> None:
-        """A worker new to a run whose final global is out (every node in it has ended: the
-        master ends then) has nothing to join: its deltas would reach no round. Said at once,
-        before a step is trained (exit 2). A node of the run restarted without its checkpoint
-        goes on as before, and a master's own worker is the master's call."""
-        if ready is None or getattr(self.plugin.config, "role", "worker") == "master":
-            return
-        if self.plugin.node_id in ready.nodes or not fleet_totals(ready.nodes)["ended"]:
-            return
-        where = self.plugin.transport.describe()
-        out = getattr(self.final_writer, "output_dir", None) or "<output_dir>"
-        raise ConfigError(
-            f"diloco: the run in {where} has ended (its final global, outer step "
-            f"{ready.outer_step}, is out and every node in it has ended): nothing to join",
-            hint=f"start a new run in another repo; `speedtronic storage pull {out} --repo "
-            f"{where}` fetches the final global",
-        )
 
     def ended_by_master(self, path: str | None) -> None:
         """The node's master ran the final round and wrote the final global."""
@@ -227,18 +209,6 @@ class RunEnd:
                 "in the repo for the master"
             )
         self._event(ready, last, holds)
-
-    def _unreached(self) -> str:
-        """The one line of a worker that never reached its repo: no delta out, no global in."""
-        p = self.plugin
-        where = p.transport.describe()
-        note = no_directory_note(str(getattr(p.config, "repo", None) or where))
-        return (
-            f"diloco: {p.node_id} never reached {where}: no delta went out and no global came "
-            "in, so it took no part in the run (the warnings above say why)"
-            + (f"; {note}" if note else "")
-            + "; its deltas wait in its checkpoint, and --resume sends them"
-        )
 
     def _later(self, where: str, ready: Ready) -> str:
         """How to fetch the run's final global once the master has ended (it has not yet, or
