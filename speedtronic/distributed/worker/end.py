@@ -10,9 +10,9 @@ writes the newest global it has into ``<output_dir>/final_global`` (``final_glob
 whether that global holds the node's last delta, or what it lacks and where that work waits.
 ``at_target`` does the same for ``--resume`` of a node whose training is done: what its
 checkpoint holds unsent is sent, and said so; a worker that never reached its repo ends with
-exit 1 (``taking_part``). With an int8 / int4 global the
-last update is within a quantization step of the master's weights: the wait goes on for the
-exact final global the master publishes next, or the line says the copy is not the final one.
+exit 1 (``taking_part``). With an int8 / int4 global the last update is within a quantization
+step of the master's weights: the wait goes on for the exact final global the master publishes
+next, or the line says the copy is not the run's final global.
 """
 
 from __future__ import annotations
