@@ -68,19 +68,6 @@ def test_a_hub_unreachable_at_start_names_the_missing_directory_too(tmp_path, mo
     assert "no directory no_such_dir/fleet here" in line and "./no_such_dir/fleet" in line, line
 
 
-class NoSuchRepo(DeadHub):
-    def visibility(self):
-        return None  # the Hub answered: no such repo
-
-
-def test_a_hub_repo_that_does_not_exist_names_the_missing_directory_too(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(TransportError) as info:
-        prepare_node(NoSuchRepo(), SimpleNamespace(role="worker", collaborators=()), Log())
-    assert info.value.permanent and "not found" in str(info.value)
-    assert "no directory no_such_dir/fleet here" in str(info.value), info.value
-
-
 class Down(LocalTransport):
     """A repo no request reaches."""
 

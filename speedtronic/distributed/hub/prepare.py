@@ -23,11 +23,9 @@ def prepare_node(client: Any, settings: Any, logger: Any) -> None:
     try:
         if client.visibility() is None:
             if settings.role != "master":
-                note = no_directory_note(repo_id)  # a mistyped relative path reads as a repo id
                 raise RepoNotFound(  # one line, the advice in it: no hint line under it
                     f"{who}{repo_id} not found (or not visible to this token): "
-                    f"create it with speedtronic hub init {repo_id}"
-                    + (f"; {note}" if note else ""),
+                    f"create it with speedtronic hub init {repo_id}",
                     permanent=True,
                 )
             init_repo(client)
