@@ -7,6 +7,7 @@ once and does not train.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -15,6 +16,7 @@ from diloco_support import Log, settings
 
 from diloco.test_nodes import FakeTrainer, master_loop, model, wait_for
 from speedtronic.distributed.master.plugin import drain, finish
+from speedtronic.distributed.protocol import STEP_COUNT
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.errors import ConfigError
@@ -99,18 +101,50 @@ def ended_run(tmp_path, log=None):
     return loop, transport
 
 
+def ended_long_ago(repo):
+    """The step count's deltas stamped an hour back: the master's wait for late nodes is over."""
+    path = repo / STEP_COUNT
+    counted = json.loads(path.read_text())
+    for entry in counted["nodes"].values():
+        entry["last_delta_at"] = "2000-01-01T00:00:00Z"
+    path.write_text(json.dumps(counted))
+
+
+def late_worker(transport, node_id="node-late"):
+    net = model(1.0)
+    worker = WorkerPlugin(settings(node_id=node_id), net, transport, Log(), background=False)
+    return worker, FakeTrainer(net, max_steps=2)
+
+
 def test_a_worker_started_after_the_final_round_says_so_at_once_and_trains_nothing(tmp_path):
     """Before: it trained its 30 steps, warned 'no global holds this node's last delta' and
     exited 0."""
     loop, transport = ended_run(tmp_path)
     finish(loop)
-    net = model(1.0)
-    late = WorkerPlugin(settings(node_id="node-late"), net, transport, Log(), background=False)
+    ended_long_ago(tmp_path / "repo")
+    late, trainer = late_worker(transport)
     with pytest.raises(ConfigError, match="has ended") as info:
-        late.on_train_start(FakeTrainer(net, max_steps=2))
+        late.on_train_start(trainer)
     assert info.value.exit_code == 2 and "nothing to join" in str(info.value)
     assert "storage pull" in (info.value.hint or "")
     assert not late.uploader.unsent() and not transport.list_deltas()  # it sent nothing
+
+
+def test_a_worker_joining_while_the_master_may_still_take_it_is_not_refused(tmp_path):
+    """Nodes started together were seen 30 s apart on a loaded machine: a worker whose fleet
+    ended just now, or whose run another node has announced itself in, joins as before."""
+    loop, transport = ended_run(tmp_path)
+    finish(loop)
+    late, trainer = late_worker(transport)
+    late.on_train_start(trainer)  # ended seconds ago: the master may be waiting for joiners
+    assert late.base_outer_step == loop.master.outer_step
+    ended_long_ago(tmp_path / "repo")
+    begun, _ = late_worker(transport, "node-b")
+    begun.uploader.hello.ready(0)
+    begun.uploader.send_pending()  # nodes/node-b/node.json: the master waits for node-b
+    other, trainer = late_worker(transport, "node-c")
+    other.on_train_start(trainer)
+    assert other.base_outer_step == loop.master.outer_step
 
 
 def test_a_worker_that_announced_itself_before_the_final_round_is_waited_for_or_named(tmp_path):
