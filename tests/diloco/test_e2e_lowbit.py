@@ -83,8 +83,3 @@ def test_a_fleet_sending_low_bit_deltas_counts_every_last_delta_and_learns(
     # the master's final global is the run's, as every node reads it (a keyframe at the end)
     kept = safetensors.torch.load_file(tmp_path / "master" / "final_global" / "model.safetensors")
     assert all(torch.equal(kept[k], final[k]) for k in final)
-    for name in names:  # a worker that calls its copy the run's final global holds it (#55)
-        mine = safetensors.torch.load_file(tmp_path / name / "final_global" / "model.safetensors")
-        same = all(torch.equal(mine[k], final[k]) for k in final)
-        text = (tmp_path / f"{name}.log").read_text()
-        assert same or "diloco: the run's final global at" not in text, text[-3000:]
