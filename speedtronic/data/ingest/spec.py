@@ -8,8 +8,9 @@ format comes from the name: ``.txt`` text, ``.jsonl`` / ``.ndjson`` JSON Lines, 
 another suffix is read as text (what ``data.text_path`` accepts); ``with_text_suffixes``
 (``--text-suffix .py``) reads a directory's files of other suffixes as text, as the glob
 ``DIR/**/*.py``. Each real file is read once: ``**`` follows a folder link into a real folder it
-has not entered yet, so a link to ``.`` never loops. A glob that matches nothing, a directory without a known file (naming the glob
-that reads its commonest suffix) and a missing file are one-line errors naming them.
+has not entered yet, so a link to ``.`` never loops. A glob that matches nothing, a directory
+without a known file (naming the glob that reads its commonest suffix) and a missing file are
+one-line errors naming them.
 
 Stdlib only: the CLI's checks and the loader's refusal of a ``.jsonl`` as ``data.text_path``
 use it without pyarrow or torch.
