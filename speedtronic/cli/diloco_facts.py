@@ -56,9 +56,10 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
     from speedtronic.distributed.repos import check_repo_spec
 
     dist = cfg.distributed
-    kind, _ = check_repo_spec(dist.repo)  # a repo no node could use: refused here too, exit 2
+    kind, target = check_repo_spec(dist.repo)  # a repo no node could use: refused here, exit 2
     facts: dict[str, Any] = {
         "diloco_node": f"{dist.role} {dist.resolved_node_id} on {dist.repo}",
+        "diloco_repo": _repo_reading(kind, target),
         "diloco_rounds_per_run": -(-cfg.run.max_steps // dist.inner_steps),
         "diloco_uploads_per_hour": f"{3600 / (dist.inner_steps * fleet.step_time_s):.1f} per "
         f"node: 3600 / ({dist.inner_steps} inner steps x {fleet.step_time_s:g} s/step, "
@@ -78,6 +79,19 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
         )
     facts.update(fleet_facts(cfg, model, kind, fleet))
     return facts
+
+
+def _repo_reading(kind: str, target: str) -> str:
+    """How the nodes read the repo spec: a Hub repo id and a relative path are spelled alike
+    (``no_such_dir/fleet``), so a Hub reading with no such directory here says so."""
+    from speedtronic.hub.names import no_directory_note
+
+    if kind == "directory":
+        return f"the directory {target}"
+    if kind == "s3":
+        return f"the bucket {target}"
+    note = no_directory_note(target)
+    return f"the Hugging Face Hub repo {target}" + (f" ({note})" if note else "")
 
 
 def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict[str, Any]:

@@ -25,6 +25,11 @@ from speedtronic.errors import ConfigError
 DEFAULT_DIR = Path("runs")
 HEADERS = ("name", "status", "steps", "tokens", "time", "params", "optimizer", "loss")
 HEADERS += ("eval_loss", "bpb", "tokens/s", "role")
+OWN_LOSS_NOTE = (
+    "* a DumbDiLoCo node's own training loss (its local weights between rounds), not the "
+    "fleet's model: that is RUN/final_global, which speedtronic eval RUN/final_global --text "
+    "FILE scores"
+)
 
 
 class XAxis(str, Enum):
@@ -116,6 +121,8 @@ def _list(roots: list[Path], sort: str | None, output_format: OutputFormat) -> N
         _rich_table(cells)
     else:
         _plain_table(cells)
+    if any(_own_loss(row) for row in rows):
+        print(OWN_LOSS_NOTE)
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
@@ -133,12 +140,17 @@ def _cells(row: dict[str, Any]) -> list[str]:
         _duration(row["train_s"]),
         count_text(row["params"]),
         row["optimizer"] or "-",
-        _number(row["final_loss"]),
+        _number(row["final_loss"]) + ("*" if _own_loss(row) else ""),
         _number(row["best_eval_loss"]),
         _number(row["bits_per_byte"]),
         "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:,.0f}",
         role,
     ]
+
+
+def _own_loss(row: dict[str, Any]) -> bool:
+    """A DumbDiLoCo node's loss: its local weights' between rounds, not the fleet's model."""
+    return bool(row["role"]) and row["final_loss"] is not None
 
 
 def _number(value: float | None) -> str:

@@ -137,9 +137,9 @@ def status(
 
     Exit codes: 0 shown, 1 the store failed, 2 bad usage.
     """
-    from speedtronic.distributed.repos import is_local_repo
+    from speedtronic.config.storage import is_s3_url
 
-    if is_local_repo(repo):
+    if not is_s3_url(repo):  # a bucket, else a shared directory (a Hub repo: hub status)
         report = _directory_status(repo, endpoint_url)
     else:
         from speedtronic.distributed.s3.status import bucket_status
@@ -158,6 +158,11 @@ def _directory_status(repo: str, endpoint_url: str | None) -> dict[str, Any]:
     if endpoint_url is not None:
         raise ConfigError(f"--endpoint-url: a bucket's option; {repo} is a shared directory")
     path = Path(repo.removeprefix("file://")).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"REPO: {repo}: no such directory (a run's shared directory, or "
+            "s3://bucket/prefix for a bucket; a Hub repo: speedtronic hub status)"
+        )
     if not path.is_dir():
         raise ConfigError(f"REPO: {repo} is not a directory (a run's shared directory or s3://)")
     return directory_status(LocalTransport(path))

@@ -45,7 +45,7 @@ from speedtronic.cli.options import (
     run_sets,
 )
 from speedtronic.cli.run_summary import show_summary
-from speedtronic.errors import ConfigError
+from speedtronic.errors import ConfigError, TransportError
 
 if TYPE_CHECKING:  # the config package loads with the command, not with --help
     from speedtronic.config import SpeedtronicConfig
@@ -116,6 +116,8 @@ def train(
     if result.status != "interrupted" and getattr(result, "unsent", False):
         line = f"deltas not sent yet wait in the checkpoint; send them with: {again} --resume"
         print(line, file=sys.stderr)
+    if result.status != "interrupted" and getattr(result, "failure", None):
+        raise TransportError(result.failure)  # saved and said, but not exit 0
     if result.status == "interrupted":
         saved = f"; checkpoint saved to {result.checkpoint}" if result.checkpoint else ""
         print(

@@ -19,6 +19,7 @@ from speedtronic.config.storage import is_s3_url, parse_s3_url
 from speedtronic.distributed.transport import LocalTransport, Transport
 from speedtronic.errors import ConfigError
 from speedtronic.hub.names import is_hub_repo_id
+from speedtronic.hub.names import no_directory_note as no_directory_note  # for the core's setup
 
 # Caps the waits of a node's Hub client between attempts (default 60 s); for tests against a
 # local Hub emulator (docs/hub.md), never against the real Hub and its rate-limit resets

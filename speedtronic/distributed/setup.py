@@ -24,7 +24,7 @@ from speedtronic.data.loader import run_tokenizer
 from speedtronic.distributed.final_global import FinalGlobalWriter
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.plugin import MasterPlugin, serve
-from speedtronic.distributed.repos import open_transport
+from speedtronic.distributed.repos import no_directory_note, open_transport
 from speedtronic.distributed.stopping import Signals
 from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.inflight import SPILL_DIR
@@ -84,6 +84,7 @@ def coordinator_plugins(
         spill = config.output_dir / SPILL_DIR
         worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill)
         worker.end.final_writer = writer
+        worker.end.repo_note = no_directory_note(settings.repo)  # said if never reached
         plugins.append(worker)
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None

@@ -46,6 +46,7 @@ class TrainResult:
     checkpoint: str | None = None  # the last checkpoint written, if any
     tokens_per_s: float = 0.0  # over the steps trained by this call (not a resumed total)
     unsent: bool = False  # a DiLoCo node's deltas wait in its checkpoint: --resume sends them
+    failure: str | None = None  # a DiLoCo node that took no part in its run: exit 1, this line
     summary: dict | None = None  # the run's summary.json document (observe/summary.py)
 
 

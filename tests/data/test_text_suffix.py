@@ -4,6 +4,9 @@ reads its files as text, giving what the glob gives."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -59,3 +62,48 @@ def test_tokenizer_train_reads_the_folder_with_text_suffix(src, tmp_path):
 def test_a_known_format_suffix_is_refused():
     result = run("tokenize", ".", "o.bin", "--text-suffix", ".jsonl")
     assert result.exit_code == 2 and "--text-suffix '.jsonl'" in result.stderr, result.output
+
+
+@pytest.fixture
+def venv_like(src):
+    """``src`` with a venv's ``lib64 -> lib`` folder link and a link back to the folder itself
+    (issue 55 item 3): a glob's ``**`` follows both, reading each file twice or dozens of times."""
+    (src / "lib" / "site").mkdir(parents=True)
+    (src / "lib" / "site" / "c.py").write_text("x = 3\n")
+    (src / "lib64").symlink_to("lib", target_is_directory=True)
+    (src / "pkg" / "up").symlink_to("..", target_is_directory=True)
+    return src
+
+
+@pytest.mark.parametrize("how", ["option", "glob"])
+def test_folder_links_are_followed_once_and_never_loop(venv_like, tmp_path, how):
+    by_option = [str(venv_like), "--text-suffix", ".py"]
+    sources = by_option if how == "option" else [f"{venv_like}/**/*.py"]
+    result = run("tokenize", *sources, str(tmp_path / "a.bin"))
+    assert result.exit_code == 0, result.output
+    tokens = np.fromfile(tmp_path / "a.bin", dtype=np.uint16).tolist()
+    # each file once, by its first path in sorted order (lib before lib64), a separator before each
+    assert tokens == [3, *A.encode(), 3, *b"x = 3\n", 3, *B.encode()]
+
+
+def test_tokenizer_train_reads_each_linked_file_once(venv_like, tmp_path):
+    pytest.importorskip("tokenizers")
+    args = ["--vocab-size", "270", "--held-out", "0", "--text-suffix", ".py"]
+    result = run("tokenizer", "train", str(venv_like), str(tmp_path / "t.json"), *args)
+    assert result.exit_code == 0, result.output
+    assert " 3 documents" in result.stdout and " 3 file(s)" in result.stdout, result.stdout
+
+
+def test_two_links_to_the_folder_itself_finish(src):
+    """Two links to ``.`` made the glob walk 2**40 paths; the walk visits each real folder once."""
+    (src / "self1").symlink_to(".", target_is_directory=True)
+    (src / "self2").symlink_to(".", target_is_directory=True)
+    code = (
+        "import sys; from speedtronic.data.ingest.spec import local_inputs\n"
+        "print(len(local_inputs(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"{src}/**/*.py"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2"

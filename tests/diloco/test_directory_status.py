@@ -32,6 +32,8 @@ def test_storage_status_reads_a_shared_directory(tmp_path):
 
 
 def test_a_path_that_is_no_directory_and_hub_status_of_a_path_are_one_line(tmp_path):
-    assert_one_line_error(invoke("storage", "status", str(tmp_path / "no")), "is not a directory")
+    assert_one_line_error(invoke("storage", "status", str(tmp_path / "no")), "no such directory")
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(invoke("storage", "status", str(tmp_path / "file")), "not a directory")
     result = invoke("hub", "status", str(tmp_path))
     assert result.exit_code == 2 and f"speedtronic storage status {tmp_path}" in result.stderr

@@ -78,7 +78,9 @@ def test_I5_a_worker_on_a_hub_that_never_answers_trains_at_once(tmp_path, silent
     said = wait_until(lambda: "could not check" in log_of(tmp_path, "worker-1"), watch=worker)
     first_line_s = time.monotonic() - began
     assert said, log_of(tmp_path, "worker-1")
-    assert proc_support.wait(worker) == 0, log_of(tmp_path, "worker-1")
+    assert proc_support.wait(worker) == 1, log_of(tmp_path, "worker-1")
+    # it trained, but nothing of it reached the run: exit 1 with the line (issue 55 item 8)
+    assert "never reached" in log_of(tmp_path, "worker-1"), log_of(tmp_path, "worker-1")
     wall_s = time.monotonic() - began
     text = (tmp_path / "worker-1.log").read_text()
     assert "Traceback" not in text, text[-3000:]

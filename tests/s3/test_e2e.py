@@ -248,7 +248,9 @@ def test_I5_issue27_5_a_worker_on_a_store_that_never_answers_trains_at_once(
     said = wait_until(lambda: "could not check" in log_of(tmp_path, "worker-1"), watch=worker)
     first_line_s = time.monotonic() - began
     assert said, log_of(tmp_path, "worker-1")
-    assert worker.wait(timeout=600) == 0, log_of(tmp_path, "worker-1")
+    assert worker.wait(timeout=600) == 1, log_of(tmp_path, "worker-1")
+    # it trained, but nothing of it reached the run: exit 1 with the line (issue 55 item 8)
+    assert "never reached" in log_of(tmp_path, "worker-1"), log_of(tmp_path, "worker-1")
     wall_s = time.monotonic() - began
     text = (tmp_path / "worker-1.log").read_text()
     assert "Traceback" not in text and "has answered no request since" in text, text[-3000:]

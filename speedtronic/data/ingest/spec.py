@@ -7,8 +7,10 @@ format comes from the name: ``.txt`` text, ``.jsonl`` / ``.ndjson`` JSON Lines, 
 ``.gz`` or ``.zst`` compressed (``.json.gz`` too), ``.parquet``; a file named on its own with
 another suffix is read as text (what ``data.text_path`` accepts); ``with_text_suffixes``
 (``--text-suffix .py``) reads a directory's files of other suffixes as text, as the glob
-``DIR/**/*.py``. A glob that matches nothing, a directory without a known file (naming the glob
-that reads its commonest suffix) and a missing file are one-line errors naming them.
+``DIR/**/*.py``. Each real file is read once: ``**`` follows a folder link into a real folder it
+has not entered yet, so a link to ``.`` never loops. A glob that matches nothing, a directory
+without a known file (naming the glob that reads its commonest suffix) and a missing file are
+one-line errors naming them.
 
 Stdlib only: the CLI's checks and the loader's refusal of a ``.jsonl`` as ``data.text_path``
 use it without pyarrow or torch.
@@ -184,21 +186,67 @@ def local_inputs(source: str, avoid: tuple[str, ...] = ()) -> list[InputFile]:
     glob's matches leave out what lies at or under the real paths ``avoid`` (the output's)."""
     path = Path(source)
     if is_glob(source):
-        found = sorted(glob.glob(source, recursive=True))
-        files = [Path(p) for p in found if os.path.isfile(p) and not _under(p, avoid)]
-        if not files:
+        found = [p for p in _glob_files(source) if os.path.isfile(p) and not _under(p, avoid)]
+        if not found:
             raise DataError(f"{source}: no file matches this glob")
-        return [_local(p, file_format(p.name) or "text") for p in files]
+        return [_local(Path(p), file_format(p) or "text") for p in _once(found)]
     if path.is_dir():
         below = [p for p in _dir_files(path) if file_format(p.name)]
         if not below:
             raise _no_known_file(source, path)
-        return [_local(p, file_format(p.name)) for p in below]
+        return [_local(Path(p), file_format(p)) for p in _once([str(p) for p in below])]
     if not path.exists():
         raise DataError(f"{source}: file not found")
     if not path.is_file():
         raise DataError(f"{source}: not a regular file or a directory")
     return [_local(path, file_format(path.name) or "text")]
+
+
+def _glob_files(source: str) -> list[str]:
+    """A glob's matches in sorted order. ``**`` walks the folder below the glob's literal part
+    itself: it follows folder links (a corpus may be one) but enters each real folder once, so a
+    venv's ``lib64 -> lib`` is read once, under its first name, and a link to ``.`` never loops
+    (``glob.glob`` re-entered both, up to 2**40 paths for two links to ``.``)."""
+    if "**" not in source:
+        return sorted(glob.glob(source))
+    root = _GLOB_CHARS.split(source, 1)[0].rpartition("/")[0]
+    rest = source[len(root) + 1 :] if root or source.startswith("/") else source
+    pattern, dotted = _glob_regex(rest), any(part.startswith(".") for part in rest.split("/"))
+    found = []
+    for rel in _walk_once(root or ("/" if source.startswith("/") else ".")):
+        hidden = any(part.startswith(".") for part in rel.split("/"))
+        if pattern.fullmatch(rel) and (dotted or not hidden):  # glob's rule for dot names
+            found.append(f"{root}/{rel}" if root or source.startswith("/") else rel)
+    return sorted(found)
+
+
+def _walk_once(root: str):
+    """The path relative to ``root`` of every entry below it, following folder links but
+    entering each real folder only once (the first name in sorted order wins)."""
+    seen = {os.path.realpath(root)}
+    for top, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()
+        keep = []
+        for name in dirs:
+            real = os.path.realpath(os.path.join(top, name))
+            if real not in seen:
+                seen.add(real)
+                keep.append(name)
+        dirs[:] = keep
+        for name in (*keep, *files):
+            yield os.path.relpath(os.path.join(top, name), root)
+
+
+def _once(paths: list[str]) -> list[str]:
+    """``paths`` less any whose real file came earlier (a file link beside its target)."""
+    seen: set[str] = set()
+    out = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            out.append(path)
+    return out
 
 
 def _dir_files(path: Path) -> list[Path]:

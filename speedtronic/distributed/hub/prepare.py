@@ -14,6 +14,7 @@ from speedtronic.distributed.hub.admin import grant, init_repo
 from speedtronic.errors import TransportError
 from speedtronic.hub.access import write_access_problem
 from speedtronic.hub.errors import HubError, RepoNotFound
+from speedtronic.hub.names import no_directory_note
 
 
 def prepare_node(client: Any, settings: Any, logger: Any) -> None:
@@ -39,4 +40,6 @@ def prepare_node(client: Any, settings: Any, logger: Any) -> None:
     except TransportError as exc:  # the Hub is down for now: training starts anyway (I5)
         if getattr(exc, "permanent", False):
             raise
-        logger.warn(f"diloco: could not check {repo_id} at start ({exc}); going on")
+        note = no_directory_note(repo_id)  # or a mistyped relative path: say that too
+        also = f"; the Hub cannot be reached, and {note}" if note else ""
+        logger.warn(f"diloco: could not check {repo_id} at start ({exc}){also}; going on")

@@ -9,7 +9,10 @@ cadence) for a published global whose ``step_count.json`` names this node's last
 writes the newest global it has into ``<output_dir>/final_global`` (``final_global``) and says
 whether that global holds the node's last delta, or what it lacks and where that work waits.
 ``at_target`` does the same for ``--resume`` of a node whose training is done: what its
-checkpoint holds unsent is sent, and said so.
+checkpoint holds unsent is sent, and said so; a worker that never reached its repo ends with
+exit 1 (``taking_part``). With an int8 / int4 global the last update is within a quantization
+step of the master's weights: the wait goes on for the exact final global the master publishes
+next, or the line says the copy is not the run's final global.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from speedtronic.distributed.protocol import fleet_totals
 from speedtronic.distributed.stopping import EndClock, end_clock
 from speedtronic.distributed.worker.fetch import GlobalFetcher, Ready
+from speedtronic.distributed.worker.taking_part import unreached_line
 
 WAIT_FLOOR_S, WAIT_CAP_S = 60.0, 3600.0  # the default wait for a global holding the last delta
 END_POLL_S = 5.0  # at most this long between looks at the repo while waiting (Hub budgets)
@@ -37,6 +41,7 @@ class RunEnd:
         self.wait_cap_s: float | None = None  # a DDP group: the other ranks wait this long
         self.done = False
         self.final_path: str | None = None
+        self.repo_note: str | None = None  # a Hub-spelled spec with no such directory here
 
     @staticmethod
     def at_max_steps(trainer: Any) -> bool:
@@ -96,6 +101,8 @@ class RunEnd:
             self._say_stopped(trainer, ready, time.monotonic() - began)
         else:
             self._say(ready, holds, sent, time.monotonic() - began)
+            if ready is None and not p.counters["uploads"] and p.uploader.unsent() and result:
+                result.failure = unreached_line(p)
 
     def at_target(self, trainer: Any, result: Any) -> None:
         """``--resume`` at max_steps: the run's end all the same, what is unsent sent first."""
@@ -140,15 +147,23 @@ class RunEnd:
             GlobalFetcher(p.config, p.transport, p.logger, p.status, p.params),
         )
         deadline = time.monotonic() + self.wait_s()
-        ready, holds = None, False
+        ready, holds, said = None, False, False
         while clock.left() > 0:
             fetcher.refresh()
             ready = fetcher.ready or ready
             holds = ready is not None and last is not None and ready.own_seq >= last
-            if holds or not sent or last is None or not p.background:
+            approximate = holds and _approximate_end(ready)
+            if (holds and not approximate) or not sent or last is None or not p.background:
                 return ready, holds
             if p.status.fatal is not None or time.monotonic() >= deadline:
-                return ready, False
+                return ready, holds
+            if approximate and not said:  # the master publishes the same weights exact next
+                said = True
+                p.logger.notice(
+                    f"diloco: outer step {ready.outer_step} holds this node's last delta as an "
+                    "update within a quantization step; waiting for the master's exact final "
+                    "global"
+                )
             time.sleep(min(p.config.poll_interval, END_POLL_S, clock.left()))
         return ready, holds
 
@@ -167,18 +182,19 @@ class RunEnd:
             self._event(None, last, False)
             return
         facts = {"own_seq": ready.own_seq, "last_seq": last, "holds_last_delta": holds}
+        facts["exact"] = ready.exact
         if self.final_writer is not None:
             written = self.final_writer(ready.weights, ready.outer_step, facts, ready.nodes)
             self.final_path = str(written)
         written = f"; written to {self.final_path}" if self.final_path else ""
-        ended = fleet_totals(ready.nodes)["ended"]
+        ended = fleet_totals(ready.nodes)["ended"] and ready.exact
         glob = ("the run's final global" if ended else "the global") + (
             f" at outer step {ready.outer_step}"
         )
         if holds:
             p.logger.notice(
                 f"diloco: {glob} holds this node's last delta (seq {last}){written}"
-                + ("" if ended else self._later(where))
+                + ("" if ended else self._later(where, ready))
             )
         elif not sent:
             p.logger.warn(
@@ -194,10 +210,17 @@ class RunEnd:
             )
         self._event(ready, last, holds)
 
-    def _later(self, where: str) -> str:
-        """How to fetch the run's final global once the master has ended (it has not yet)."""
+    def _later(self, where: str, ready: Ready) -> str:
+        """How to fetch the run's final global once the master has ended (it has not yet, or
+        its exact final global did not come in time)."""
         out = getattr(self.final_writer, "output_dir", None)
         command = f"speedtronic storage pull {out or '<output_dir>'} --repo {where}"
+        if _approximate_end(ready):
+            return (
+                f"; it is not the run's final global: an update within a quantization step of "
+                f"the master's weights, which the master publishes exact as its final global: "
+                f"`{command}` fetches that into final_global/"
+            )
         return (
             f"; the run goes on at the master: once it has ended, `{command}` fetches the run's "
             "final global into final_global/"
@@ -240,3 +263,9 @@ class RunEnd:
                 "path": self.final_path,
             },
         )
+
+
+def _approximate_end(ready: Ready) -> bool:
+    """Every node has ended, but the global is an int8 / int4 update: the master's final
+    global is the same weights exact, one outer step later (``master/loop``)."""
+    return not ready.exact and fleet_totals(ready.nodes)["ended"]

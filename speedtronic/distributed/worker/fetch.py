@@ -48,6 +48,9 @@ class Ready:
     own_seq: int = -1
     replaces: bool = False  # at or below the installed step: the repo went back, follow it
     nodes: dict = field(default_factory=dict)  # step_count's summary of the fleet (I6 facts)
+    # the master's weights themselves (full weights, or an update on a keyframe of this very
+    # step); False: an int8 / int4 update, within a quantization step of them (worker/end)
+    exact: bool = True
 
 
 class GlobalFetcher:
@@ -146,7 +149,12 @@ class GlobalFetcher:
         own_seq = ((counted.get("nodes") or {}).get(self.node_id) or {}).get("seq", -1)
         rate = counted.get("fleet_tokens_per_step", 0)
         nodes = counted.get("nodes") or {}
-        ready = Ready(outer_step, weights, rate, own_seq, replaces=went_back, nodes=nodes)
+        # global/keyframes/<step>-<sha16>.safetensors: an update on a keyframe of its own step
+        exact = (
+            read.keyframe is None
+            or int(read.keyframe.rsplit("/", 1)[1].split("-")[0]) == outer_step
+        )
+        ready = Ready(outer_step, weights, rate, own_seq, went_back, nodes, exact)
         with self.lock:  # never replace a newer global already waiting, unless the repo went back
             if went_back or outer_step > max(self.installed_step, self._waiting_step()):
                 self.ready = ready

@@ -30,6 +30,7 @@ from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.end import RunEnd
 from speedtronic.distributed.worker.fetch import GlobalFetcher
 from speedtronic.distributed.worker.resume import catch_up, replayed
+from speedtronic.distributed.worker.taking_part import refuse_ended_run
 from speedtronic.distributed.worker.upload import Pending, Uploader
 
 
@@ -264,6 +265,7 @@ class WorkerPlugin:
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
             return  # said why: the poller installs the global once it can read it
         ready = self.fetcher.take()
+        refuse_ended_run(self, ready)  # a run whose final round is out: nothing to join
         if ready is None:  # a worker joining a run must not quietly train from scratch
             where = self.transport.describe()
             self.logger.warn(

@@ -1,0 +1,173 @@
+"""The fleet's edges a newcomer and an adversary found (issue 55, items 9 and 10), unit by unit.
+
+With an int8 global a worker's final global is the master's exact final keyframe, or says it is
+not the run's final global; a worker that starts on a run whose final round is out says so at
+once and does not train.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from diloco_support import Log, settings
+
+from diloco.test_nodes import FakeTrainer, master_loop, model, wait_for
+from speedtronic.distributed.master.plugin import drain, finish
+from speedtronic.distributed.protocol import STEP_COUNT
+from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker.plugin import WorkerPlugin
+from speedtronic.errors import ConfigError
+
+UNEVEN = torch.tensor([[-0.3, -0.0123]])  # a move int8 cannot carry exactly
+
+
+class Said(Log):
+    """A log that keeps its notices too."""
+
+    def __init__(self):
+        super().__init__()
+        self.notices = []
+
+    def notice(self, message):
+        self.notices.append(message)
+
+
+def int8_run(tmp_path, drain_timeout_s):
+    """A master with an int8 global and a worker (background threads) at the end of its only
+    inner loop, its last delta out; returns (loop, worker, writes, log, ending thread)."""
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log(), node_id="master", global_dtype="int8")
+    loop.start()
+    net, log, writes = model(1.0), Said(), []
+    worker = WorkerPlugin(settings(drain_timeout_s=drain_timeout_s), net, transport, log)
+    worker.end.final_writer = lambda weights, step, facts, nodes: (
+        writes.append((step, weights, facts)) or (tmp_path / "final_global")
+    )
+    trainer = FakeTrainer(net, max_steps=2)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker, move=UNEVEN)
+    trainer.train_step(worker, move=UNEVEN)  # the last boundary: its delta marked final
+    assert wait_for(lambda: worker.uploader.final_seq is not None)  # sent (the uploader thread)
+    assert wait_for(lambda: loop.poll_once() is not None)  # outer step 1, an int8 update
+    assert not loop.publisher.exact_at(1)
+    ending = threading.Thread(target=worker.on_train_end, args=(trainer, None), daemon=True)
+    ending.start()  # it finds outer step 1 at once: ended, holding its last delta, approximate
+    return loop, worker, writes, log, ending
+
+
+def test_I6_an_int8_worker_keeps_the_exact_final_keyframe_not_the_last_update(tmp_path):
+    """Before: the worker wrote outer step 1 (the last int8 update, 2.5e-3 off in the issue)
+    and called it the run's final global; the master's was the exact keyframe at step 2."""
+    loop, worker, writes, log, ending = int8_run(tmp_path, drain_timeout_s=60.0)
+    # the worker waits for the exact final global, or (before) has written step 1
+    assert wait_for(lambda: not ending.is_alive() or any("exact" in n for n in log.notices))
+    finish(loop)  # the final round: step 2, the same weights as a keyframe
+    ending.join(60)
+    assert not ending.is_alive()
+    [(step, weights, facts)] = writes
+    assert step == 2 and loop.publisher.exact_at(2)
+    assert torch.equal(weights["weight"], loop.master.global_weights["weight"])
+    assert facts["exact"] is True
+    assert any("the run's final global at outer step 2" in n for n in log.notices), log.notices
+
+
+def test_I6_an_int8_worker_whose_master_never_sends_the_keyframe_says_its_copy_is_not_final(
+    tmp_path,
+):
+    loop, worker, writes, log, ending = int8_run(tmp_path, drain_timeout_s=0.5)
+    ending.join(60)
+    [(step, weights, facts)] = writes
+    assert step == 1 and facts["exact"] is False
+    said = " ".join(log.notices + log.warnings)
+    assert "the run's final global at" not in said, said
+    assert "it is not the run's final global" in said and "storage pull" in said, said
+
+
+def ended_run(tmp_path, log=None):
+    """A run whose only worker (node-a) has ended and whose master ran its final round."""
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, log or Log(), node_id="master")
+    loop.start()
+    net = model(1.0)
+    worker = WorkerPlugin(settings(), net, transport, Log(), background=False)
+    trainer = FakeTrainer(net, max_steps=2)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    worker.on_train_end(trainer, None)
+    return loop, transport
+
+
+def ended_long_ago(repo):
+    """The step count's deltas stamped an hour back: the master's wait for late nodes is over."""
+    path = repo / STEP_COUNT
+    counted = json.loads(path.read_text())
+    for entry in counted["nodes"].values():
+        entry["last_delta_at"] = "2000-01-01T00:00:00Z"
+    path.write_text(json.dumps(counted))
+
+
+def late_worker(transport, node_id="node-late"):
+    net = model(1.0)
+    worker = WorkerPlugin(settings(node_id=node_id), net, transport, Log(), background=False)
+    return worker, FakeTrainer(net, max_steps=2)
+
+
+def test_a_worker_started_after_the_final_round_says_so_at_once_and_trains_nothing(tmp_path):
+    """Before: it trained its 30 steps, warned 'no global holds this node's last delta' and
+    exited 0."""
+    loop, transport = ended_run(tmp_path)
+    finish(loop)
+    ended_long_ago(tmp_path / "repo")
+    late, trainer = late_worker(transport)
+    with pytest.raises(ConfigError, match="has ended") as info:
+        late.on_train_start(trainer)
+    assert info.value.exit_code == 2 and "nothing to join" in str(info.value)
+    assert "storage pull" in (info.value.hint or "")
+    assert not late.uploader.unsent() and not transport.list_deltas()  # it sent nothing
+
+
+def test_a_worker_joining_while_the_master_may_still_take_it_is_not_refused(tmp_path):
+    """Nodes started together were seen 30 s apart on a loaded machine: a worker whose fleet
+    ended just now, or whose run another node has announced itself in, joins as before."""
+    loop, transport = ended_run(tmp_path)
+    finish(loop)
+    late, trainer = late_worker(transport)
+    late.on_train_start(trainer)  # ended seconds ago: the master may be waiting for joiners
+    assert late.base_outer_step == loop.master.outer_step
+    ended_long_ago(tmp_path / "repo")
+    begun, _ = late_worker(transport, "node-b")
+    begun.uploader.hello.ready(0)
+    begun.uploader.send_pending()  # nodes/node-b/node.json: the master waits for node-b
+    other, trainer = late_worker(transport, "node-c")
+    other.on_train_start(trainer)
+    assert other.base_outer_step == loop.master.outer_step
+
+
+def test_a_worker_that_announced_itself_before_the_final_round_is_waited_for_or_named(tmp_path):
+    """Its node.json is in the repo: the master waits for it (drain_timeout_s) and, when no
+    delta comes, names it as missing with the reason."""
+    transport = LocalTransport(tmp_path / "repo")
+    log = Said()
+    loop = master_loop(tmp_path, transport, log, node_id="master", drain_timeout_s=0.5)
+    loop.start()
+    net = model(1.0)
+    begun = WorkerPlugin(settings(node_id="node-b", announce=True), net, transport, Log(), False)
+    begun.on_train_start(FakeTrainer(net, max_steps=20))
+    begun.uploader.send_pending()  # its nodes/node-b/node.json
+    net_a = model(1.0)
+    worker = WorkerPlugin(settings(), net_a, transport, Log(), background=False)
+    trainer = FakeTrainer(net_a, max_steps=2)
+    worker.on_train_start(trainer)
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    worker.on_train_end(trainer, None)
+    loop.poll_once()
+    drain(loop, lambda: False, stragglers=False)
+    line = finish(loop)
+    assert any("waiting for the last deltas of node-b" in n for n in log.notices), log.notices
+    assert "missing: node-b sent no last delta (no delta yet" in line, line
+    assert "past the 0 s drain deadline" in line or "past the 1 s drain deadline" in line, line
