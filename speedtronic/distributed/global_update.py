@@ -199,6 +199,7 @@ class GlobalRead:
     sha256: str | None
     bytes_read: int
     keyframe: str | None = None  # the keyframe's path, for an update
+    replayed: bool = False  # rounds replayed on it: the master's weights, checked by sha256
 
 
 class GlobalReader:
@@ -221,9 +222,8 @@ class GlobalReader:
         chain = round_chain(data, self.reference)
         if chain is not None:  # global_dtype deltas: replay the rounds (``round_apply``)
             weights, got = self.replayer.read(chain, max_bytes)
-            return GlobalRead(
-                chain.outer_step, weights, sha, len(data) + got, chain_keyframe(chain)
-            )
+            read = len(data) + got
+            return GlobalRead(chain.outer_step, weights, sha, read, chain_keyframe(chain), True)
         header = update_header(data, self.reference)
         if header is None:
             step, weights = decode_weights(data, self.reference)

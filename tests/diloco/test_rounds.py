@@ -173,6 +173,7 @@ def test_master_and_node_agree_bit_for_bit_and_deltas_stay_until_a_keyframe(flee
         sent += run_round(loop, transport, step, (step, 10 + step))
         read = node.read(1 << 24)
         assert read.outer_step == step and exact(read.weights, loop.master.global_weights)
+        assert read.replayed  # the master's weights: a worker's end need not wait for a keyframe
         assert all((tmp_path / "repo" / p).exists() for p in sent)  # nodes may replay them
     assert node.replayer.counts == {"rounds_applied": 2, "rounds_refused": 0, "round_mismatches": 0}
     late = GlobalReader(transport, reference())  # a node that joins now: keyframe, then replay

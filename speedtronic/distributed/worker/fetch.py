@@ -49,7 +49,8 @@ class Ready:
     replaces: bool = False  # at or below the installed step: the repo went back, follow it
     nodes: dict = field(default_factory=dict)  # step_count's summary of the fleet (I6 facts)
     # the master's weights themselves (full weights, or an update on a keyframe of this very
-    # step); False: an int8 / int4 update, within a quantization step of them (worker/end)
+    # step, or rounds replayed to the record's sha256); False: an int8 / int4 update, within a
+    # quantization step of them (worker/end)
     exact: bool = True
 
 
@@ -152,6 +153,7 @@ class GlobalFetcher:
         # global/keyframes/<step>-<sha16>.safetensors: an update on a keyframe of its own step
         exact = (
             read.keyframe is None
+            or read.replayed
             or int(read.keyframe.rsplit("/", 1)[1].split("-")[0]) == outer_step
         )
         ready = Ready(outer_step, weights, rate, own_seq, went_back, nodes, exact)
