@@ -9,37 +9,21 @@ line naming the live process's pid and host, before anything in the directory ch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import subprocess
 import sys
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from speedtronic import liveness
-from speedtronic.cli.app import app
 from speedtronic.errors import OutputError
 from speedtronic.observe.running import RUNNING_FILE, claim, release
+from tests.train.test_start_checks import snapshot, train
 
 runner = CliRunner()
 HOST = socket.gethostname()
-
-
-def train(tiny, tmp_path, *args: str):
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(tiny))
-    return runner.invoke(app, ["train", "-c", str(config), *args])
-
-
-def snapshot(root) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture
