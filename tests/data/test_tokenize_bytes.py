@@ -73,10 +73,8 @@ def test_each_shard_records_the_bytes_of_its_documents_text(corpus, bpe, tokeniz
                 assert len(ids) - ids.count(3) == shard["bytes"]
 
 
-def test_a_resumed_tokenize_counts_each_byte_once(corpus, bpe, tmp_path):
-    src, docs = corpus
-    request = Request((str(src),), str(bpe), shard_tokens=400, val_fraction=0.2)
-    tokenize_corpus(request, tmp_path / "straight", workers=1)
+def interrupt_tokenize(request, out):
+    """Tokenize into ``out`` until its fourth progress report, then stop as a Ctrl-C does."""
     seen = []
 
     def stop_after_a_while(snapshot):
@@ -85,7 +83,14 @@ def test_a_resumed_tokenize_counts_each_byte_once(corpus, bpe, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tokenize_corpus(request, tmp_path / "cut", workers=1, on_progress=stop_after_a_while)
+        tokenize_corpus(request, out, workers=1, on_progress=stop_after_a_while)
+
+
+def test_a_resumed_tokenize_counts_each_byte_once(corpus, bpe, tmp_path):
+    src, docs = corpus
+    request = Request((str(src),), str(bpe), shard_tokens=400, val_fraction=0.2)
+    tokenize_corpus(request, tmp_path / "straight", workers=1)
+    interrupt_tokenize(request, tmp_path / "cut")
     tokenize_corpus(request, tmp_path / "cut", workers=1)
     for part in ("train", "val"):
         assert shard_bytes(tmp_path / "cut", part) == shard_bytes(tmp_path / "straight", part)
@@ -96,15 +101,7 @@ def test_a_resumed_tokenize_counts_each_byte_once(corpus, bpe, tmp_path):
 def test_a_journal_from_before_the_bytes_leaves_the_open_shards_bytes_unknown(corpus, tmp_path):
     src, _ = corpus
     request = Request((str(src),), shard_tokens=4000)
-    seen = []
-
-    def stop_after_a_while(snapshot):
-        seen.append(snapshot)
-        if len(seen) == 4:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        tokenize_corpus(request, tmp_path / "out", workers=1, on_progress=stop_after_a_while)
+    interrupt_tokenize(request, tmp_path / "out")
     path = tmp_path / "out.partial" / "progress.json"
     journal = json.loads(path.read_text())
     states = [journal["parts"], (journal.get("file_start") or {}).get("parts", {})]
