@@ -611,7 +611,8 @@ def host_cpu() -> dict[str, Any]:
     """The CPU that made the losses (issue 54): Muon's bf16 matmuls round differently where
     oneDNN has AMX, so a speedup is read against a ladder from the same kind of CPU. The ISA
     and the kernel oneDNN picks for a bf16 matmul are what its verbose mode prints, from a
-    subprocess with this environment (``ONEDNN_MAX_CPU_ISA`` pins it)."""
+    subprocess with this environment (``ONEDNN_MAX_CPU_ISA`` pins it); None where oneDNN does
+    not run bf16 matmuls (a CPU without AVX-512, or pinned below it)."""
     probe = "import torch; x = torch.ones(64, 64, dtype=torch.bfloat16); x @ x"
     env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
     try:
@@ -620,9 +621,10 @@ def host_cpu() -> dict[str, Any]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    lines = [line.split(",") for line in out.splitlines() if line.startswith("onednn_verbose")]
-    isa = next((f[-1].split(":", 1)[1] for f in lines if f[-1].startswith("isa:")), None)
-    matmul = next((f[6] for f in lines if f[3:6] == ["exec", "cpu", "matmul"]), None)
+    lines = [line for line in out.splitlines() if line.startswith("onednn_verbose")]
+    isa = next((line.split("isa:", 1)[1] for line in lines if ",cpu,isa:" in line), None)
+    fields = [line.split(",") for line in lines]
+    matmul = next((f[6] for f in fields if f[3:6] == ["exec", "cpu", "matmul"]), None)
     return {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_isa": isa,
