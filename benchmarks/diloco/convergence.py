@@ -40,7 +40,9 @@ an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.del
 ``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
 cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L),
 ``gint8`` / ``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each
-publish and download charged by its bytes) and ``kf<n>`` (``keyframe_every``); ``h<n>`` (this
+publish and download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node
+downloads the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
+(``keyframe_every``); ``h<n>`` (this
 arm's H; the link stays the one calibrated on the scale's H), ``jit<x>`` (every step's time times
 a log-normal factor of mean 1 and spread x), ``mx`` (the master on a fifth machine instead of
 worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and, for arm a only, ``b<n>`` (its batch at
