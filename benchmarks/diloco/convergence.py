@@ -40,7 +40,9 @@ an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.del
 ``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
 cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L),
 ``gint8`` / ``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each
-publish and download charged by its bytes) and ``kf<n>`` (``keyframe_every``); ``h<n>`` (this
+publish and download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node
+downloads the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
+(``keyframe_every``); ``h<n>`` (this
 arm's H; the link stays the one calibrated on the scale's H), ``jit<x>`` (every step's time times
 a log-normal factor of mean 1 and spread x), ``mx`` (the master on a fifth machine instead of
 worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and, for arm a only, ``b<n>`` (its batch at
@@ -600,8 +602,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": args.jobs,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "host": host_cpu(),
     }
+    for result in results:  # a merge of several runs keeps each result's host
+        result.setdefault("host", extra["host"])
     return report_of(results, asdict(scale), extra)
+
+
+def host_cpu() -> dict[str, Any]:
+    """The CPU that made the losses (issue 54): Muon's bf16 matmuls round differently where
+    oneDNN has AMX, so a speedup is read against a ladder from the same kind of CPU. The ISA
+    and the kernel oneDNN picks for a bf16 matmul are what its verbose mode prints, from a
+    subprocess with this environment (``ONEDNN_MAX_CPU_ISA`` pins it); None where oneDNN does
+    not run bf16 matmuls (a CPU without AVX-512, or pinned below it)."""
+    probe = "import torch; x = torch.ones(64, 64, dtype=torch.bfloat16); x @ x"
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    lines = [line for line in out.splitlines() if line.startswith("onednn_verbose")]
+    isa = next((line.split("isa:", 1)[1] for line in lines if ",cpu,isa:" in line), None)
+    fields = [line.split(",") for line in lines]
+    matmul = next((f[6] for f in fields if f[3:6] == ["exec", "cpu", "matmul"]), None)
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_isa": isa,
+        "onednn_bf16_matmul": matmul,
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "cpu_model": cpu_model(),
+    }
+
+
+def cpu_model() -> str | None:
+    """``model name`` from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or None
 
 
 if __name__ == "__main__":

@@ -29,6 +29,14 @@ same seconds for the same link):
 * **worker poll** every f L; a newer global takes f/2 L to download before the plug-in sees it
   in ``fetcher.ready``. ``install: eager`` installs it after the next optimizer step;
   ``boundary`` at the next boundary.
+* **deltas** (``gdeltas``, issue 54: ``distributed.global_dtype: deltas``): no weights are
+  published per round. The master's publish is a round record (``RECORD_BYTES``), plus the fp32
+  weights as a keyframe every ``keyframe_every`` outer steps and at the run's last round; a
+  node's download of a newer global is the deltas of every round it lacks that are not its own
+  (each an ``encoding`` delta's bytes, on its downlink, after the record lands: no prefetch, and
+  worker 0 downloads them although its master read them), and it never downloads a keyframe.
+  The global each node installs is the master's exact fp32 result, as every node applies the
+  round with the master's arithmetic; the product's code runs with ``global_dtype: fp32``.
 * **sync_wait_s** (blocking synchronous DiLoCo): at a boundary the worker idles until its upload
   has landed and a global naming its delta is downloaded, polling every
   ``min(poll, 1 s)`` as ``WorkerPlugin._wait_for_own_round`` does (one step is 0.3 s here, the
@@ -71,6 +79,7 @@ from speedtronic.runtime import build_runtime
 
 SYNC_PACE_S = 1.0  # WorkerPlugin._wait_for_own_round polls every min(poll_interval, 1 s)
 MAX_TIME_S = 1e7  # a simulation past this has a bug (e.g. a quorum that never comes)
+RECORD_BYTES = 1024  # gdeltas: a round record (deltas, hashes, coefficients, weights' sha256)
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,9 @@ class LatentTransport:
         self.last_publish_delay = 0.0
         self.delta_bytes_read = 0  # by the master: charged over its downlink
         self.keyframes: list[tuple[str, bytes]] = []  # the master's, landing with its publish
+        self.keyframe_every = 0  # gdeltas: publishes carry a record, weights only as keyframes
+        self.final = False  # the run's last round: a keyframe in gdeltas
+        self.bytes_published = 0  # over the master's uplink
         self._in_air: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
 
@@ -208,6 +220,11 @@ class LatentTransport:
     def publish(self, weights: bytes, step_count: dict[str, Any], consumed: list[str]) -> None:
         keyframes, self.keyframes = self.keyframes, []
         sent = len(weights) + sum(len(data) for _, data in keyframes)
+        if self.keyframe_every:  # gdeltas: the record; the weights when a keyframe is due
+            step = step_count["outer_step"]
+            keyframe = self.final or step % self.keyframe_every == 0
+            sent = RECORD_BYTES + (len(weights) if keyframe else 0)
+        self.bytes_published += sent
         self.publish_s = self.latency.publish_time(sent) if self.latency else self.publish_s
 
         def land() -> None:
@@ -415,6 +432,7 @@ class SimNode:
     finished: bool = False
     jitter: float = 0.0  # log-normal spread of a step's time (``jit<x>``)
     rng: random.Random | None = None  # draws the jitter
+    bytes_down: int = 0  # what its downloads of newer globals were charged
 
     def next_step_s(self) -> float:
         """This step's time: ``step_s``, times a log-normal factor of mean 1 with jitter."""
@@ -442,6 +460,8 @@ class Simulation:
     log: Any = None  # the plug-ins' Log
     master_node: int | None = 0  # the worker whose machine (and uplink) the master shares
     uplink_free_at: float = 0.0  # that shared uplink is busy until then
+    replay_bytes: int = 0  # gdeltas: one delta's bytes, which nodes download per other delta
+    rounds: dict[int, list[str]] = field(default_factory=dict)  # outer step -> its deltas' nodes
     _poll_bytes: int = 0  # delta bytes the master had read when its current poll began
     _events: list = field(default_factory=list)
     _order: Any = field(default_factory=itertools.count)
@@ -537,12 +557,26 @@ class Simulation:
     def _master(self, now: float, _: int) -> None:
         self._poll_bytes = self.transport.delta_bytes_read
         result = self.loop.poll_once()
+        self._record(result)
         if result is None:
             self.at(now + self._read_s() + self.latency.poll_s, MASTER)
             return
         landed = now + self.transport.last_publish_delay  # busy reading and publishing till then
         self.at(landed, LANDED)
         self.at(landed + self.latency.poll_s, MASTER)
+
+    def _record(self, result: Any) -> None:
+        """The nodes whose deltas make the round's outer step (gdeltas downloads them)."""
+        if result is not None:
+            nodes = [identity.split("/")[0] for identity in result.included]
+            self.rounds[result.outer_step] = nodes
+
+    def replay_bytes_for(self, node_id: str, held: int, new: int) -> int:
+        """gdeltas: the bytes a node holding outer step ``held`` downloads to apply the rounds
+        up to ``new`` itself: every delta of those rounds that is not its own."""
+        steps = range(held + 1, new + 1)
+        others = sum(n != node_id for s in steps for n in self.rounds.get(s, []))
+        return others * self.replay_bytes
 
     def _read_s(self) -> float:
         """The time the deltas read in this poll took to download."""
@@ -581,8 +615,14 @@ class Simulation:
         fetcher.refresh()
         if fetcher.ready is before:
             return None
+        nbytes = fetcher.status.counters["bytes_down"] - counted
+        if self.replay_bytes:
+            held = max(fetcher.installed_step, before.outer_step if before else -1)
+            node_id = node.plugin.config.node_id
+            nbytes = self.replay_bytes_for(node_id, held, fetcher.ready.outer_step)
+        node.bytes_down += nbytes
         node.downloading, fetcher.ready = fetcher.ready, before  # not there before the download
-        took = self.latency.download_time(fetcher.status.counters["bytes_down"] - counted)
+        took = self.latency.download_time(nbytes)
         self.at(now + took, done, i)
         return took
 
@@ -635,7 +675,8 @@ class Simulation:
                 self._finish(end, node, -1)
         self.clock.now = self.transport.land(everything=True)
         self._poll_bytes = self.transport.delta_bytes_read
-        self.loop.poll_once(force=True)
+        self.transport.final = True
+        self._record(self.loop.poll_once(force=True))
         self.clock.now += self.transport.last_publish_delay
         self.transport.land(everything=True)
         return self.clock.now
@@ -704,7 +745,7 @@ class Arm:
     encoding: str = "bf16"  # distributed.delta_dtype
     feedback: bool = True  # distributed.error_feedback
     bandwidth: bool = False  # latency from bytes over a link (``Link``), f = a bf16 delta's
-    global_dtype: str = "fp32"  # distributed.global_dtype (``gint8``, ``gint4``)
+    global_dtype: str = "fp32"  # distributed.global_dtype (``gint8``, ``gint4``, ``gdeltas``)
     keyframe_every: int = 10  # distributed.keyframe_every (``kf<n>``)
     master_apart: bool = False  # ``mx``: the master on a fifth machine, not worker 0's
     jitter: float = 0.0  # ``jit<x>``: log-normal spread of every step's time
@@ -733,7 +774,7 @@ FLAGS = {
     "bw": {"bandwidth": True},
     "mx": {"master_apart": True},
     **{encoding: {"encoding": encoding} for encoding in ("fp32", "bf16", "int8", "int4", "int2")},
-    **{f"g{dtype}": {"global_dtype": dtype} for dtype in ("int8", "int4")},
+    **{f"g{dtype}": {"global_dtype": dtype} for dtype in ("int8", "int4", "deltas")},
 }
 # Muon as the inner optimizer (issue 30): the settings time_to_quality.py chose at the 0.43M
 # size, and what a step costs over an AdamW step at this benchmark's batch (8 x 64 tokens),
@@ -748,10 +789,12 @@ def parse_arm(name: str) -> Arm:
     ``naive`` (outer policy), ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``, an encoding
     (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``), ``noef`` (no error feedback), ``bw``
     (latency from bytes over a link: ``link_latency``), ``gint8`` / ``gint4`` (the global as an
-    update on a keyframe: ``global_dtype``), ``kf<n>`` (``keyframe_every``), ``mx`` (the
-    master on a machine of its own), ``jit<x>`` (jittery steps), ``h<n>`` (H), ``s<n>`` (T in
-    AdamW steps; arm a: evaluated at its end only, a rung of the speedup's ladder) and, for arm
-    a only, ``b<n>`` (its batch at the same step time: data parallel with a free all-reduce)."""
+    update on a keyframe: ``global_dtype``), ``gdeltas`` (no global published: each node
+    applies the round from the others' deltas, issue 54), ``kf<n>`` (``keyframe_every``),
+    ``mx`` (the master on a machine of its own), ``jit<x>`` (jittery steps), ``h<n>`` (H),
+    ``s<n>`` (T in AdamW steps; arm a: evaluated at its end only, a rung of the speedup's
+    ladder) and, for arm a only, ``b<n>`` (its batch at the same step time: data parallel with
+    a free all-reduce)."""
     head, *mods = name.split("_")
     values: dict[str, Any] = {"policy": {}}
     if "muon" in mods:
@@ -1009,7 +1052,7 @@ class Job:
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait
             delta_dtype=arm.encoding,
             error_feedback=arm.feedback,
-            global_dtype=arm.global_dtype,
+            global_dtype="fp32" if arm.global_dtype == "deltas" else arm.global_dtype,
             keyframe_every=arm.keyframe_every,
             upload_timeout_s=1.0,
             install=arm.install,
@@ -1022,6 +1065,7 @@ class Job:
         )  # fmt: skip
         loop.start()  # publishes the initial global (outer step 0), landed at once
         transport.land(everything=True)
+        transport.bytes_published = 0  # the initial global: before the run's clock starts
         nodes = []
         for i, runtime in enumerate(runtimes):
             node_settings = SimpleNamespace(
@@ -1037,6 +1081,9 @@ class Job:
         until = scale.until_s if arm.budget == "time" else None
         sim = Simulation(nodes, loop, transport, clock, latency, arm.sync, until, on_publish, log)
         sim.master_node = None if arm.master_apart else 0
+        if arm.global_dtype == "deltas":
+            transport.keyframe_every = arm.keyframe_every
+            sim.replay_bytes = latency.link.delta_bytes if latency.link else 1
         return sim, nodes, loop
 
     def _diloco(self) -> dict[str, Any]:
@@ -1088,13 +1135,17 @@ class Job:
             "bytes_up_per_round": sum(n.plugin.counters["bytes_up"] for n in nodes)
             / len(nodes)
             / max(1, len(rounds)),
-            "bytes_down_per_round": sum(n.plugin.counters["bytes_down"] for n in nodes)
+            "bytes_down_per_round": sum(
+                n.bytes_down if sim.replay_bytes else n.plugin.counters["bytes_down"] for n in nodes
+            )
             / len(nodes)
             / max(1, len(rounds)),
             "upload_s": sim.latency.upload_s,
             "download_s": sim.latency.download_s,
             "publish_s": sim.latency.publish_s,
             "encoding": self.arm.encoding,
+            "global_dtype": self.arm.global_dtype,
+            "master_bytes_up_per_round": sim.transport.bytes_published / max(1, len(rounds)),
             "bytes_per_worker": sum(
                 n.plugin.counters["bytes_up"] + n.plugin.counters["bytes_down"] for n in nodes
             )

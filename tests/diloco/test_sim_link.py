@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -173,3 +174,65 @@ def test_jitter_draws_a_steps_time_around_its_mean():
     draws = [jittery.next_step_s() for _ in range(4000)]
     assert statistics.mean(draws) == pytest.approx(0.3, rel=0.03)
     assert statistics.pstdev(draws) == pytest.approx(0.3 * 0.3, rel=0.15)
+
+
+# ---------------------------------------------------- issue 54: the round without a publish
+
+
+def test_gdeltas_names_the_mode_and_keeps_the_keyframe_cadence():
+    arm = sim.parse_arm("c_f0.25_eager_keep_muon_bw_int2_gdeltas_h10_lr1.5_kf5")
+    assert (arm.global_dtype, arm.keyframe_every, arm.inner_steps) == ("deltas", 5, 10)
+
+
+def test_gdeltas_publishes_a_record_and_the_weights_only_as_a_keyframe(tmp_path):
+    from speedtronic.distributed.transport import LocalTransport
+
+    transport = sim.LatentTransport(LocalTransport(tmp_path / "repo"), sim.SimClock())
+    scale = sim.Scale()
+    transport.latency = sim.link_latency(sim.parse_arm("c_f0.25_bw_int2_gdeltas"), scale, PARAMS)
+    transport.keyframe_every = 10
+    weights = b"w" * 4000  # the exact fp32 weights the product hands its publish
+    sent = []
+    for step in (9, 10, 11):
+        transport.publish(weights, {"outer_step": step, "format": 1}, [])
+        sent.append(transport.publish_s)
+    record = transport.latency.publish_time(sim.RECORD_BYTES)
+    keyframe = transport.latency.publish_time(sim.RECORD_BYTES + 4000)
+    assert sent == pytest.approx([record, keyframe, record])
+    transport.final = True  # the run's last round is a keyframe whatever its step
+    transport.publish(weights, {"outer_step": 12, "format": 1}, [])
+    assert transport.publish_s == pytest.approx(keyframe)
+    assert transport.bytes_published == 4 * sim.RECORD_BYTES + 2 * 4000
+
+
+def test_gdeltas_a_node_downloads_the_other_nodes_deltas_of_each_round_it_lacks(tmp_path):
+    simulation, _, _ = make_simulation(tmp_path, 0)
+    simulation.replay_bytes = 100
+    simulation.rounds = {1: ["w0", "w1", "w2", "w3"], 2: ["w1", "w2"], 3: ["w0"]}
+    assert simulation.replay_bytes_for("w0", 0, 1) == 300  # not its own
+    assert simulation.replay_bytes_for("w0", 0, 3) == 500  # rounds 1-3 replayed
+    assert simulation.replay_bytes_for("w1", 1, 3) == 200
+    assert simulation.replay_bytes_for("w0", 2, 3) == 0  # only its own delta: nothing to fetch
+    simulation._record(SimpleNamespace(outer_step=4, included=["w2/7/ab", "w3/5/cd"]))
+    assert simulation.rounds[4] == ["w2", "w3"]
+
+
+@pytest.mark.slow  # three small fleets: ~15 s alone, a minute on a loaded machine
+def test_a_gdeltas_fleet_downloads_whole_deltas_and_its_master_sends_less(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 400)
+    scale = sim.Scale(steps=8, inner_steps=2, warmup=2, eval_every=2, eval_batch=4,
+                      eval_batches=1, **sim.DRY)  # fmt: skip
+    results = {}
+    for mode in ("gint8", "gdeltas"):
+        arm = sim.parse_arm(f"c_f0.25_eager_keep_bw_int2_{mode}")
+        results[mode] = sim.Job(arm, 0, scale, str(corpus), tmp_path / mode).run()
+    deltas, int8 = results["gdeltas"], results["gint8"]
+    assert deltas["status"] == "completed" and deltas["global_dtype"] == "deltas"
+    job = sim.Job(sim.parse_arm("c_f0.25_bw_int2"), 0, scale, str(corpus), tmp_path / "p")
+    params = sim.parameters_of(job._runtime(0, 1, "p").model)
+    one = sim.expected_delta_bytes(params, "int2")  # one delta's bytes, as the link charges
+    down = deltas["bytes_down_per_round"] * deltas["workers"] * deltas["rounds"]
+    assert 0 < down and round(down) % one == 0  # whole deltas, never weights
+    assert deltas["bytes_down_per_round"] <= 3 * one * 1.0001  # at most the 3 others a round
+    assert deltas["master_bytes_up_per_round"] < int8["master_bytes_up_per_round"]

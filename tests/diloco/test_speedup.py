@@ -62,3 +62,18 @@ def test_fleet_vs_sync_reads_ddps_and_the_fleets_speedup_in_steps_on_its_one_run
     assert found["ddp"] == {"x": 4.0, "relation": "="}
     assert found["fleet"] == {"x": pytest.approx(math.sqrt(2), abs=1e-3), "relation": "="}
     assert fleet_vs_sync.speedups({"one": {"loss": 2.0}, "fleet": {"loss": 1.9}}, scale) == {}
+
+
+def test_results_name_the_cpu_and_the_onednn_isa_that_made_their_losses(monkeypatch):
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import convergence
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # pinned below bf16 and AMX
+    host = convergence.host_cpu()
+    assert host["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert host["onednn_max_cpu_isa"] == "AVX512_CORE"
+    if host["onednn_isa"] is not None:  # oneDNN ran the bf16 matmul: the pin held
+        assert "AVX-512" in host["onednn_isa"] and "bfloat16" not in host["onednn_isa"]
+        assert "amx" not in host["onednn_bf16_matmul"]
