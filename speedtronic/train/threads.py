@@ -49,6 +49,8 @@ class CpuShareNotice:
     ``clock`` and ``cpu_time`` are injectable (tests); ``log`` takes the one-line message.
     """
 
+    name = "cpu_share"  # every plug-in has one (train/parallel picks plug-ins by it)
+
     def __init__(
         self,
         log: Callable[[str], None],

@@ -107,6 +107,9 @@ def test_run_threads_sets_torchs_threads_and_0_keeps_its_default(tiny, torch_thr
     runtime = build_runtime(tiny, console=False)
     assert torch.get_num_threads() == 2
     assert any(isinstance(p, CpuShareNotice) for p in runtime.trainer.plugins)
+    # every plug-in is named: train/parallel picks DDP's plug-ins by name (a nameless one
+    # failed every DDP run's start)
+    assert all(isinstance(p.name, str) for p in runtime.trainer.plugins)
 
 
 def test_run_threads_above_the_cores_is_refused_before_torch_crashes_on_it(tiny):
