@@ -31,7 +31,12 @@ class Spy:
 def fit(flush: bool) -> list[bool]:
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush subnormals (no SSE3)")
-    model, spy = TokenModel(), Spy()
+    return train_two_steps(Spy(), flush)
+
+
+def train_two_steps(spy, flush: bool) -> list:
+    """Two fp32 steps of a tiny model with ``spy`` as a plug-in; what it saw."""
+    model = TokenModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     precision = resolve_precision("fp32", torch.device("cpu"), print)
     options = TrainerOptions(max_steps=2, flush_denormal=flush, handle_signals=False)

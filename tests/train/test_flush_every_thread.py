@@ -16,10 +16,7 @@ import threading
 import pytest
 import torch
 
-from speedtronic.observe.metrics import MetricLogger
-from speedtronic.train.precision import resolve_precision
-from speedtronic.train.trainer import Trainer, TrainerOptions
-from tests.train.test_trainer import TokenModel, make_batches
+from tests.train.test_flush_denormal import train_two_steps
 
 THREADS = 2
 CHUNK = 1 << 16  # above torch's grain size (32768): each thread of the team gets a chunk
@@ -55,15 +52,7 @@ class Spy:
 
 
 def fit(flush: bool = True) -> list[list[bool]]:
-    model, spy = TokenModel(), Spy()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    precision = resolve_precision("fp32", torch.device("cpu"), print)
-    options = TrainerOptions(max_steps=2, flush_denormal=flush, handle_signals=False)
-    logger = MetricLogger(console=False)
-    Trainer(
-        model, optimizer, iter(make_batches(2, 2)), precision, options, None, logger, [spy]
-    ).fit()
-    return spy.seen
+    return train_two_steps(Spy(), flush)
 
 
 def on_fresh_thread(scenario):
