@@ -50,6 +50,7 @@ def build(plan: dict, parts: dict[str, list[dict]], sources: list[dict], counts:
         "sources": sources,
         "counts": counts,
         "plan": plan,
+        **({"chat": plan["chat"]} if plan.get("chat") else {}),
     }
 
 
@@ -105,6 +106,17 @@ def shards(folder: str | Path, doc: dict, part: str, key: str) -> list[tuple[Pat
             raise DataError(
                 f"{key}: shard {path} is {found}, the manifest says {size} bytes; the folder is "
                 "damaged: tokenize again"
+            )
+        mask = record.get("mask")
+        if doc.get("chat") and (
+            not isinstance(mask, str)
+            or mask != name[: -len(".bin")] + ".mask"
+            or not (folder / mask).is_file()
+            or (folder / mask).stat().st_size != tokens
+        ):
+            raise DataError(
+                f"{key}: the loss mask of shard {path} is missing or not {tokens} bytes; the "
+                "folder is damaged: tokenize again"
             )
         out.append((path, tokens))
     return out
