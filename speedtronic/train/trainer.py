@@ -45,6 +45,7 @@ class TrainResult:
     skipped_steps: int = 0
     checkpoint: str | None = None  # the last checkpoint written, if any
     tokens_per_s: float = 0.0  # over the steps trained by this call (not a resumed total)
+    trained_tokens: int = 0  # labels learned from (not -100): fewer than tokens in an SFT run
     unsent: bool = False  # a DiLoCo node's deltas wait in its checkpoint: --resume sends them
     failure: str | None = None  # a DiLoCo node that took no part in its run: exit 1, this line
     summary: dict | None = None  # the run's summary.json document (observe/summary.py)
@@ -94,6 +95,7 @@ class Trainer:
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.clip = GradClip(optimizer, self.scaler is not None, _on_gpu(precision.device))
         self.step = self.tokens = self.samples = 0
+        self.trained_tokens = 0  # labels that were not -100 (a chat run's assistant tokens)
         self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
         self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
         self.skipped_steps = 0
@@ -153,6 +155,7 @@ class Trainer:
     def train_step(self, window: Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""
         window = window or Window()
+        tokens_before = self.tokens
         micro = self._next_micro_batches(window)
         try:
             loss, grad_norm, labelled = self._forward_backward(micro)
@@ -167,7 +170,10 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm, labelled = self._forward_backward(micro)
         self._compiled_ok = True  # later failures are real errors, not compile trouble
-        self._apply_update(loss, grad_norm, labelled)
+        trained = self._apply_update(loss, grad_norm, labelled)
+        trained = self.tokens - tokens_before if trained is None else trained
+        self.trained_tokens += trained
+        window.trained_tokens += trained
         self._loss = loss
         self.step += 1
         window.steps += 1
@@ -218,11 +224,12 @@ class Trainer:
         labelled = torch.stack(counts).sum() if counts is not None else None
         return total, grad_norm, labelled
 
-    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> None:
-        # The one host read per optimizer step: weights must never see a non-finite update,
-        # nor one from a step whose labels are all ignored (its loss reads 0.0).
-        loss_ok, norm_ok, learnable = _read_checks(loss, grad_norm, labelled)
-        if not learnable:
+    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> Any:
+        """The update; the step's count of labels learned from (every rank's), None if unknown.
+        The one host read per optimizer step: weights must never see a non-finite update,
+        nor one from a step whose labels are all ignored (its loss reads 0.0)."""
+        loss_ok, norm_ok, count = _read_checks(loss, grad_norm, labelled)
+        if count is not None and count <= 0:
             self.optimizer.zero_grad(set_to_none=True)  # no half-finished step left behind
             raise TrainingError(
                 f"step {self.step + 1}: every label is {IGNORE_INDEX} (ignored), nothing to "
@@ -241,6 +248,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
+        return None if count is None else int(count)
 
     def _skip_nonfinite(self, loss: torch.Tensor) -> None:
         self.skipped_steps += 1
@@ -288,6 +296,7 @@ class Trainer:
         return {
             "step": self.step,
             "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
             "samples": self.samples,
             "last_loss": self.current_loss(),
             "skipped_steps": self.skipped_steps,
@@ -301,6 +310,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens, self.samples = state["step"], state["tokens"], state["samples"]
+        self.trained_tokens = state.get("trained_tokens", self.tokens)  # older: every label
         self.last_loss, self.skipped_steps = state["last_loss"], state["skipped_steps"]
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
@@ -321,6 +331,7 @@ def _train_result(trainer: Trainer, start: float, start_tokens: int, status: str
         steps=trainer.step,
         final_loss=trainer.current_loss(),
         tokens=trainer.tokens,
+        trained_tokens=trainer.trained_tokens,
         samples=trainer.samples,
         elapsed_s=elapsed,
         tokens_per_s=(trainer.tokens - start_tokens) / elapsed if elapsed > 0 else 0.0,
@@ -416,12 +427,13 @@ def extract_loss(output: Any) -> torch.Tensor:
     return output.reshape(())
 
 
-def _read_checks(loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> list[bool]:
-    """[loss finite, grad norm finite, any label to learn from] in a single device read."""
+def _read_checks(loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> tuple:
+    """(loss finite, grad norm finite, labels to learn from or None) in a single device read."""
     device = loss.device  # everything stays on it until the one .tolist()
-    any_label = labelled > 0 if labelled is not None else torch.ones((), device=device) > 0
-    checks = [torch.isfinite(loss), torch.isfinite(grad_norm), any_label]
-    return torch.stack([c.to(device) for c in checks]).tolist()
+    count = labelled if labelled is not None else torch.full((), -1, device=device)
+    checks = [torch.isfinite(loss), torch.isfinite(grad_norm), count]
+    loss_ok, norm_ok, n = torch.stack([c.to(device, torch.int64) for c in checks]).tolist()
+    return bool(loss_ok), bool(norm_ok), None if labelled is None else n
 
 
 def labels_of(batch: Any) -> torch.Tensor | None:

@@ -60,7 +60,8 @@ def find_template(folder: Path) -> tuple[str, dict[str, str], str]:
     specials = {k: _content(config.get(k)) for k in SPECIAL_KEYS if _content(config.get(k))}
     jinja = folder / TEMPLATE_FILE
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8"), specials, str(jinja)
+        # bytes decoded as import reads them (no newline translation): the same sha256
+        return jinja.read_bytes().decode("utf-8", "replace"), specials, str(jinja)
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):  # named templates (transformers 4): the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
