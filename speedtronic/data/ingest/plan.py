@@ -111,6 +111,29 @@ def check_request(request: Request) -> None:
             "--val-fraction: a flat .bin output has no place for a validation part; name an "
             "output folder instead (without .bin)"
         )
+    if request.chat:
+        _check_chat(request)
+
+
+def _check_chat(request: Request) -> None:
+    from speedtronic.data.ingest.chat import TRAIN_ON
+
+    if request.seq_len is None or request.seq_len < 1:
+        got = "" if request.seq_len is None else f" (got {request.seq_len})"
+        raise DataError(
+            f"--chat: needs --seq-len N, the context the model trains at{got}: each conversation "
+            "fills one example of N tokens, cut at a turn that fits"
+        )
+    if request.train_on not in TRAIN_ON:
+        raise DataError(f"--train-on: must be assistant or all (got {request.train_on!r})")
+    if request.flat:
+        raise DataError("--chat: a flat .bin output has no place for the loss mask; name a folder")
+    if request.tokenizer == "byte" or spec.is_hub(request.tokenizer):
+        raise DataError(
+            f"--chat: --tokenizer {request.tokenizer} has no chat template here; name the "
+            "model's tokenizer folder (an imported run, or a folder with tokenizer.json and "
+            "tokenizer_config.json)"
+        )
 
 
 def resolve(request: Request, folder: Path, avoid: tuple[str, ...] = ()) -> Plan:
