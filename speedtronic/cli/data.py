@@ -175,9 +175,11 @@ def _report(report: dict, elapsed: float, output_format: OutputFormat) -> None:
     )
     chat = report.get("chat")
     if chat:
+        fill = chat["chat_tokens"] / max(1, report["tokens"])
         print(
             f"chat: {chat['conversations']:,} conversations ({chat['trained_tokens']:,} tokens "
-            f"trained on), {chat['cut']:,} cut at a turn to fit, {chat['dropped']:,} dropped "
+            f"trained on; {fill:.0%} of the examples' tokens are conversation, the rest padding), "
+            f"{chat['cut']:,} cut at a turn to fit, {chat['dropped']:,} dropped "
             f"(first answer too long), {chat['no_assistant']:,} skipped (no assistant turn)"
         )
 

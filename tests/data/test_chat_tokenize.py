@@ -105,9 +105,12 @@ def test_a_long_conversation_is_cut_at_a_turn_or_dropped_and_both_are_counted(mo
     result = tokenize(tmp_path, rows, imported, "--seq-len", first + 2)  # the first turn fits
     assert result.exit_code == 0, result.stderr
     manifest, tokens, mask = read_back(tmp_path / "out")
-    assert manifest["counts"]["chat"] | {"trained_tokens": 0} == {
-        "conversations": 2, "cut": 1, "dropped": 0, "no_assistant": 0, "trained_tokens": 0
+    counts = manifest["counts"]["chat"]
+    assert counts | {"trained_tokens": 0} == {
+        "conversations": 2, "cut": 1, "dropped": 0, "no_assistant": 0, "trained_tokens": 0,
+        "chat_tokens": first + len(ids_of(tok, rows[1])),
     }  # fmt: skip
+    assert "cut at a turn to fit" in result.stdout
     assert tokens[0, :first].tolist() == ids_of(tok, two_turns[:2])
     dropped = tokenize(tmp_path, rows[:1], imported, "--seq-len", first - 2, name="short")
     assert dropped.exit_code == 2 and "1 whose first answer does not fit" in dropped.stderr
@@ -167,3 +170,32 @@ def test_a_tokenizer_without_a_template_names_its_file(tmp_path):
 def test_chat_needs_seq_len(model, tmp_path):
     result = tokenize(tmp_path, CONVERSATIONS[:1], model[1])
     assert_one_line_error(result, "--chat: needs --seq-len N")
+
+
+def test_an_interrupted_chat_tokenize_resumes_to_identical_shards_and_masks(model, tmp_path):
+    from speedtronic.data.ingest.pipeline import tokenize_corpus
+    from speedtronic.data.ingest.plan import Request
+
+    src = tmp_path / "chats"
+    src.mkdir()
+    for n in range(6):  # a file is a unit here: each one's end is a commit
+        write_jsonl(src / f"{n}.jsonl", CONVERSATIONS[n % 3 :] + CONVERSATIONS[: n % 3])
+    request = Request(
+        (str(src),), str(model[1]), shard_tokens=300, val_fraction=0.3, chat=True, seq_len=SEQ
+    )
+    tokenize_corpus(request, tmp_path / "straight", workers=1)
+    seen = []
+
+    def stop_after_a_while(snapshot):
+        seen.append(snapshot)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_corpus(request, tmp_path / "cut", workers=1, on_progress=stop_after_a_while)
+    tokenize_corpus(request, tmp_path / "cut", workers=1)
+    names = sorted(p.name for p in (tmp_path / "straight").iterdir())
+    assert any(n.endswith(".mask") for n in names) and "val_00000.mask" in names
+    assert names == sorted(p.name for p in (tmp_path / "cut").iterdir())
+    for name in names:
+        assert (tmp_path / "straight" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes()

@@ -37,7 +37,7 @@ from speedtronic.errors import DataError
 TEMPLATE_FILE = "chat_template.jinja"
 TRAIN_ON = ("assistant", "all")
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
-COUNTS = ("conversations", "cut", "dropped", "no_assistant", "trained_tokens")
+COUNTS = ("conversations", "cut", "dropped", "no_assistant", "trained_tokens", "chat_tokens")
 
 
 def tokenizer_folder(path: Path) -> Path:
@@ -221,7 +221,7 @@ def encode_unit(convo: Conversations, encoder: Any, rows: list, skipped: int) ->
     each, split into train and val by the held-out rule on the rendered text."""
     from speedtronic.data.ingest.encode import Encoded, held_out
 
-    counts = dict.fromkeys(COUNTS, 0)
+    counts, sizes = dict.fromkeys(COUNTS, 0), []
     kept: list[tuple[bool, list[int], list[int]]] = []
     for where, messages in rows:
         found = convo.encode(messages, where)
@@ -231,8 +231,11 @@ def encode_unit(convo: Conversations, encoder: Any, rows: list, skipped: int) ->
         text, ids, mask = found
         counts["cut"] += convo.last_cut
         counts["trained_tokens"] += sum(mask)
+        counts["chat_tokens"] += len(ids)  # the rest of its slot is padding
+        sizes.append(len(ids))
         kept.append((held_out(text, encoder.val_fraction), ids, mask))
     counts["conversations"] = len(kept)
+    counts["sizes"] = sizes  # each kept conversation's tokens: a --max-tokens cap sums its own
     parts = []
     for val in (False, True):
         chosen = [(ids, mask) for flag, ids, mask in kept if flag == val]

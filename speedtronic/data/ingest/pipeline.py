@@ -285,7 +285,8 @@ class _Run:
                         result.val_mask)  # fmt: skip
         self.writer.end_unit()
         for key, value in (result.chat or {}).items():
-            self.chat[key] += value
+            if key in self.chat:  # not "sizes": per conversation, for the cap only
+                self.chat[key] += value
         cur = self.current
         cur["documents"] += result.documents
         cur["tokens"] += int(result.train.size + result.val.size)
@@ -325,7 +326,8 @@ class _Run:
         masks = [m if m is None else m[:n] for m, n in ((result.train_mask, train_n),
                                                           (result.val_mask, val_n))]  # fmt: skip
         chat = result.chat and {**result.chat, "conversations": keep,
-                                "trained_tokens": int(sum(m.sum() for m in masks))}  # fmt: skip
+                                "trained_tokens": int(sum(m.sum() for m in masks)),
+                                "chat_tokens": sum(result.chat["sizes"][:keep])}  # fmt: skip
         return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes, *masks, chat)
 
     def _end_file(self, index: int, digest) -> None:
