@@ -94,8 +94,7 @@ class Trainer:
         self.scaler = precision.grad_scaler()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.clip = GradClip(optimizer, self.scaler is not None, _on_gpu(precision.device))
-        self.step = self.tokens = self.samples = 0
-        self.trained_tokens = 0  # labels that were not -100 (a chat run's assistant tokens)
+        self.step = self.tokens = self.samples = self.trained_tokens = 0  # trained: not -100
         self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
         self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
         self.skipped_steps = 0
@@ -155,7 +154,6 @@ class Trainer:
     def train_step(self, window: Window | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accumulation_steps`` micro-batches; returns device tensors."""
         window = window or Window()
-        tokens_before = self.tokens
         micro = self._next_micro_batches(window)
         try:
             loss, grad_norm, labelled = self._forward_backward(micro)
@@ -170,10 +168,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm, labelled = self._forward_backward(micro)
         self._compiled_ok = True  # later failures are real errors, not compile trouble
-        trained = self._apply_update(loss, grad_norm, labelled)
-        trained = self.tokens - tokens_before if trained is None else trained
-        self.trained_tokens += trained
-        window.trained_tokens += trained
+        _tally(self, window, self._apply_update(loss, grad_norm, labelled), micro)
         self._loss = loss
         self.step += 1
         window.steps += 1
@@ -186,7 +181,7 @@ class Trainer:
             batch = next(self.data)
             window.wait += time.perf_counter() - t0
             samples, tokens = batch_size_of(batch)
-            self._refuse_empty(tokens, labels_of(batch))
+            _refuse_empty(self.step, tokens, labels_of(batch))
             samples, tokens = samples * self.world, tokens * self.world
             window.samples += samples
             window.tokens += tokens
@@ -194,11 +189,6 @@ class Trainer:
             self.tokens += tokens
             micro.append(batch)
         return micro
-
-    def _refuse_empty(self, tokens: int, labels: Any) -> None:
-        # From shapes on the host, no device read: an empty batch would train at loss 0.0.
-        if tokens == 0 or (isinstance(labels, torch.Tensor) and labels.numel() == 0):
-            raise TrainingError(f"step {self.step + 1}: the data yielded an empty micro-batch")
 
     def _forward_backward(self, micro: list[Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Loss, gradient norm, and the count of labels to learn from (None: not countable)."""
@@ -225,9 +215,8 @@ class Trainer:
         return total, grad_norm, labelled
 
     def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> Any:
-        """The update; the step's count of labels learned from (every rank's), None if unknown.
-        The one host read per optimizer step: weights must never see a non-finite update,
-        nor one from a step whose labels are all ignored (its loss reads 0.0)."""
+        # The one host read per optimizer step (it returns the labels learned from): weights
+        # must never see a non-finite update, nor one whose labels are all ignored (loss 0.0).
         loss_ok, norm_ok, count = _read_checks(loss, grad_norm, labelled)
         if count is not None and count <= 0:
             self.optimizer.zero_grad(set_to_none=True)  # no half-finished step left behind
@@ -323,6 +312,21 @@ class Trainer:
         for plugin in self.plugins:
             if hasattr(plugin, "load_state_dict") and plugin.name in state["plugins"]:
                 plugin.load_state_dict(state["plugins"][plugin.name])
+
+
+def _refuse_empty(step: int, tokens: int, labels: Any) -> None:
+    # From shapes on the host, no device read: an empty batch would train at loss 0.0.
+    if tokens == 0 or (isinstance(labels, torch.Tensor) and labels.numel() == 0):
+        raise TrainingError(f"step {step + 1}: the data yielded an empty micro-batch")
+
+
+def _tally(trainer: Trainer, window: Window, count: int | None, micro: list[Any]) -> None:
+    """Add a step's labels learned from (``count``: every rank's; None: not countable, so
+    every token) to the run's and the log window's counts."""
+    if count is None:
+        count = sum(batch_size_of(b)[1] for b in micro) * trainer.world
+    trainer.trained_tokens += count
+    window.trained_tokens += count
 
 
 def _train_result(trainer: Trainer, start: float, start_tokens: int, status: str) -> TrainResult:

@@ -199,3 +199,13 @@ def test_an_interrupted_chat_tokenize_resumes_to_identical_shards_and_masks(mode
     assert names == sorted(p.name for p in (tmp_path / "cut").iterdir())
     for name in names:
         assert (tmp_path / "straight" / name).read_bytes() == (tmp_path / "cut" / name).read_bytes()
+
+
+def test_max_tokens_stops_at_the_conversation_that_reaches_it(model, tmp_path):
+    result = tokenize(tmp_path, CONVERSATIONS, model[1], "--seq-len", SEQ, "--max-tokens", SEQ)
+    assert result.exit_code == 0, result.stderr
+    manifest, tokens, mask = read_back(tmp_path / "out")
+    counts = manifest["counts"]["chat"]
+    assert len(tokens) == counts["conversations"] == 1 and manifest["counts"]["capped"]
+    assert counts["trained_tokens"] == int(mask.sum()) > 0
+    assert counts["chat_tokens"] == int((tokens != 2).sum())

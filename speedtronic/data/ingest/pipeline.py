@@ -309,26 +309,10 @@ class _Run:
         if cap is None:
             return result
         room = cap - self.writer.parts["train"].tokens - self.writer.parts["val"].tokens
-        total = int(result.lengths.sum())
-        if total < room:
+        if int(result.lengths.sum()) < room:
             return result
         self.capped = True
-        ends = np.cumsum(result.lengths)
-        keep = int(np.searchsorted(ends, room)) + 1  # up to the document that reaches the cap
-        flags, lengths = result.is_val[:keep], result.lengths[:keep]
-        train_n, val_n = int(lengths[~flags].sum()), int(lengths[flags].sum())
-        docs = (int((~flags).sum()), int(flags.sum()))  # documents, or a text file's segments
-        if result.documents != len(result.lengths):  # text: the one document, if it started here
-            docs = (result.train_documents, result.val_documents)
-        kept = result.train[:train_n], result.val[:val_n]
-        top = max((int(a.max()) for a in kept if a.size), default=-1)
-        nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
-        masks = [m if m is None else m[:n] for m, n in ((result.train_mask, train_n),
-                                                          (result.val_mask, val_n))]  # fmt: skip
-        chat = result.chat and {**result.chat, "conversations": keep,
-                                "trained_tokens": int(sum(m.sum() for m in masks)),
-                                "chat_tokens": sum(result.chat["sizes"][:keep])}  # fmt: skip
-        return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes, *masks, chat)
+        return up_to(result, room)
 
     def _end_file(self, index: int, digest) -> None:
         file = self.plan.inputs[index]
@@ -431,6 +415,26 @@ class _Run:
             "vocab_size": self.plan.vocab_size,
             **({"chat": self.chat} if self.chat else {}),
         }
+
+
+def up_to(result: Encoded, room: int) -> Encoded:
+    """``result`` up to the end of the document that reaches ``room`` tokens."""
+    ends = np.cumsum(result.lengths)
+    keep = int(np.searchsorted(ends, room)) + 1
+    flags, lengths = result.is_val[:keep], result.lengths[:keep]
+    train_n, val_n = int(lengths[~flags].sum()), int(lengths[flags].sum())
+    docs = (int((~flags).sum()), int(flags.sum()))  # documents, or a text file's segments
+    if result.documents != len(result.lengths):  # text: the one document, if it started here
+        docs = (result.train_documents, result.val_documents)
+    kept = result.train[:train_n], result.val[:val_n]
+    top = max((int(a.max()) for a in kept if a.size), default=-1)
+    nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
+    masks = [m if m is None else m[:n] for m, n in ((result.train_mask, train_n),
+                                                      (result.val_mask, val_n))]  # fmt: skip
+    chat = result.chat and {**result.chat, "conversations": keep,
+                            "trained_tokens": int(sum(m.sum() for m in masks)),
+                            "chat_tokens": sum(result.chat["sizes"][:keep])}  # fmt: skip
+    return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes, *masks, chat)
 
 
 def _fresh_chat() -> dict:
