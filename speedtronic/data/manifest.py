@@ -6,7 +6,10 @@ sha256; the folder keeps a copy as ``tokenizer.json``), the document separator, 
 rule, every shard per part (``train``, ``val``: file, tokens, sha256, and ``bytes``: the UTF-8
 bytes of the text its tokens came from, separators excluded; absent in folders written before
 it was counted), every source (name, size, sha256, documents, tokens) and the counts. A folder
-without it is not a finished tokenize.
+without it is not a finished tokenize. A chat folder (``--chat``) adds ``chat``: its template
+(``chat_template.jinja``, sha256, where it came from), special tokens, ``seq_len``,
+``train_on`` and ``masking``; each shard record its loss mask (``mask``, ``mask_sha256``),
+which ``shards`` checks is there at one byte a token.
 
 ``read_manifest`` checks it and that each shard is there at its recorded size; ``shards``
 lists a part's files, ``text_bytes`` their bytes of text where recorded (bits per byte).

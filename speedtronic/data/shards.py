@@ -9,6 +9,11 @@ Every id is checked once against the model's vocabulary at start, as for a flat 
 the manifest records each shard's bytes of text, ``bytes_per_token`` turns an evaluation's loss
 into bits per byte (issue 53).
 
+``ChatShardBlocks`` reads a chat folder (``data tokenize --chat``): sample ``k`` is its
+``k``-th example of ``seq_len + 1`` tokens (one conversation, padded), the labels ``-100``
+where the mask beside the shard says a token is not trained on; ``data.seq_len`` must be the
+folder's.
+
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
 without one is an unfinished tokenize), every file it lists verified against its sha256

@@ -12,6 +12,10 @@ bytes:
   process decompresses (line by line, bounded) and hands workers ~``UNIT_BYTES`` of whole lines;
 - **Parquet**: one unit per row group, read by the worker (``arrow.ParquetText``).
 
+With ``--chat`` a row's field (``--messages-key``) is a conversation, a list of ``{role,
+content}`` objects (``json_conversations``; a Parquet list column), handed on with where it
+lies for the errors its rendering may raise (``chat``).
+
 Bad input is one ``DataError`` line naming the file: invalid UTF-8 with its byte offset (of the
 decompressed text for ``.gz`` / ``.zst``), a line that is not JSON or not an object (nested too
 deep for the parser included), a lone surrogate escape (``\\ud800``: no UTF-8 for it), a

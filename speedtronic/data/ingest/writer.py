@@ -13,6 +13,10 @@ byte-identical to a run never killed. The text bytes come with each unit's token
 tokens came from (bits per byte, issue 53); a journal written before they were counted leaves
 the open shard's unknown (None, and no ``bytes`` in its record).
 
+Chat data (``--chat``, ``data.ingest.chat``) has a loss mask beside each shard,
+``train_00000.mask``: one uint8 per token, written, hashed, synced, cut back on resume and
+closed with its shard (its record gains ``mask`` and ``mask_sha256``), so it resumes as exactly.
+
 A write that fails (a full disk, a quota, a file-size limit) is an ``OutputError`` naming the
 file (exit 1); the journal is left at its last commit, so a rerun after freeing space continues.
 """
