@@ -209,3 +209,21 @@ def test_max_tokens_stops_at_the_conversation_that_reaches_it(model, tmp_path):
     assert len(tokens) == counts["conversations"] == 1 and manifest["counts"]["capped"]
     assert counts["trained_tokens"] == int(mask.sum()) > 0
     assert counts["chat_tokens"] == int((tokens != 2).sum())
+
+
+def test_a_parquet_column_of_conversations_gives_the_jsonl_bytes(model, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    _, imported = model
+    table = pa.table({"id": [1, 2, 3], "conversation": CONVERSATIONS})
+    pq.write_table(table, tmp_path / "chats.parquet")
+    args = ("--tokenizer", imported, "--chat", "--seq-len", SEQ, "--workers", 1)
+    key = ("--messages-key", "conversation")
+    result = invoke("data", "tokenize", tmp_path / "chats.parquet", tmp_path / "pq", *args, *key)
+    assert result.exit_code == 0, result.stderr
+    assert tokenize(tmp_path, CONVERSATIONS, imported, "--seq-len", SEQ).exit_code == 0
+    for name in ("train_00000.bin", "train_00000.mask"):
+        assert (tmp_path / "pq" / name).read_bytes() == (tmp_path / "out" / name).read_bytes()
+    wrong = invoke("data", "tokenize", tmp_path / "chats.parquet", tmp_path / "x", *args)
+    assert_one_line_error(wrong, "chats.parquet: no column 'messages'", "--messages-key NAME")

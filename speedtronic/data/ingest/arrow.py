@@ -56,8 +56,9 @@ class ParquetText:
             ) from None
         if column not in schema.names:
             there = ", ".join(schema.names) or "none"
+            option = "--messages-key" if chat else "--column"
             raise DataError(
-                f"{name}: no column {column!r} (its columns: {there}); pass --column NAME"
+                f"{name}: no column {column!r} (its columns: {there}); pass {option} NAME"
             )
         kind = schema.field(column).type
         if chat and not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
