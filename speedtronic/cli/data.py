@@ -46,8 +46,9 @@ def tokenize(
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
-        help="'byte', a tokenizers JSON file, or one on the Hub "
-        "(hf://OWNER/MODEL/tokenizer.json). Default: the config's data.tokenizer, else byte.",
+        help="'byte', a tokenizers JSON file, a model's tokenizer folder (or an imported run, "
+        "its tokenizer/), or one on the Hub (hf://OWNER/MODEL/tokenizer.json). Default: the "
+        "config's data.tokenizer, else byte.",
     ),
     column: str = typer.Option(
         "text", "--column", help="The JSON Lines field or Parquet column holding each document."
