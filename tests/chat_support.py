@@ -36,13 +36,16 @@ CONVERSATIONS = [
 ]
 
 
-def tokenizer_dir(tmp: Path, template: str | None = TEMPLATE, name: str = "tok") -> Path:
-    """A tokenizers file with the chat specials, saved by transformers with ``template``."""
+def tokenizer_dir(
+    tmp: Path, template: str | None = TEMPLATE, name: str = "tok", extra: tuple = ()
+) -> Path:
+    """A tokenizers file with the chat specials (and ``extra`` ones: another tokenizer),
+    saved by transformers with ``template``."""
     import transformers
 
     folder = tmp / name
     folder.mkdir()
-    bpe = write_bpe(tmp, specials=SPECIALS)
+    bpe = write_bpe(tmp, specials=SPECIALS + extra)
     tok = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(bpe), bos_token="<bos>", eos_token="</s>", pad_token="<pad>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],

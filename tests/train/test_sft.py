@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from chat_support import CONVERSATIONS, chat_llama, tokenizer_dir, write_jsonl
+from chat_support import CONVERSATIONS, TEMPLATE, chat_llama, tokenizer_dir, write_jsonl
 from modelout_support import assert_one_line_error, invoke
 
 transformers = pytest.importorskip("transformers")
@@ -103,16 +103,28 @@ def test_a_fine_tune_counts_the_tokens_it_trained_on_and_scores_held_out_chats(c
     assert step["trained_tokens_per_s"] < step["tokens_per_s"]
 
 
-def test_a_chat_folder_of_another_template_is_refused(chat, tmp_path):
-    tmp, _, imported, _ = chat
-    other = tokenizer_dir(tmp_path, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+@pytest.mark.parametrize(
+    "template, extra, needles",
+    [
+        (
+            "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            (),
+            ("is rendered with the chat template of", "another chat template"),
+        ),
+        (TEMPLATE, ("<tool>",), ("is tokenized with tokenizer.json sha256", "was trained with")),
+    ],
+    ids=["template", "tokenizer"],
+)
+def test_a_chat_folder_of_another_template_or_tokenizer_is_refused(
+    template, extra, needles, chat, tmp_path
+):
+    _, _, imported, _ = chat
+    other = tokenizer_dir(tmp_path, template, extra=extra)
     source = write_jsonl(tmp_path / "chat.jsonl", ROWS)
     args = ("--tokenizer", other, "--chat", "--seq-len", SEQ, "--workers", 1)
     assert invoke("data", "tokenize", source, tmp_path / "data", *args).exit_code == 0
-    result = invoke(
-        "train", "-c", config(tmp_path, tmp_path / "data", "x"), "--init-from", imported
-    )
-    assert_one_line_error(result, "is rendered with the chat template of", "another chat template")
+    data = config(tmp_path, tmp_path / "data", "x")
+    assert_one_line_error(invoke("train", "-c", data, "--init-from", imported), *needles)
 
 
 def test_a_chat_folder_for_another_context_is_refused(chat):
