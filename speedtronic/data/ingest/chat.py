@@ -116,12 +116,9 @@ class Conversations:
     def __init__(self, setup: dict, template: str, impl: Any):
         self.compiled = compile_template(template, setup["template_from"])
         self.specials, self.impl = setup["specials"], impl
-        self.slot, self.train_on, self.pad_id = (
-            setup["seq_len"] + 1,
-            setup["train_on"],
-            setup["pad_id"],
-        )
-        self.where = ""
+        self.slot = setup["seq_len"] + 1  # the inputs, and the labels shifted by one
+        self.train_on, self.pad_id = setup["train_on"], setup["pad_id"]
+        self.where, self.last_cut = "", False  # the row being encoded; whether it was cut
 
     def render(self, messages: list, generation: bool) -> str:
         from jinja2 import TemplateError
