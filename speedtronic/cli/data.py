@@ -46,8 +46,9 @@ def tokenize(
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
-        help="'byte', a tokenizers JSON file, or one on the Hub "
-        "(hf://OWNER/MODEL/tokenizer.json). Default: the config's data.tokenizer, else byte.",
+        help="'byte', a tokenizers JSON file, a model's tokenizer folder (or an imported run, "
+        "its tokenizer/), or one on the Hub (hf://OWNER/MODEL/tokenizer.json). Default: the "
+        "config's data.tokenizer, else byte.",
     ),
     column: str = typer.Option(
         "text", "--column", help="The JSON Lines field or Parquet column holding each document."
@@ -93,6 +94,28 @@ def tokenize(
         help="Keep Hub downloads here and reuse them. Default: delete each source file once "
         "its tokens are written.",
     ),
+    chat: bool = typer.Option(
+        False,
+        "--chat",
+        help="The rows hold conversations ([{role, content}, ...]): render each with the "
+        "model's chat template (beside --tokenizer, a tokenizer folder or imported run) and "
+        "train only on the assistant's turns. Needs --seq-len.",
+    ),
+    messages_key: str = typer.Option(
+        "messages", "--messages-key", help="With --chat: the field or column of each conversation."
+    ),
+    seq_len: int | None = typer.Option(
+        None,
+        "--seq-len",
+        help="With --chat: the context the model trains at, in tokens. A conversation fills one "
+        "example; a longer one is cut after the last assistant turn that fits, or dropped.",
+    ),
+    train_on: str = typer.Option(
+        "assistant",
+        "--train-on",
+        help="With --chat: 'assistant' trains on the assistant turns (their end-of-turn token "
+        "included), 'all' on every token.",
+    ),
     text_suffix: list[str] = text_suffix_option(),
     config: Path | None = typer.Option(
         None, "--config", "-c", help="Take data.tokenizer from this config file."
@@ -113,6 +136,7 @@ def tokenize(
     request = Request(
         named, tokenizer or "byte", column, val_fraction, max_tokens, dtype,
         shard_tokens, separator, flat=out.endswith(".bin"), max_document_bytes=max_document_bytes,
+        chat=chat, messages_key=messages_key, seq_len=seq_len, train_on=train_on,
     )  # fmt: skip
     started = time.monotonic()
     with _Progress() as progress:
@@ -137,6 +161,8 @@ def _report(report: dict, elapsed: float, output_format: OutputFormat) -> None:
         doc.update(shards=shards, elapsed_s=round(elapsed, 3))
         fresh = elapsed and not report["already_done"]
         doc["tokens_per_s"] = round(report["tokens"] / elapsed, 1) if fresh else None
+        if report.get("chat"):
+            doc["chat"] = report["chat"]
         print(json_text(doc, indent=None))
         return
     out, flat = report["out"], report["out"].endswith(".bin")
@@ -148,6 +174,15 @@ def _report(report: dict, elapsed: float, output_format: OutputFormat) -> None:
         f"from {report['files']} file(s){split}) to {out}{where} (vocab {report['vocab_size']}); "
         f"train on it with data.token_path: {out}"
     )
+    chat = report.get("chat")
+    if chat:
+        fill = chat["chat_tokens"] / max(1, report["tokens"])
+        print(
+            f"chat: {chat['conversations']:,} conversations ({chat['trained_tokens']:,} tokens "
+            f"trained on; {fill:.0%} of the examples' tokens are conversation, the rest padding), "
+            f"{chat['cut']:,} cut at a turn to fit, {chat['dropped']:,} dropped "
+            f"(first answer too long), {chat['no_assistant']:,} skipped (no assistant turn)"
+        )
 
 
 class _Progress:

@@ -15,7 +15,7 @@ from speedtronic.cli.jsonout import json_text
 
 # Fields of the block, in order: everything in summary.json but the config and the curves.
 BLOCK_FIELDS = (
-    "name status error stop_reason started_at ended_at steps tokens train_s "
+    "name status error stop_reason started_at ended_at steps tokens trained_tokens train_s "
     "startup_s time_budget_s params tokens_per_s mfu peak_memory_bytes optimizer "
     "final_train_loss eval config_sha256 changed_keys tokenizer role node_id outer_step"
 ).split()

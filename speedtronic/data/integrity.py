@@ -76,6 +76,17 @@ def expected_files(folder: Path, doc: dict, key: str) -> list[Expected]:
             if not isinstance(digest, str) or not SHA256.fullmatch(digest):
                 raise DataError(f"{key}: {folder / MANIFEST} lists a bad sha256 in {record!r}")
             out.append(Expected(record["file"], record["tokens"] * itemsize, digest, "shard"))
+            if doc.get("chat"):  # chat data: its loss mask (manifest.shards checked the name)
+                digest = record.get("mask_sha256")
+                if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+                    raise DataError(f"{key}: {folder / MANIFEST} lists a bad mask in {record!r}")
+                out.append(Expected(record["mask"], record["tokens"], digest, "loss mask"))
+    chat = doc.get("chat")
+    if isinstance(chat, dict):
+        digest = chat.get("template_sha256")
+        if chat.get("file") != "chat_template.jinja" or not SHA256.fullmatch(str(digest)):
+            raise DataError(f"{key}: {folder / MANIFEST} records a bad chat template")
+        out.append(Expected(chat["file"], None, digest, "chat template"))
     tokenizer = doc.get("tokenizer")
     if isinstance(tokenizer, dict) and tokenizer.get("kind") != "byte":
         out.append(_tokenizer_expected(folder, tokenizer, key))

@@ -6,7 +6,10 @@ sha256; the folder keeps a copy as ``tokenizer.json``), the document separator, 
 rule, every shard per part (``train``, ``val``: file, tokens, sha256, and ``bytes``: the UTF-8
 bytes of the text its tokens came from, separators excluded; absent in folders written before
 it was counted), every source (name, size, sha256, documents, tokens) and the counts. A folder
-without it is not a finished tokenize.
+without it is not a finished tokenize. A chat folder (``--chat``) adds ``chat``: its template
+(``chat_template.jinja``, sha256, where it came from), special tokens, ``seq_len``,
+``train_on`` and ``masking``; each shard record its loss mask (``mask``, ``mask_sha256``),
+which ``shards`` checks is there at one byte a token.
 
 ``read_manifest`` checks it and that each shard is there at its recorded size; ``shards``
 lists a part's files, ``text_bytes`` their bytes of text where recorded (bits per byte).
@@ -50,6 +53,7 @@ def build(plan: dict, parts: dict[str, list[dict]], sources: list[dict], counts:
         "sources": sources,
         "counts": counts,
         "plan": plan,
+        **({"chat": plan["chat"]} if plan.get("chat") else {}),
     }
 
 
@@ -105,6 +109,17 @@ def shards(folder: str | Path, doc: dict, part: str, key: str) -> list[tuple[Pat
             raise DataError(
                 f"{key}: shard {path} is {found}, the manifest says {size} bytes; the folder is "
                 "damaged: tokenize again"
+            )
+        mask = record.get("mask")
+        if doc.get("chat") and (
+            not isinstance(mask, str)
+            or mask != name[: -len(".bin")] + ".mask"
+            or not (folder / mask).is_file()
+            or (folder / mask).stat().st_size != tokens
+        ):
+            raise DataError(
+                f"{key}: the loss mask of shard {path} is missing or not {tokens} bytes; the "
+                "folder is damaged: tokenize again"
             )
         out.append((path, tokens))
     return out

@@ -9,6 +9,11 @@ Every id is checked once against the model's vocabulary at start, as for a flat 
 the manifest records each shard's bytes of text, ``bytes_per_token`` turns an evaluation's loss
 into bits per byte (issue 53).
 
+``ChatShardBlocks`` reads a chat folder (``data tokenize --chat``): sample ``k`` is its
+``k``-th example of ``seq_len + 1`` tokens (one conversation, padded), the labels ``-100``
+where the mask beside the shard says a token is not trained on; ``data.seq_len`` must be the
+folder's.
+
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
 without one is an unfinished tokenize), every file it lists verified against its sha256
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 
 from speedtronic.data import manifest as manifests
+from speedtronic.data.ingest.writer import mask_name
 from speedtronic.data.integrity import verify_folder
 from speedtronic.data.sources import (
     _TOKEN_DTYPES,
@@ -37,6 +43,8 @@ from speedtronic.data.sources import (
     _too_short,
 )
 from speedtronic.errors import DataError
+
+IGNORE_INDEX = -100  # the label no loss counts (the model's and the trainer's)
 
 
 class TokenShardBlocks(_BlockRange):
@@ -118,6 +126,35 @@ class TokenShardBlocks(_BlockRange):
         return nbytes / (self.starts[b + 1] - self.starts[a]) if nbytes else None
 
 
+class ChatShardBlocks(TokenShardBlocks):
+    """A chat folder's examples (``data tokenize --chat``): example ``k`` is slot ``k`` of
+    ``seq_len + 1`` tokens (one conversation, padded), its labels ``-100`` wherever the mask
+    beside the shard says a token is not trained on (the prompt, the padding)."""
+
+    def __init__(self, shards, seq_len: int, dtype: str, vocab_size, key: str, name: str):
+        super().__init__(shards, seq_len, dtype, vocab_size, key, name)
+        self.slot = seq_len + 1
+        self._masks = [_ProcessFile(p.with_name(mask_name(p.name)), key) for p in self.paths]
+        _BlockRange.__init__(self, self.starts[-1] // self.slot)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        at = (self.start + index) * self.slot
+        shard = bisect.bisect_right(self.starts, at) - 1  # a slot never spans two shards
+        offset = at - self.starts[shard]
+        tokens = self._read(shard, offset, self.slot)
+        path = self._masks[shard].path
+        raw = _read_exact(self._masks[shard].fd(), self.slot, offset, path, self.key)
+        block = _block(tokens)
+        trained = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8)[1:] > 0)
+        block["labels"] = block["labels"].masked_fill(~trained, IGNORE_INDEX)
+        return block
+
+    def bytes_per_token(self, tokens: int) -> float | None:
+        return None  # padded conversations: no text rate to turn a loss into bits per byte
+
+
 def open_token_path(
     path: str,
     seq_len: int,
@@ -156,5 +193,14 @@ def open_token_path(
         raise DataError(f"{key}: {path} has no {part} part" + (
             "; tokenize with --val-fraction to hold one out" if part == "val" else ""
         ))  # fmt: skip
+    chat = doc.get("chat")
+    if chat:
+        if chat.get("seq_len") != seq_len:
+            raise DataError(
+                f"data.seq_len: {seq_len}, but {path} holds conversations tokenized with "
+                f"--seq-len {chat.get('seq_len')}, one example each; set data.seq_len: "
+                f"{chat.get('seq_len')} (or tokenize again with --seq-len {seq_len})"
+            )
+        return ChatShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, f"{path} ({part})")
     name, nbytes = f"{path} ({part})", manifests.text_bytes(doc, part)
     return TokenShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, name, nbytes)

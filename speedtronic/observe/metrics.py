@@ -269,6 +269,14 @@ def _bits(value: Any) -> str:
     return f" | bits/byte {value:.4f}" if isinstance(value, float) else ""
 
 
+def _trained(payload: dict[str, Any]) -> str:
+    """An SFT run's labels learned from, where fewer than its tokens (issue 56)."""
+    trained = payload.get("trained_tokens")
+    if not isinstance(trained, int) or trained == payload.get("tokens"):
+        return ""
+    return f", {trained:,} tokens trained on"
+
+
 def format_event(event: str, payload: dict[str, Any]) -> str:
     """The plain one-line form of an event (what non-TTY output and text files show)."""
     if event == "train_step":
@@ -280,6 +288,9 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
             f"tok/s {payload['tokens_per_s']:,.0f}",
             f"data_wait {payload['data_wait_share']:.1%}",
         ]
+        trained = payload.get("trained_tokens_per_s")
+        if trained is not None and payload.get("trained_tokens") != payload.get("tokens"):
+            parts.insert(5, f"trained tok/s {trained:,.0f}")  # SFT: the labels not masked
         if payload.get("mfu") is not None:
             parts.append(f"mfu {payload['mfu']:.1%}")
         if payload.get("memory_gb") is not None:
@@ -320,7 +331,9 @@ def format_event(event: str, payload: dict[str, Any]) -> str:
         return (
             f"done: {payload['steps']} steps, final loss {loss_text}, "
             f"{payload['tokens']:,} tokens in {payload['elapsed_s']:.1f}s "
-            f"({payload['tokens_per_s']:,.0f} tok/s) - {payload['status']}"
+            f"({payload['tokens_per_s']:,.0f} tok/s)"
+            + _trained(payload)
+            + f" - {payload['status']}"
         )
     return ""
 

@@ -47,6 +47,7 @@ def check_tokenizer(
     where, record = data
     if same_tokenizer(record, source.record):
         specials = source.record.get("specials")
+        check_template(config, source, specials, warn)
         return specials if isinstance(specials, dict) else None
     theirs, ours = describe(source.record), describe(record)
     if config.checkpoint.allow_tokenizer_mismatch:
@@ -62,6 +63,43 @@ def check_tokenizer(
         f"trained with {theirs}: its weights would read other tokens than they learned",
         hint=f"tokenize the data with --tokenizer {own}, or pass --allow-tokenizer-mismatch "
         "(checkpoint.allow_tokenizer_mismatch) to train on it anyway",
+    )
+
+
+def check_template(config: SpeedtronicConfig, source: Any, specials: Any, warn) -> None:
+    """A chat folder (``data tokenize --chat``) rendered with another chat template than the
+    one ``source`` came with is refused like another tokenizer: the model would learn turns it
+    is never prompted with (``generate`` and ``export`` use the source's)."""
+    import hashlib
+
+    from speedtronic.data.manifest import is_shard_dir, read_manifest
+
+    data = config.data
+    if data.resolved_source != "tokens" or not is_shard_dir(data.token_path or ""):
+        return
+    chat = read_manifest(data.token_path, "data.token_path").get("chat")
+    if not isinstance(chat, dict):
+        return
+    template = specials.get("chat_template") if isinstance(specials, dict) else None
+    if isinstance(template, str):
+        if hashlib.sha256(template.encode("utf-8")).hexdigest() == chat.get("template_sha256"):
+            return
+        theirs = (
+            f"another chat template (sha256 {hashlib.sha256(template.encode()).hexdigest()[:12]})"
+        )
+    else:
+        theirs = "no chat template"
+    where = f"data.token_path {data.token_path}"
+    digest = str(chat.get("template_sha256"))[:12]
+    ours = f"the chat template of {chat.get('template_from')} (sha256 {digest})"
+    if config.checkpoint.allow_tokenizer_mismatch:
+        warn(f"checkpoint.init_from: {where} is rendered with {ours}, but {source.where} has "
+             f"{theirs}; training on it as --allow-tokenizer-mismatch says")  # fmt: skip
+        return
+    raise ConfigError(
+        f"checkpoint.init_from: {where} is rendered with {ours}, but {source.where} has {theirs}",
+        hint=f"tokenize the conversations with --tokenizer {source.where} (its own template), "
+        "or pass --allow-tokenizer-mismatch to train on them anyway",
     )
 
 

@@ -26,6 +26,7 @@ class Window:
     start: float = field(default_factory=time.perf_counter)
     wait: float = 0.0
     tokens: int = 0
+    trained_tokens: int = 0  # labels learned from (not -100)
     samples: int = 0
     steps: int = 0
 
@@ -68,10 +69,12 @@ class StepLog:
                 "steps_per_s": window.steps / elapsed,
                 "samples_per_s": window.samples / elapsed,
                 "tokens_per_s": tokens_per_s,
+                "trained_tokens_per_s": window.trained_tokens / elapsed,
                 "data_wait_share": min(1.0, window.wait / elapsed),
                 "mfu": mfu,
                 "memory_gb": memory_gb(self.device),
                 "tokens": trainer.tokens,
+                "trained_tokens": trainer.trained_tokens,
                 "samples": trainer.samples,
                 "skipped_steps": trainer.skipped_steps,
             },

@@ -45,6 +45,7 @@ class TrainResult:
     skipped_steps: int = 0
     checkpoint: str | None = None  # the last checkpoint written, if any
     tokens_per_s: float = 0.0  # over the steps trained by this call (not a resumed total)
+    trained_tokens: int = 0  # labels learned from (not -100): fewer than tokens in an SFT run
     unsent: bool = False  # a DiLoCo node's deltas wait in its checkpoint: --resume sends them
     failure: str | None = None  # a DiLoCo node that took no part in its run: exit 1, this line
     summary: dict | None = None  # the run's summary.json document (observe/summary.py)
@@ -93,7 +94,7 @@ class Trainer:
         self.scaler = precision.grad_scaler()
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.clip = GradClip(optimizer, self.scaler is not None, _on_gpu(precision.device))
-        self.step = self.tokens = self.samples = 0
+        self.step = self.tokens = self.samples = self.trained_tokens = 0  # trained: not -100
         self.last_loss: float | None = None  # host copy, refreshed at the logging cadence
         self._loss: torch.Tensor | None = None  # the latest step's loss, still on the device
         self.skipped_steps = 0
@@ -167,7 +168,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss, grad_norm, labelled = self._forward_backward(micro)
         self._compiled_ok = True  # later failures are real errors, not compile trouble
-        self._apply_update(loss, grad_norm, labelled)
+        _tally(self, window, self._apply_update(loss, grad_norm, labelled), micro)
         self._loss = loss
         self.step += 1
         window.steps += 1
@@ -180,7 +181,7 @@ class Trainer:
             batch = next(self.data)
             window.wait += time.perf_counter() - t0
             samples, tokens = batch_size_of(batch)
-            self._refuse_empty(tokens, labels_of(batch))
+            _refuse_empty(self.step, tokens, labels_of(batch))
             samples, tokens = samples * self.world, tokens * self.world
             window.samples += samples
             window.tokens += tokens
@@ -188,11 +189,6 @@ class Trainer:
             self.tokens += tokens
             micro.append(batch)
         return micro
-
-    def _refuse_empty(self, tokens: int, labels: Any) -> None:
-        # From shapes on the host, no device read: an empty batch would train at loss 0.0.
-        if tokens == 0 or (isinstance(labels, torch.Tensor) and labels.numel() == 0):
-            raise TrainingError(f"step {self.step + 1}: the data yielded an empty micro-batch")
 
     def _forward_backward(self, micro: list[Any]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Loss, gradient norm, and the count of labels to learn from (None: not countable)."""
@@ -218,11 +214,11 @@ class Trainer:
         labelled = torch.stack(counts).sum() if counts is not None else None
         return total, grad_norm, labelled
 
-    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> None:
-        # The one host read per optimizer step: weights must never see a non-finite update,
-        # nor one from a step whose labels are all ignored (its loss reads 0.0).
-        loss_ok, norm_ok, learnable = _read_checks(loss, grad_norm, labelled)
-        if not learnable:
+    def _apply_update(self, loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> Any:
+        # The one host read per optimizer step (it returns the labels learned from): weights
+        # must never see a non-finite update, nor one whose labels are all ignored (loss 0.0).
+        loss_ok, norm_ok, count = _read_checks(loss, grad_norm, labelled)
+        if count is not None and count <= 0:
             self.optimizer.zero_grad(set_to_none=True)  # no half-finished step left behind
             raise TrainingError(
                 f"step {self.step + 1}: every label is {IGNORE_INDEX} (ignored), nothing to "
@@ -241,6 +237,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
+        return None if count is None else int(count)
 
     def _skip_nonfinite(self, loss: torch.Tensor) -> None:
         self.skipped_steps += 1
@@ -288,6 +285,7 @@ class Trainer:
         return {
             "step": self.step,
             "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
             "samples": self.samples,
             "last_loss": self.current_loss(),
             "skipped_steps": self.skipped_steps,
@@ -301,6 +299,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens, self.samples = state["step"], state["tokens"], state["samples"]
+        self.trained_tokens = state.get("trained_tokens", self.tokens)  # older: every label
         self.last_loss, self.skipped_steps = state["last_loss"], state["skipped_steps"]
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
@@ -315,12 +314,28 @@ class Trainer:
                 plugin.load_state_dict(state["plugins"][plugin.name])
 
 
+def _refuse_empty(step: int, tokens: int, labels: Any) -> None:
+    # From shapes on the host, no device read: an empty batch would train at loss 0.0.
+    if tokens == 0 or (isinstance(labels, torch.Tensor) and labels.numel() == 0):
+        raise TrainingError(f"step {step + 1}: the data yielded an empty micro-batch")
+
+
+def _tally(trainer: Trainer, window: Window, count: int | None, micro: list[Any]) -> None:
+    """Add a step's labels learned from (``count``: every rank's; None: not countable, so
+    every token) to the run's and the log window's counts."""
+    if count is None:
+        count = sum(batch_size_of(b)[1] for b in micro) * trainer.world
+    trainer.trained_tokens += count
+    window.trained_tokens += count
+
+
 def _train_result(trainer: Trainer, start: float, start_tokens: int, status: str) -> TrainResult:
     elapsed = time.perf_counter() - start
     return TrainResult(
         steps=trainer.step,
         final_loss=trainer.current_loss(),
         tokens=trainer.tokens,
+        trained_tokens=trainer.trained_tokens,
         samples=trainer.samples,
         elapsed_s=elapsed,
         tokens_per_s=(trainer.tokens - start_tokens) / elapsed if elapsed > 0 else 0.0,
@@ -416,12 +431,13 @@ def extract_loss(output: Any) -> torch.Tensor:
     return output.reshape(())
 
 
-def _read_checks(loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> list[bool]:
-    """[loss finite, grad norm finite, any label to learn from] in a single device read."""
+def _read_checks(loss: torch.Tensor, grad_norm: torch.Tensor, labelled: Any) -> tuple:
+    """(loss finite, grad norm finite, labels to learn from or None) in a single device read."""
     device = loss.device  # everything stays on it until the one .tolist()
-    any_label = labelled > 0 if labelled is not None else torch.ones((), device=device) > 0
-    checks = [torch.isfinite(loss), torch.isfinite(grad_norm), any_label]
-    return torch.stack([c.to(device) for c in checks]).tolist()
+    count = labelled if labelled is not None else torch.full((), -1, device=device)
+    checks = [torch.isfinite(loss), torch.isfinite(grad_norm), count]
+    loss_ok, norm_ok, n = torch.stack([c.to(device, torch.int64) for c in checks]).tolist()
+    return bool(loss_ok), bool(norm_ok), None if labelled is None else n
 
 
 def labels_of(batch: Any) -> torch.Tensor | None:

@@ -43,8 +43,9 @@ def available() -> bool:
 class ParquetText:
     """One Parquet file's text column: its row groups, read one batch of rows at a time."""
 
-    def __init__(self, path: str, column: str, name: str):
+    def __init__(self, path: str, column: str, name: str, chat: bool = False):
         pa = _pyarrow()
+        self.chat = chat
         self.name, self.column = name, column
         try:
             self._file = pa.parquet.ParquetFile(path)
@@ -55,11 +56,17 @@ class ParquetText:
             ) from None
         if column not in schema.names:
             there = ", ".join(schema.names) or "none"
+            option = "--messages-key" if chat else "--column"
             raise DataError(
-                f"{name}: no column {column!r} (its columns: {there}); pass --column NAME"
+                f"{name}: no column {column!r} (its columns: {there}); pass {option} NAME"
             )
         kind = schema.field(column).type
-        if not _textual(pa, kind):
+        if chat and not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise DataError(
+                f"{name}: column {column!r} holds {kind}, not a list of messages; pass "
+                "--messages-key NAME"
+            )
+        if not chat and not _textual(pa, kind):
             raise DataError(f"{name}: column {column!r} holds {kind}, not text; pass --column NAME")
         meta = self._file.metadata
         self.row_groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
@@ -98,7 +105,7 @@ class ParquetText:
             ) from None
 
     def _check_lengths(self, pa: Any, values: Any, row: int, limit: int | None) -> None:
-        if limit is None or not len(values):
+        if limit is None or not len(values) or self.chat:  # a conversation: its rendering's
             return
         import pyarrow.compute as pc
 

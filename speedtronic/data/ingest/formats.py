@@ -12,6 +12,10 @@ bytes:
   process decompresses (line by line, bounded) and hands workers ~``UNIT_BYTES`` of whole lines;
 - **Parquet**: one unit per row group, read by the worker (``arrow.ParquetText``).
 
+With ``--chat`` a row's field (``--messages-key``) is a conversation, a list of ``{role,
+content}`` objects (``json_conversations``; a Parquet list column), handed on with where it
+lies for the errors its rendering may raise (``chat``).
+
 Bad input is one ``DataError`` line naming the file: invalid UTF-8 with its byte offset (of the
 decompressed text for ``.gz`` / ``.zst``), a line that is not JSON or not an object (nested too
 deep for the parser included), a lone surrogate escape (``\\ud800``: no UTF-8 for it), a
@@ -59,13 +63,20 @@ class Unit:
 
 
 def units(
-    fmt: str, path: str, name: str, file: int, column: str, limit: int = MAX_DOCUMENT_BYTES
+    fmt: str,
+    path: str,
+    name: str,
+    file: int,
+    column: str,
+    limit: int = MAX_DOCUMENT_BYTES,
+    chat: bool = False,
 ) -> Iterator[Unit]:
-    """The units of one local file, in order (checks a Parquet file's column at once)."""
+    """The units of one local file, in order (checks a Parquet file's column at once;
+    ``chat``: a column of conversations)."""
     if fmt == "parquet":
         from speedtronic.data.ingest.arrow import ParquetText
 
-        table = ParquetText(path, column, name)
+        table = ParquetText(path, column, name, chat)
         for g in range(table.num_row_groups):
             yield Unit(file, g, g, g + 1, table.stored_bytes(g))
         return
@@ -167,8 +178,8 @@ def _rest_of_line(stream, chunk: bytes, offset: int, limit: int, name: str) -> b
 class Reader:
     """Reads units into documents in a worker; keeps the last Parquet file open."""
 
-    def __init__(self, column: str, limit: int = MAX_DOCUMENT_BYTES):
-        self.column, self.limit = column, limit
+    def __init__(self, column: str, limit: int = MAX_DOCUMENT_BYTES, chat: bool = False):
+        self.column, self.limit, self.chat = column, limit, chat
         self._parquet: tuple[str, object] | None = None
 
     def text(self, unit: Unit, path: str, name: str) -> str:
@@ -183,18 +194,31 @@ class Reader:
         if data is None:
             data = read_range(path, unit.start, unit.end, name)
         where = " of its decompressed text" if unit.payload is not None else ""
+        if self.chat:
+            return json_conversations(data, unit.start, self.column, name, where, self.limit)
         return json_lines(data, unit.start, self.column, name, where, self.limit)
 
     def _rows(self, unit: Unit, path: str, name: str) -> tuple[list[str], int]:
         from speedtronic.data.ingest.arrow import ParquetText
 
         if self._parquet is None or self._parquet[0] != path:
-            self._parquet = (path, ParquetText(path, self.column, name))
+            self._parquet = (path, ParquetText(path, self.column, name, self.chat))
         table = self._parquet[1]
         row = sum(table.rows(g) for g in range(unit.start))
         docs, skipped = [], 0
         for batch in table.batches(unit.start, self.limit):
             for value in batch:
+                if self.chat and value is not None:
+                    from speedtronic.data.ingest.chat import check_messages
+
+                    docs.append(
+                        (
+                            f"{name}: row {row}",
+                            check_messages(value, f"{name}: row {row}", self.column),
+                        )
+                    )
+                    row += 1
+                    continue
                 if isinstance(value, bytes):
                     value = _row_text(value, row, self.column, name)
                 if value:
@@ -262,6 +286,38 @@ def json_lines(
         else:
             docs.append(no_surrogate(value, line, f"{name}: the line at byte {here}{where}"))
     return docs, skipped
+
+
+def json_conversations(
+    data: bytes, offset: int, key: str, name: str, where: str = "", limit: int = MAX_DOCUMENT_BYTES
+) -> tuple[list[tuple[str, list]], int]:
+    """The conversation (field ``key``) of each JSON object line in ``data``, with where it is
+    (``name: the line at byte N``) for the errors that rendering it may raise."""
+    from speedtronic.data.ingest.chat import check_messages
+
+    rows, skipped, pos = [], 0, offset
+    lines = data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    for line in lines:
+        here, pos = pos, pos + len(line) + 1
+        if not line.strip():
+            skipped += 1
+            continue
+        if len(line) > limit:
+            raise too_long(name, f"the line at byte {here:,}{where}", limit)
+        obj, at = parse_line(line, here, name, where), f"{name}: the line at byte {here}{where}"
+        if not isinstance(obj, dict) or key not in obj:
+            there = ", ".join(list(obj)[:12]) if isinstance(obj, dict) else "not a JSON object"
+            raise DataError(
+                f"{at} has no field {key!r} (its fields: {there or 'none'}); a conversation "
+                "is a list of {role, content} messages: pass --messages-key NAME"
+            )
+        if obj[key] is None:
+            skipped += 1
+            continue
+        rows.append((at, check_messages(obj[key], at, key)))
+    return rows, skipped
 
 
 def parse_line(line: bytes, here: int, name: str, where: str) -> object:

@@ -157,9 +157,14 @@ def _clear(partial: Path) -> None:
 def _check_tokenizer_copy(partial: Path, plan: plans.Plan) -> None:
     if plan.tokenizer["kind"] == "byte":
         return
-    copy = partial / plans.TOKENIZER_FILE
-    if not copy.is_file() or plans.sha256_file(copy) != plan.tokenizer["sha256"]:
-        raise DataError(f"{copy}: missing or changed since the tokenize started; remove {partial}")
+    copies = [(partial / plans.TOKENIZER_FILE, plan.tokenizer["sha256"])]
+    if plan.chat:
+        copies.append((partial / plan.chat["file"], plan.chat["template_sha256"]))
+    for copy, digest in copies:
+        if not copy.is_file() or plans.sha256_file(copy) != digest:
+            raise DataError(
+                f"{copy}: missing or changed since the tokenize started; remove {partial}"
+            )
 
 
 class _Run:
@@ -173,8 +178,11 @@ class _Run:
         self.current: dict = state.get("current") or _fresh_file()
         self.max_id, self.capped = state.get("max_id", -1), state.get("capped", False)
         self.skipped = state.get("skipped", 0)
+        self.chat: dict | None = state.get("chat") or (_fresh_chat() if plan.chat else None)
         self.file_start: dict | None = state.get("file_start")
-        self.writer = ShardWriter(partial, plan.dtype, plan.request.shard_tokens, plan.request.flat)
+        self.writer = ShardWriter(
+            partial, plan.dtype, plan.request.shard_tokens, plan.request.flat, bool(plan.chat)
+        )
         self.writer.resume(state.get("parts"))
         self.total_bytes = sum(f.size for f in plan.inputs)
         self.done_bytes = sum(f["input_bytes"] for f in self.files) + self.current["input_bytes"]
@@ -191,8 +199,12 @@ class _Run:
     def execute(self) -> dict:
         request = self.plan.request
         separator = self.plan.separator.record()
+        chat = self.plan.chat and {
+            **self.plan.chat,
+            "path": str(self.partial / self.plan.chat["file"]),
+        }
         setup = Setup(self._tokenizer_file(), separator, request.val_fraction, self.plan.dtype,
-                      request.column, request.max_document_bytes)  # fmt: skip
+                      request.column, request.max_document_bytes, chat)  # fmt: skip
         pool = make_pool(setup, self.workers)
         finished = False
         try:
@@ -240,9 +252,11 @@ class _Run:
             val = file.format == "text" and self._text_held_out(path)
             skip = self.next_unit if index == self.next_file else 0
             request = self.plan.request
+            column = request.messages_key if request.chat else request.column
             for unit in formats.units(
-                file.format, path, file.name, index, request.column, request.max_document_bytes
-            ):
+                file.format, path, file.name, index, column, request.max_document_bytes,
+                request.chat,
+            ):  # fmt: skip
                 if unit.index >= skip:
                     yield Task(unit, file.format, path, file.name, val)
             yield ("end", index, digest)
@@ -265,9 +279,14 @@ class _Run:
         if isinstance(result, tuple):
             raise DataError(result[0], result[1])
         result = self._capped(result)
-        self.writer.add("train", result.train, result.train_documents, result.text_bytes(False))
-        self.writer.add("val", result.val, result.val_documents, result.text_bytes(True))
+        self.writer.add("train", result.train, result.train_documents, result.text_bytes(False),
+                        result.train_mask)  # fmt: skip
+        self.writer.add("val", result.val, result.val_documents, result.text_bytes(True),
+                        result.val_mask)  # fmt: skip
         self.writer.end_unit()
+        for key, value in (result.chat or {}).items():
+            if key in self.chat:  # not "sizes": per conversation, for the cap only
+                self.chat[key] += value
         cur = self.current
         cur["documents"] += result.documents
         cur["tokens"] += int(result.train.size + result.val.size)
@@ -290,21 +309,10 @@ class _Run:
         if cap is None:
             return result
         room = cap - self.writer.parts["train"].tokens - self.writer.parts["val"].tokens
-        total = int(result.lengths.sum())
-        if total < room:
+        if int(result.lengths.sum()) < room:
             return result
         self.capped = True
-        ends = np.cumsum(result.lengths)
-        keep = int(np.searchsorted(ends, room)) + 1  # up to the document that reaches the cap
-        flags, lengths = result.is_val[:keep], result.lengths[:keep]
-        train_n, val_n = int(lengths[~flags].sum()), int(lengths[flags].sum())
-        docs = (int((~flags).sum()), int(flags.sum()))  # documents, or a text file's segments
-        if result.documents != len(result.lengths):  # text: the one document, if it started here
-            docs = (result.train_documents, result.val_documents)
-        kept = result.train[:train_n], result.val[:val_n]
-        top = max((int(a.max()) for a in kept if a.size), default=-1)
-        nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
-        return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes)
+        return up_to(result, room)
 
     def _end_file(self, index: int, digest) -> None:
         file = self.plan.inputs[index]
@@ -332,6 +340,7 @@ class _Run:
             "max_id": self.max_id,
             "capped": self.capped,
             "skipped": self.skipped,
+            **({"chat": self.chat} if self.chat else {}),
         }
         write_json(self.partial / JOURNAL, state)
         self._last_commit = time.monotonic()
@@ -355,10 +364,17 @@ class _Run:
         if counts["documents"] == 0 or counts["tokens"] == 0:
             names = ", ".join(f.name for f in self.plan.inputs[:3])
             shutil.rmtree(self.partial, ignore_errors=True)  # it holds nothing
+            chat = self.chat or {}
+            left = (
+                f"; {chat['no_assistant']} conversation(s) without an assistant turn, "
+                f"{chat['dropped']} whose first answer does not fit --seq-len"
+                if chat
+                else ""
+            )
             raise DataError(
                 f"the sources hold no documents ({len(self.plan.inputs)} file(s): {names}"
                 f"{', ...' if len(self.plan.inputs) > 3 else ''}; {self.skipped} blank or "
-                "null rows skipped)"
+                f"null rows skipped{left})"
             )
         parts = self.writer.finish()
         if self.plan.request.val_fraction and not parts["val"]:
@@ -397,7 +413,34 @@ class _Run:
             "capped": self.capped,
             "dtype": self.plan.dtype,
             "vocab_size": self.plan.vocab_size,
+            **({"chat": self.chat} if self.chat else {}),
         }
+
+
+def up_to(result: Encoded, room: int) -> Encoded:
+    """``result`` up to the end of the document that reaches ``room`` tokens."""
+    ends = np.cumsum(result.lengths)
+    keep = int(np.searchsorted(ends, room)) + 1
+    flags, lengths = result.is_val[:keep], result.lengths[:keep]
+    train_n, val_n = int(lengths[~flags].sum()), int(lengths[flags].sum())
+    docs = (int((~flags).sum()), int(flags.sum()))  # documents, or a text file's segments
+    if result.documents != len(result.lengths):  # text: the one document, if it started here
+        docs = (result.train_documents, result.val_documents)
+    kept = result.train[:train_n], result.val[:val_n]
+    top = max((int(a.max()) for a in kept if a.size), default=-1)
+    nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
+    masks = [m if m is None else m[:n] for m, n in ((result.train_mask, train_n),
+                                                      (result.val_mask, val_n))]  # fmt: skip
+    chat = result.chat and {**result.chat, "conversations": keep,
+                            "trained_tokens": int(sum(m.sum() for m in masks)),
+                            "chat_tokens": sum(result.chat["sizes"][:keep])}  # fmt: skip
+    return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes, *masks, chat)
+
+
+def _fresh_chat() -> dict:
+    from speedtronic.data.ingest.chat import COUNTS
+
+    return dict.fromkeys(COUNTS, 0)
 
 
 def _fresh_file() -> dict:

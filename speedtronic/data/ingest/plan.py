@@ -40,13 +40,24 @@ class Request:
     separator: str | None = None
     flat: bool = False
     max_document_bytes: int = MAX_DOCUMENT_BYTES
+    chat: bool = False  # rows are conversations (data.ingest.chat)
+    messages_key: str = "messages"
+    seq_len: int | None = None
+    train_on: str = "assistant"
 
     def record(self) -> dict:
         """What the journal and manifest keep: what shapes the bytes written (the document
-        limit only decides whether a run is refused, so a resume may raise it)."""
+        limit only decides whether a run is refused, so a resume may raise it; the chat keys
+        are there for chat data only, so a journal written before them still resumes)."""
         doc = {**asdict(self), "sources": list(self.sources), "format_version": FORMAT_VERSION}
         del doc["max_document_bytes"]
+        if not self.chat:
+            for key in CHAT_KEYS:
+                del doc[key]
         return doc
+
+
+CHAT_KEYS = ("chat", "messages_key", "seq_len", "train_on")
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class Plan:
     tokenizer: dict  # kind, source, sha256, vocab_size (+ file for tokenizers)
     separator: Separator
     dtype: str
+    chat: dict | None = None  # the template's sha256 and source, specials, seq_len, masking
 
     @property
     def vocab_size(self) -> int:
@@ -68,6 +80,7 @@ class Plan:
             "tokenizer": self.tokenizer,
             "separator": self.separator.record(),
             "dtype": self.dtype,
+            **({"chat": self.chat} if self.chat else {}),
         }
 
     @classmethod
@@ -78,6 +91,7 @@ class Plan:
             doc["tokenizer"],
             Separator.from_record(doc["separator"]),
             doc["dtype"],
+            doc.get("chat"),
         )
 
 
@@ -96,6 +110,29 @@ def check_request(request: Request) -> None:
         raise DataError(
             "--val-fraction: a flat .bin output has no place for a validation part; name an "
             "output folder instead (without .bin)"
+        )
+    if request.chat:
+        _check_chat(request)
+
+
+def _check_chat(request: Request) -> None:
+    from speedtronic.data.ingest.chat import TRAIN_ON
+
+    if request.seq_len is None or request.seq_len < 1:
+        got = "" if request.seq_len is None else f" (got {request.seq_len})"
+        raise DataError(
+            f"--chat: needs --seq-len N, the context the model trains at{got}: each conversation "
+            "fills one example of N tokens, cut at a turn that fits"
+        )
+    if request.train_on not in TRAIN_ON:
+        raise DataError(f"--train-on: must be assistant or all (got {request.train_on!r})")
+    if request.flat:
+        raise DataError("--chat: a flat .bin output has no place for the loss mask; name a folder")
+    if request.tokenizer == "byte" or spec.is_hub(request.tokenizer):
+        raise DataError(
+            f"--chat: --tokenizer {request.tokenizer} has no chat template here; name the "
+            "model's tokenizer folder (an imported run, or a folder with tokenizer.json and "
+            "tokenizer_config.json)"
         )
 
 
@@ -119,7 +156,42 @@ def resolve(request: Request, folder: Path, avoid: tuple[str, ...] = ()) -> Plan
         raise DataError(
             f"--dtype uint16: the vocabulary has {tokenizer['vocab_size']} ids; use uint32"
         )
-    return Plan(request, tuple(inputs), tokenizer, separator, dtype)
+    chat = _chat(request, folder, impl) if request.chat else None
+    for file in inputs if chat else ():
+        if file.format == "text":
+            raise DataError(
+                f"--chat: {file.name} is plain text; conversations come as JSON Lines or Parquet "
+                f"rows with a {request.messages_key!r} field"
+            )
+    return Plan(request, tuple(inputs), tokenizer, separator, dtype, chat)
+
+
+def _chat(request: Request, folder: Path, impl: object) -> dict:
+    """The chat record: the template (its copy in ``folder``), its specials, the masking."""
+    from speedtronic.data.ingest import chat
+
+    template, specials, origin = chat.find_template(chat.tokenizer_folder(Path(request.tokenizer)))
+    chat.compile_template(template, origin)  # a template that does not compile: now, once
+    dest = folder / chat.TEMPLATE_FILE
+    try:
+        dest.write_text(template, encoding="utf-8")
+    except OSError as exc:
+        from speedtronic.data.ingest.writer import cannot_write
+
+        raise cannot_write(dest, exc) from None
+    pad = specials.get("pad_token")
+    pad_id = impl.token_to_id(pad) if pad else None  # type: ignore[attr-defined]
+    return {
+        "file": chat.TEMPLATE_FILE,
+        "template_sha256": sha256_file(dest),
+        "template_from": origin,
+        "specials": specials,
+        "seq_len": request.seq_len,
+        "train_on": request.train_on,
+        "messages_key": request.messages_key,
+        "pad_id": pad_id or 0,
+        "masking": "padded",
+    }
 
 
 def _tokenizer(setting: str, folder: Path) -> tuple[dict, object]:
@@ -134,6 +206,10 @@ def _tokenizer(setting: str, folder: Path) -> tuple[dict, object]:
         origin = hub_file(setting, dest)
     else:
         path = Path(setting)
+        if path.is_dir():  # a model's tokenizer folder, or an imported run
+            from speedtronic.data.ingest.chat import tokenizer_folder
+
+            path = tokenizer_folder(path) / TOKENIZER_FILE
         if not path.is_file():
             raise DataError(f"--tokenizer: file not found: {setting} (or use 'byte')")
         try:
@@ -191,7 +267,7 @@ def resumed(doc: dict, request: Request, partial: Path, unread: int) -> Plan:
                 f"{before.name} changed (or went missing) since this tokenize read from it; "
                 f"remove {partial} to start over"
             )
-    return Plan(request, tuple(inputs), plan.tokenizer, plan.separator, plan.dtype)
+    return Plan(request, tuple(inputs), plan.tokenizer, plan.separator, plan.dtype, plan.chat)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

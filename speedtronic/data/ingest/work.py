@@ -38,6 +38,7 @@ class Setup:
     dtype: str
     column: str
     max_document_bytes: int
+    chat: dict | None = None  # the plan's chat record, and "path": the template's copy
 
 
 _STATE: dict = {}
@@ -51,7 +52,17 @@ def init(setup: Setup, parent: int | None = None) -> None:
         _exit_with_parent(parent)
     separator = Separator.from_record(setup.separator)
     _STATE["encoder"] = Encoder(setup.tokenizer_file, separator, setup.val_fraction, setup.dtype)
-    _STATE["reader"] = Reader(setup.column, setup.max_document_bytes)
+    chat = setup.chat
+    column = chat["messages_key"] if chat else setup.column
+    _STATE["reader"] = Reader(column, setup.max_document_bytes, chat is not None)
+    _STATE["chat"] = None  # a process may run one tokenize after another (--workers 1)
+    if chat:
+        from pathlib import Path
+
+        from speedtronic.data.ingest.chat import Conversations
+
+        template = Path(chat["path"]).read_text(encoding="utf-8")
+        _STATE["chat"] = Conversations(chat, template, _STATE["encoder"]._impl)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -76,6 +87,10 @@ def work(task: Task) -> Encoded | tuple[str, str | None]:
             text = reader.text(task.unit, task.path, task.name)
             return encoder.text(text, task.unit.first, task.held_out)
         docs, skipped = reader.documents(task.unit, task.format, task.path, task.name)
+        if _STATE["chat"] is not None:
+            from speedtronic.data.ingest.chat import encode_unit
+
+            return encode_unit(_STATE["chat"], encoder, docs, skipped)
         return encoder.documents(docs, skipped)
     except SpeedtronicError as exc:
         message = str(exc)

@@ -13,6 +13,10 @@ byte-identical to a run never killed. The text bytes come with each unit's token
 tokens came from (bits per byte, issue 53); a journal written before they were counted leaves
 the open shard's unknown (None, and no ``bytes`` in its record).
 
+Chat data (``--chat``, ``data.ingest.chat``) has a loss mask beside each shard,
+``train_00000.mask``: one uint8 per token, written, hashed, synced, cut back on resume and
+closed with its shard (its record gains ``mask`` and ``mask_sha256``), so it resumes as exactly.
+
 A write that fails (a full disk, a quota, a file-size limit) is an ``OutputError`` naming the
 file (exit 1); the journal is left at its last commit, so a rerun after freeing space continues.
 """
@@ -35,6 +39,11 @@ PARTS = ("train", "val")
 
 def shard_name(part: str, index: int) -> str:
     return f"{part}_{index:05d}.bin"
+
+
+def mask_name(shard: str) -> str:
+    """The loss mask beside a chat shard: one uint8 per token, 1 where it is a trained label."""
+    return shard[: -len(".bin")] + ".mask"
 
 
 def cannot_write(path: Path, exc: OSError) -> OutputError:
@@ -85,6 +94,8 @@ class Part:
     _file: object = None
     _hash: object = None
     _path: Path | None = None
+    _mask: object = None  # chat data: the open shard's mask file and its hash
+    _mask_hash: object = None
 
     @property
     def tokens(self) -> int:
@@ -102,9 +113,12 @@ class Part:
 class ShardWriter:
     """Appends each unit's tokens to the open shard of its part; commits with the journal."""
 
-    def __init__(self, root: Path, dtype: str, shard_tokens: int, single: bool = False):
+    def __init__(
+        self, root: Path, dtype: str, shard_tokens: int, single: bool = False, masks: bool = False
+    ):
         self.root, self.dtype = root, np.dtype(dtype)
         self.shard_tokens, self.single = shard_tokens, single  # single: one train shard, ever
+        self.masks = masks  # chat data: a mask file beside each shard, written in step
         self.parts = {name: Part(name) for name in PARTS}
 
     def resume(self, state: dict | None) -> None:
@@ -120,14 +134,19 @@ class ShardWriter:
             for record in part.closed:
                 self._check_closed(record)
             self._open(part)
-            for stale in sorted(self.root.glob(f"{name}_*.bin")):
+            stales = [*self.root.glob(f"{name}_*.bin"), *self.root.glob(f"{name}_*.mask")]
+            for stale in sorted(stales):
                 if int(stale.stem.rpartition("_")[2]) > len(part.closed):
                     stale.unlink()  # written after the last commit: read again
 
     def _check_closed(self, record: dict) -> None:
         path = self.root / record["file"]
         expected = record["tokens"] * self.dtype.itemsize
-        if not path.is_file() or path.stat().st_size != expected:
+        bad = not path.is_file() or path.stat().st_size != expected
+        if self.masks:
+            mask = self.root / mask_name(record["file"])
+            bad = bad or not mask.is_file() or mask.stat().st_size != record["tokens"]
+        if bad:
             raise DataError(
                 f"{path}: a finished shard is missing or changed since the journal was written; "
                 f"remove {self.root} and run the command again"
@@ -146,17 +165,36 @@ class ShardWriter:
             part._hash.update(f.read(min(1 << 24, keep - f.tell())))
         f.seek(keep)
         part._file = f
+        if self.masks:
+            part._mask, part._mask_hash = self._open_mask(path, part.open_tokens)
 
-    def add(self, name: str, tokens: np.ndarray, documents: int, text_bytes: int = 0) -> None:
+    def _open_mask(self, shard: Path, keep: int) -> tuple[object, object]:
+        path = shard.with_name(mask_name(shard.name))
+        if keep and (not path.is_file() or path.stat().st_size < keep):
+            raise DataError(f"{path}: shorter than its journal says; remove {self.root} and rerun")
+        f = open(path, "r+b" if keep else "wb")  # noqa: SIM115 - held open across units
+        f.truncate(keep)
+        digest = hashlib.sha256(f.read(keep) if keep else b"")  # a byte a token: one shard's
+        f.seek(keep)
+        return f, digest
+
+    def add(
+        self, name: str, tokens: np.ndarray, documents: int, text_bytes: int = 0, mask=None
+    ) -> None:
         if not tokens.size and not documents:
             return
         part = self.parts[name]
         data = tokens.astype(self.dtype, copy=False).tobytes()
         try:
             part._file.write(data)
+            if self.masks:
+                bits = mask.astype(np.uint8, copy=False).tobytes()
+                part._mask.write(bits)
         except OSError as exc:
             raise cannot_write(part._path, exc) from None
         part._hash.update(data)
+        if self.masks:
+            part._mask_hash.update(bits)
         part.open_tokens += tokens.size
         part.documents += documents
         if part.open_bytes is not None:
@@ -177,6 +215,10 @@ class ShardWriter:
             "tokens": part.open_tokens,
             "sha256": part._hash.hexdigest(),
         }
+        if self.masks:
+            part._mask.close()
+            record["mask"] = mask_name(record["file"])
+            record["mask_sha256"] = part._mask_hash.hexdigest()
         if part.open_bytes is not None:
             record["bytes"] = part.open_bytes
         part.closed.append(record)
@@ -190,8 +232,9 @@ class ShardWriter:
 
     def _flush(self, part: Part) -> None:
         try:
-            part._file.flush()
-            os.fsync(part._file.fileno())
+            for f in (part._file, part._mask) if self.masks else (part._file,):
+                f.flush()
+                os.fsync(f.fileno())
         except OSError as exc:
             raise cannot_write(part._path, exc) from None
 
@@ -203,12 +246,17 @@ class ShardWriter:
                 self._close(part)
             else:
                 part._file.close()
-                (self.root / shard_name(part.name, len(part.closed))).unlink(missing_ok=True)
+                empty = shard_name(part.name, len(part.closed))
+                (self.root / empty).unlink(missing_ok=True)
+                if self.masks:
+                    part._mask.close()
+                    (self.root / mask_name(empty)).unlink(missing_ok=True)
             out[part.name] = part.closed
         fsync_dir(self.root)
         return out
 
     def close(self) -> None:
         for part in self.parts.values():
-            if part._file is not None and not part._file.closed:
-                part._file.close()
+            for f in (part._file, part._mask):
+                if f is not None and not f.closed:
+                    f.close()
