@@ -8,7 +8,9 @@ round whose save fails never happened; while a saved step has not landed no othe
 and staleness is counted from the step that landed (issue 27). At start it resumes the newest of
 its state, a checkpoint's copy and the repo. It runs in a background thread during training
 (``master/plugin.MasterPlugin``) or alone (``master/plugin.serve``, ``train_locally: false``);
-the end of a run (``master/plugin``) waits for every node's last delta and runs the final round.
+the end of a run (``master/plugin``) waits for every node's last delta and runs the final round,
+whose step count says the run has ended (``ended``); a master started again takes that back at
+once, as its run goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from speedtronic.distributed.master.repo import RepoGuard
 from speedtronic.distributed.master.roster import Roster
 from speedtronic.distributed.master.state import master_id, newest_saved_step
 from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.protocol import run_ended
 from speedtronic.distributed.transport import Transport
 from speedtronic.errors import CheckpointError, ConfigError, SpeedtronicError
 
@@ -127,6 +130,8 @@ class MasterLoop:
                 self._resume(state)
             return
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
+        # a master started again after its run's end: the run goes on, so the repo says so now
+        publish = publish or run_ended(view.count)
         if not publish and view.keyframe is not None:
             self.publisher.uploaded = view.keyframe  # read there just now
         # the state's own summary when it has one (older states: the repo's)
@@ -191,8 +196,8 @@ class MasterLoop:
             # the last round went out as an update on an older keyframe (it ran before the end
             # was known): one more step, the same weights as a keyframe, so the run ends exact
             result = self._round(force, same=True)
-        if result is None and force and self.summary_unpublished():
-            self.republish()  # e.g. an end marker: the step count says the node has ended
+        if result is None and force and (self.summary_unpublished() or not self.end_landed()):
+            self.republish()  # an end marker (the node has ended), or the run's end to say
         return result
 
     def _round(self, force: bool, same: bool = False) -> RoundResult | None:
@@ -238,6 +243,10 @@ class MasterLoop:
         with self.lock:
             self.intake.nodes, self.intake.markers = nodes, {}
         self._send(publication)
+
+    def end_landed(self) -> bool:
+        """The repo's step count says whether the run has ended as this master does."""
+        return self.publisher.end_landed
 
     def summary_unpublished(self) -> bool:
         """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""

@@ -117,7 +117,10 @@ class GlobalFetcher:
         return ready
 
     def fetch_newer(self) -> None:
-        counted = self.transport.read_step_count()
+        self.fetch_counted(self.transport.read_step_count())
+
+    def fetch_counted(self, counted: dict | None) -> None:
+        """``fetch_newer`` with the step count already read (``counted``; None: no global)."""
         with self.lock:
             installed, waiting = self.installed_step, self._waiting_step()
         if counted is None or counted["outer_step"] in (installed, waiting):
