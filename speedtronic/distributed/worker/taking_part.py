@@ -34,12 +34,13 @@ def refuse_ended_run(plugin: Any, counted: dict[str, Any] | None) -> None:
     if not run_ended(counted) or getattr(plugin.config, "role", "worker") == "master":
         return
     where = plugin.transport.describe()
-    out = getattr(plugin.end.final_writer, "output_dir", None) or "<output_dir>"
     raise RunEnded(
         f"diloco: the run in {where} ended at outer step {counted['outer_step']} (its master "
         f"ran the final round): nothing to join, so {plugin.node_id} trains nothing",
+        # this node's own output directory holds no model config yet: pull reads a node's of the run
         hint=f"start a new run in another repo (and state_dir), or restart its master to go on; "
-        f"`speedtronic storage pull {out} --repo {where}` fetches the final global",
+        f"`speedtronic storage pull <output_dir of a node of that run> --repo {where}` fetches "
+        "its final global",
     )
 
 
