@@ -130,8 +130,7 @@ class MasterLoop:
                 self._resume(state)
             return
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
-        # a master started again after its run's end: the run goes on, so the repo says so now
-        publish = publish or run_ended(view.count)
+        publish = publish or run_ended(view.count)  # started again: the run goes on, say so
         if not publish and view.keyframe is not None:
             self.publisher.uploaded = view.keyframe  # read there just now
         # the state's own summary when it has one (older states: the repo's)
@@ -196,8 +195,8 @@ class MasterLoop:
             # the last round went out as an update on an older keyframe (it ran before the end
             # was known): one more step, the same weights as a keyframe, so the run ends exact
             result = self._round(force, same=True)
-        if result is None and force and (self.summary_unpublished() or not self.end_landed()):
-            self.republish()  # an end marker (the node has ended), or the run's end to say
+        if result is None and force and self.summary_unpublished():
+            self.republish()  # e.g. an end marker (the node has ended), or the run's end
         return result
 
     def _round(self, force: bool, same: bool = False) -> RoundResult | None:
@@ -244,20 +243,15 @@ class MasterLoop:
             self.intake.nodes, self.intake.markers = nodes, {}
         self._send(publication)
 
-    def end_landed(self) -> bool:
-        """The repo's step count says whether the run has ended as this master does."""
-        return self.publisher.end_landed
-
     def summary_unpublished(self) -> bool:
-        """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""
-        return self.intake.summary_after(None) != (self.publisher.landed_nodes or {})
+        """The step count's ``nodes`` or ``ended`` (the run's end) differ from what landed."""
+        return self.publisher.says_otherwise(self.intake.summary_after(None))
 
     def _send(self, publication: Publication) -> None:
         """Publish a saved step (in the sender's thread when running), deleting every settled
         file; if it fails, it is sent again (the sender) or the next poll publishes again."""
-        check_repo(
-            self.guard, self.publisher, self.intake.max_bytes
-        )  # also refuses to publish over another master's step
+        # also refuses to publish over another master's step
+        check_repo(self.guard, self.publisher, self.intake.max_bytes)
         if self.sender is not None:
             self.sender.submit(publication)
             return

@@ -103,7 +103,7 @@ def finish(loop: MasterLoop, interrupted: bool = False, clock: EndClock | None =
         loop.poll_safely(force=True)
         if loop.fatal is not None or not loop.guard.checked:
             break
-        done = not loop.unpublished and not loop.master.pending and loop.end_landed()
+        done = not loop.unpublished and not loop.master.pending
         if (done and not loop.summary_unpublished()) or time.monotonic() > deadline:
             break
         if clock is not None and clock.left() <= 0:

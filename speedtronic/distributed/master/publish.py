@@ -221,10 +221,10 @@ class Publisher:
             self._send(publication)
         return True
 
-    @property
-    def end_landed(self) -> bool:
-        """The repo's step count says the run has ended, as this master's end wants it."""
-        return run_ended(self.last_count) == self.ending
+    def says_otherwise(self, nodes: dict[str, Any]) -> bool:
+        """Whether a publish now would say other things of the run than the step count that
+        landed: other ``nodes``, or whether the run has ended (``ending``)."""
+        return nodes != (self.landed_nodes or {}) or run_ended(self.last_count) != self.ending
 
     def as_published(self, weights: Tensors, outer_step: int) -> Tensors:
         """The weights nodes read for ``weights`` published at ``outer_step`` on the newest
