@@ -2,7 +2,7 @@
 
 With an int8 global a worker's final global is the master's exact final keyframe, or says it is
 not the run's final global; a worker that starts on a run whose final round is out says so at
-once and does not train.
+once and does not train, and one the master ended the run without says so at its end.
 """
 
 from __future__ import annotations
@@ -195,3 +195,23 @@ def test_a_worker_that_announced_itself_before_the_final_round_is_waited_for_or_
     assert any("waiting for the last deltas of node-b" in n for n in log.notices), log.notices
     assert "missing: node-b sent no last delta (no delta yet" in line, line
     assert "past the 0 s drain deadline" in line or "past the 1 s drain deadline" in line, line
+
+
+def test_a_worker_the_master_ended_the_run_without_says_so_at_its_end(tmp_path):
+    """A worker that joined before the master's end but whose last delta no round took (named
+    missing by the master): its end said 'the rest waits in the repo for the master', a master
+    that had ended; it now says the run ended without it and how its deltas are applied."""
+    transport = LocalTransport(tmp_path / "repo")
+    loop = master_loop(tmp_path, transport, Log(), node_id="master")
+    loop.start()
+    net, log = model(1.0), Log()
+    worker = WorkerPlugin(settings(), net, transport, log, background=False)
+    trainer = FakeTrainer(net, max_steps=2)
+    worker.on_train_start(trainer)  # joins: the run has not ended yet
+    finish(loop)  # the master ends without it
+    trainer.train_step(worker)
+    trainer.train_step(worker)
+    worker.on_train_end(trainer, None)
+    [line] = [w for w in log.warnings if "no global holds this node's last delta" in w]
+    assert "the run's final global at outer step 0" in line, line
+    assert "the master ended the run without the rest" in line and "--resume" in line, line
