@@ -16,7 +16,7 @@ from diloco_support import Log, settings
 
 from diloco.test_nodes import FakeTrainer, master_loop, model, wait_for
 from speedtronic.distributed.master.plugin import drain, finish
-from speedtronic.distributed.protocol import STEP_COUNT
+from speedtronic.distributed.protocol import STEP_COUNT, fleet_totals
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin
 from speedtronic.distributed.worker.taking_part import RunEnded
@@ -215,3 +215,28 @@ def test_a_worker_the_master_ended_the_run_without_says_so_at_its_end(tmp_path):
     [line] = [w for w in log.warnings if "no global holds this node's last delta" in w]
     assert "the run's final global at outer step 0" in line, line
     assert "the master ended the run without the rest" in line and "--resume" in line, line
+
+
+def test_storage_pull_names_the_final_global_of_a_run_its_master_ended(tmp_path):
+    """Before: 'the newest global (the run goes on)' whenever not every node of the run had
+    ended, though the master had ended the run."""
+    from speedtronic.config import SpeedtronicConfig
+    from speedtronic.distributed.final_global import FinalGlobalWriter
+    from speedtronic.distributed.master.loop import MasterLoop
+    from speedtronic.distributed.pull import pull_final_global
+    from speedtronic.distributed.worker.plugin import parameters_of, snapshot
+    from speedtronic.registry import build_model
+
+    repo = tmp_path / "repo"
+    model_section = {"name": "reference_transformer", "vocab_size": 64, "seq_len": 8}
+    model_section.update(n_layer=1, n_head=2, d_model=16)
+    distributed = {"enabled": True, "repo_id": str(repo), "node_id": "node-b"}
+    config = SpeedtronicConfig.from_dict({"model": model_section, "distributed": distributed})
+    net = build_model(config.model.name, config.model.params)
+    weights = snapshot(parameters_of(net), "cpu")
+    loop = MasterLoop(settings(), weights, LocalTransport(repo), Log(), tmp_path / "state")
+    loop.start()
+    finish(loop)  # no node's last delta in it: not every node ended, yet the run did
+    assert not fleet_totals(json.loads((repo / STEP_COUNT).read_text()).get("nodes"))["ended"]
+    FinalGlobalWriter(net, tmp_path / "node-b", config.to_dict(redact=True), {})(weights, 0, {})
+    assert pull_final_global(tmp_path / "node-b")["ended"] is True
