@@ -230,7 +230,9 @@ def _view(report: dict[str, Any]) -> Any:
         else (f"published {_ago(report['age_s'])} ago ({report['updated_at']})")
     )
     lines = [
-        f"[bold]{report['repo_id']}[/]  outer step {step}, {published}",
+        f"[bold]{report['repo_id']}[/]  outer step {step}"
+        + (" (the run has ended: its final global)" if report.get("ended") else "")
+        + f", {published}",
         f"size {size_text(report['size_bytes'])}; commits in the last hour "
         f"{report['commits_1h']}/{report['commits_limit_1h']}; API calls by this command "
         f"{report['api_calls_5min']} in 5 min (account limit {report['api_calls_limit_5min']})",

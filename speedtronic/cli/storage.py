@@ -172,7 +172,8 @@ def _print_status(report: dict[str, Any]) -> None:
     from speedtronic.data.describe import size_text
 
     step = "-" if report["outer_step"] is None else report["outer_step"]
-    print(f"{report['repo']}  outer step {step}, updated {report['updated_at'] or '-'}")
+    ended = " (the run has ended: its final global)" if report.get("ended") else ""
+    print(f"{report['repo']}  outer step {step}{ended}, updated {report['updated_at'] or '-'}")
     if report["global_bytes"] is not None:
         once = report["keyframe_bytes"]
         kind = "full weights" if once is None else f"an update; its keyframe {size_text(once)} once"

@@ -303,7 +303,9 @@ def parse_step_count(data: bytes) -> dict[str, Any]:
     ``DamagedRepoFile`` (a TransportError) naming the file and the field, and the reader keeps
     what it has. Every field is known: a later master that adds one raises ``format``, which
     a node of this version then refuses by name rather than installing what it cannot check.
-    The optional fields may be absent (older masters wrote fewer).
+    The optional fields may be absent (older masters wrote fewer); ``ended`` (``run_ended``)
+    is the newest, and a node of an earlier version refuses, naming it, only the step count of
+    a run that has ended.
     """
     try:
         value = json.loads(data)
@@ -327,6 +329,7 @@ _STEP_COUNT_FIELDS = (
     "master",
     "nodes",
     "weights_key",
+    "ended",
 )
 
 
@@ -362,7 +365,18 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
         checked["weights_key"] = _checked_weights_key(value["weights_key"], checked)
     if "nodes" in value:
         checked["nodes"] = check_nodes(value["nodes"])
+    if "ended" in value:
+        if not isinstance(value["ended"], bool):
+            raise ValueError(f"ended {short_repr(value['ended'])}: must be true or false")
+        checked["ended"] = value["ended"]
     return checked
+
+
+def run_ended(counted: dict[str, Any] | None) -> bool:
+    """Whether a parsed step count is the run's end: its master ran the final round and said so
+    (``ended``, written with that publish and removed by a master started again). A step count
+    of an older master never says so: its run is taken as going on."""
+    return bool(counted and counted.get("ended") is True)
 
 
 def _checked_weights_key(key: object, checked: dict[str, Any]) -> str:

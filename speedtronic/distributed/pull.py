@@ -22,7 +22,7 @@ from speedtronic.checkpoint.tokenizer import tokenizer_from_record
 from speedtronic.distributed.codec import BadDelta, expected_delta_bytes
 from speedtronic.distributed.final_global import FINAL_DIR, FinalGlobalWriter
 from speedtronic.distributed.global_update import GlobalReader
-from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, fleet_totals
+from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, fleet_totals, run_ended
 from speedtronic.distributed.repos import open_transport
 from speedtronic.distributed.worker.plugin import parameters_of, snapshot
 from speedtronic.errors import ConfigError, TransportError
@@ -30,7 +30,7 @@ from speedtronic.errors import ConfigError, TransportError
 
 def pull_final_global(run_dir: str | Path, repo: str | None = None) -> dict[str, Any]:
     """Fetch the newest global of ``repo`` (default: the run's) into ``run_dir/final_global``;
-    returns what it holds: path, outer_step, optimizer_steps, tokens, ended."""
+    returns what it holds: path, outer_step, optimizer_steps, tokens, ended (the run has)."""
     from speedtronic.config import SpeedtronicConfig
     from speedtronic.registry import build_model
 
@@ -43,12 +43,15 @@ def pull_final_global(run_dir: str | Path, repo: str | None = None) -> dict[str,
     settings = replace(config.distributed, node_id=config.distributed.resolved_node_id)
     model = build_model(config.model.name, config.model.params, config.model.imports)
     transport = open_transport(repo, settings)
-    outer_step, weights, nodes = _newest_global(transport, parameters_of(model))
+    outer_step, weights, counted = _newest_global(transport, parameters_of(model))
+    nodes = counted.get("nodes") or {}
     tokenizer = tokenizer_from_record(meta, source, str(source))
     about = {"node_id": settings.node_id, "role": "pulled", "repo": transport.describe()}
     writer = FinalGlobalWriter(model, run_dir, config.to_dict(redact=True), about, tokenizer)
     path = writer(weights, outer_step, {"pulled": True}, nodes)
-    return {"path": str(path), "outer_step": outer_step, **fleet_totals(nodes)}
+    totals = fleet_totals(nodes)  # ended: the master said so, or (an older one's) every node
+    totals["ended"] = run_ended(counted) or totals["ended"]
+    return {"path": str(path), "outer_step": outer_step, **totals}
 
 
 def _run_meta(run_dir: Path) -> tuple[Path, dict]:
@@ -76,7 +79,7 @@ def _without_token(config: dict) -> dict:
 
 
 def _newest_global(transport: Any, params: dict) -> tuple[int, dict, dict]:
-    """(outer step, weights checked against the model, step count's nodes) of the repo."""
+    """(outer step, weights checked against the model, step count) of the repo."""
     counted = transport.read_step_count()
     reader = GlobalReader(transport, snapshot(params, "cpu"))
     try:
@@ -92,4 +95,4 @@ def _newest_global(transport: Any, params: dict) -> tuple[int, dict, dict]:
             f"{transport.describe()}: a publish is in flight (weights of outer step {outer_step}, "
             f"step count {counted['outer_step']}); run the command again"
         )
-    return outer_step, weights, counted.get("nodes") or {}
+    return outer_step, weights, counted

@@ -1,7 +1,8 @@
 """What ``hub status`` and ``storage status`` show of a run, whatever holds it: per-node rows
 (pending deltas, the newest one's size, staleness) from a listing and ``step_count.json``'s
-``nodes``, the global's bytes per round, and times; ``directory_status`` reads a shared
-directory for it (the Hub's and a bucket's readers live in their rooms). Stdlib only.
+``nodes``, the global's bytes per round, times, and whether the master has ended the run;
+``directory_status`` reads a shared directory for it (the Hub's and a bucket's readers live in
+their rooms). Stdlib only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from speedtronic.distributed.protocol import (
     announced_node,
     is_keyframe_path,
     parse_delta_path,
+    run_ended,
 )
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.errors import DamagedRepoFile
@@ -38,6 +40,7 @@ def run_summary(
     return {
         "checked_at": iso(now),
         "outer_step": counted.get("outer_step"),
+        "ended": run_ended(counted),  # the master ran the final round: nothing to join
         "updated_at": iso(updated),
         "age_s": age(updated, now),
         "pending_deltas": sum(n["pending_deltas"] for n in nodes),

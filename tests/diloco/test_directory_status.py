@@ -29,6 +29,12 @@ def test_storage_status_reads_a_shared_directory(tmp_path):
     assert text.exit_code == 0, text.stderr
     assert "each node downloads 80 B (an update; its keyframe 300 B once)" in text.stdout
     assert "worker-1: delta 30 B, 2 pending (70 B)" in text.stdout
+    assert doc["ended"] is False and "ended" not in text.stdout
+    repo.publish(b"u" * 80, {"outer_step": 3, "ended": True}, [])  # the master's final round
+    doc = json.loads(invoke("storage", "status", str(tmp_path / "run"), "--format", "json").stdout)
+    assert doc["ended"] is True, doc
+    text = invoke("storage", "status", str(tmp_path / "run")).stdout
+    assert "outer step 3 (the run has ended: its final global)" in text, text
 
 
 def test_a_path_that_is_no_directory_and_hub_status_of_a_path_are_one_line(tmp_path):

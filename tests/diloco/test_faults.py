@@ -108,6 +108,8 @@ GOOD = {"outer_step": 3, "updated_at": "2026-01-01T00:00:00Z", "weights_sha256":
         ({"weights_key": "global/weights/000000000004-" + "a" * 16 + ".safetensors"}, "names"),
         ({"weights_sha256": "zz"}, "weights_sha256"),
         ({"updated_at": {"a": 1}}, "updated_at"),
+        ({"ended": "yes"}, "ended 'yes': must be true or false"),
+        ({"ended": 1}, "ended 1: must be true or false"),
     ],
 )
 def test_I4_every_step_count_field_is_type_and_range_checked(change, reason):
@@ -119,6 +121,7 @@ def test_I4_every_step_count_field_is_type_and_range_checked(change, reason):
 def test_I4_a_step_count_of_known_fields_parses_whole():
     nodes = {"a": {"seq": 1, "base_outer_step": 2, "tokens": 3, "last_delta_at": "t"}}
     full = {**GOOD, "nodes": nodes, "format": 1, "master": "0" * 16, "fleet_tokens_per_step": 7}
+    full["ended"] = True  # the run's end (issue 55); a file without it reads as before
     full["weights_key"] = f"global/weights/000000000003-{'a' * 16}.safetensors"
     assert parse_step_count(json.dumps(full).encode()) == full
 

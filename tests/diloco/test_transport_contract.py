@@ -37,8 +37,10 @@ from s3_proxy import LOST
 from s3_support import S3Store, fresh_bucket, running_store
 
 from speedtronic.distributed.global_update import GlobalReader
+from speedtronic.distributed.master.plugin import finish
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, delta_path, keyframe_path
 from speedtronic.distributed.transport import LocalTransport
+from speedtronic.distributed.worker.taking_part import RunEnded
 from speedtronic.errors import DamagedRepoFile, TransportError
 
 TOKEN = "hf_contractWriterToken0123456789"
@@ -541,6 +543,27 @@ def test_I6_a_master_started_after_its_workers_ended_applies_it_all_and_ends(rep
     fleet.assert_every_last_delta_counted(repo, workers)
     assert (tmp_path / "master" / "final_global" / "meta.json").is_file()
     assert deltas(repo.transport("reader")) == {}
+
+
+def test_I6_a_run_its_master_ended_says_so_and_a_worker_started_later_trains_nothing(
+    repo, tmp_path
+):
+    """Issue 55: the final publish's step count says ``ended``; a worker started afterwards is
+    refused before it reads the global or announces itself, and a master started again (the
+    run goes on) takes the end back."""
+    loop = fleet.master_loop(repo, tmp_path, fleet.NoticeLog())
+    loop.start()
+    assert "ended" not in fleet.step_count(repo)
+    finish(loop)
+    assert fleet.step_count(repo)["ended"] is True
+    late = fleet.worker(repo, "late", tmp_path, announce=True)
+    with pytest.raises(RunEnded, match="ended at outer step 0 .*nothing to join"):
+        late.worker.on_train_start(late.trainer)
+    assert late.worker.counters["bytes_down"] == 0 and not deltas(repo.transport("reader"))
+    assert not fleet.announced(repo, ["late"])
+    log = fleet.NoticeLog()
+    fleet.master_loop(repo, tmp_path, log).start()
+    assert "ended" not in fleet.step_count(repo), (log.warnings, log.notices)
 
 
 @pytest.mark.slow  # 13 s on the Hub emulator: the default suite stays near 4 min

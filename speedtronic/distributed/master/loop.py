@@ -8,7 +8,9 @@ round whose save fails never happened; while a saved step has not landed no othe
 and staleness is counted from the step that landed (issue 27). At start it resumes the newest of
 its state, a checkpoint's copy and the repo. It runs in a background thread during training
 (``master/plugin.MasterPlugin``) or alone (``master/plugin.serve``, ``train_locally: false``);
-the end of a run (``master/plugin``) waits for every node's last delta and runs the final round.
+the end of a run (``master/plugin``) waits for every node's last delta and runs the final round,
+whose step count says the run has ended (``ended``); a master started again takes that back at
+once, as its run goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from speedtronic.distributed.master.repo import RepoGuard
 from speedtronic.distributed.master.roster import Roster
 from speedtronic.distributed.master.state import master_id, newest_saved_step
 from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.protocol import run_ended
 from speedtronic.distributed.transport import Transport
 from speedtronic.errors import CheckpointError, ConfigError, SpeedtronicError
 
@@ -127,6 +130,7 @@ class MasterLoop:
                 self._resume(state)
             return
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
+        publish = publish or run_ended(view.count)  # started again: the run goes on, say so
         if not publish and view.keyframe is not None:
             self.publisher.uploaded = view.keyframe  # read there just now
         # the state's own summary when it has one (older states: the repo's)
@@ -192,7 +196,7 @@ class MasterLoop:
             # was known): one more step, the same weights as a keyframe, so the run ends exact
             result = self._round(force, same=True)
         if result is None and force and self.summary_unpublished():
-            self.republish()  # e.g. an end marker: the step count says the node has ended
+            self.republish()  # e.g. an end marker (the node has ended), or the run's end
         return result
 
     def _round(self, force: bool, same: bool = False) -> RoundResult | None:
@@ -240,15 +244,14 @@ class MasterLoop:
         self._send(publication)
 
     def summary_unpublished(self) -> bool:
-        """The nodes' summary (step_count's ``nodes``) differs from the one that landed."""
-        return self.intake.summary_after(None) != (self.publisher.landed_nodes or {})
+        """The step count's ``nodes`` or ``ended`` (the run's end) differ from what landed."""
+        return self.publisher.says_otherwise(self.intake.summary_after(None))
 
     def _send(self, publication: Publication) -> None:
         """Publish a saved step (in the sender's thread when running), deleting every settled
         file; if it fails, it is sent again (the sender) or the next poll publishes again."""
-        check_repo(
-            self.guard, self.publisher, self.intake.max_bytes
-        )  # also refuses to publish over another master's step
+        # also refuses to publish over another master's step
+        check_repo(self.guard, self.publisher, self.intake.max_bytes)
         if self.sender is not None:
             self.sender.submit(publication)
             return

@@ -88,13 +88,16 @@ def _say_once(loop: MasterLoop, said: set[str], key: str, line: str) -> None:
 
 def finish(loop: MasterLoop, interrupted: bool = False, clock: EndClock | None = None) -> str:
     """The final round, published (retried until it lands, for ``upload_timeout_s``, or what a
-    stop's ``clock`` leaves); returns the line saying what the final global holds. Polls run in
-    this thread from now on."""
+    stop's ``clock`` leaves) with ``ended`` in its step count, so a worker started later is told
+    there is nothing to join (not when ``interrupted``: a stop is no end); returns the line
+    saying what the final global holds. Polls run in this thread from now on."""
     if interrupted and (others := _others(loop, loop.roster.waiting_for())):
         loop.logger.warn(
             f"diloco master: interrupted, so not waiting for the last deltas of "
             f"{', '.join(others)}; they stay in the repo for this master's next start"
         )
+    # a stop is not an end: a master interrupted goes on at its next start
+    loop.publisher.ending = not interrupted
     deadline = time.monotonic() + max(loop.config.upload_timeout_s, 1.0)
     while True:
         loop.poll_safely(force=True)

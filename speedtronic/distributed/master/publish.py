@@ -12,7 +12,8 @@ never held back. ``PublishSender`` sends saved steps from a thread of its own, s
 on meanwhile. With ``global_dtype`` int8 / int4 a publish is an update on a keyframe
 (``global_update``): a new step takes a new keyframe every ``keyframe_every`` outer steps and at
 the run's last round, saved with the step; the keyframe is uploaded before the first publish
-that names it, and the one it replaces is deleted with that publish.
+that names it, and the one it replaces is deleted with that publish. At the run's end
+(``ending``) every publish says ``ended`` in its step count: the run's final global is out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from speedtronic.distributed.global_update import (
 from speedtronic.distributed.master.round_publish import Shared, deletes, next_chain
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.node_status import Throttle
+from speedtronic.distributed.protocol import run_ended
 from speedtronic.distributed.round_apply import encode_round_file
 from speedtronic.distributed.round_record import RoundChain
 from speedtronic.distributed.transport import Transport
@@ -93,6 +95,9 @@ class Publisher:
         self.saved_step: int | None = None  # the newest step saved to state_dir
         self.repo_lost_it = False  # the repo no longer holds last_step: publish it again
         self.landed_nodes: dict[str, Any] | None = None  # step_count's ``nodes`` that landed
+        # the run's end (``master/plugin.finish``): every publish from now on says ``ended``, so
+        # a worker that starts later knows at once there is nothing to join (issue 55)
+        self.ending = False
         # one publish at a time: a send left running by a timed-out close and the final
         # synchronous publish would otherwise race, and an older step could land last
         self.sending = threading.Lock()
@@ -216,6 +221,11 @@ class Publisher:
             self._send(publication)
         return True
 
+    def says_otherwise(self, nodes: dict[str, Any]) -> bool:
+        """Whether a publish now would say other things of the run than the step count that
+        landed: other ``nodes``, or whether the run has ended (``ending``)."""
+        return nodes != (self.landed_nodes or {}) or run_ended(self.last_count) != self.ending
+
     def as_published(self, weights: Tensors, outer_step: int) -> Tensors:
         """The weights nodes read for ``weights`` published at ``outer_step`` on the newest
         keyframe: within a quantization step of them, or them exactly (fp32, a keyframe)."""
@@ -240,6 +250,8 @@ class Publisher:
             "fleet_tokens_per_step": publication.fleet_rate,
             **publication.extra,
         }
+        if self.ending:  # read at the send: one saved before the end and sent after says it too
+            step_count["ended"] = True
         start = time.perf_counter()
         sent = self._upload_keyframe(keyframe) + len(data)
         self.transport.publish(data, step_count, [*publication.consumed, *self.superseded])

@@ -216,7 +216,7 @@ class S3Transport:
         self._garbage.know_globals()
         self.client.put(key, weights)
         self._garbage.wrote(key)
-        replaced = self._swap(data, body_sha, outer_step)
+        replaced = self._swap(data, body_sha, outer_step, step_count.get("master"))
         keep = {key} | ({replaced["weights_key"]} if "weights_key" in replaced else set())
         deleted, warning = self._garbage.collect(wanted, keep)
         with self._lock:
@@ -224,7 +224,9 @@ class S3Transport:
             self._pins = {p: e for p, e in self._pins.items() if p not in set(deleted)}
             self._warnings += [warning] if warning else []
 
-    def _swap(self, data: bytes, sha: str, outer_step: int) -> dict[str, Any]:
+    def _swap(
+        self, data: bytes, sha: str, outer_step: int, master: str | None = None
+    ) -> dict[str, Any]:
         """Replace the pointer with ``data`` unless another master's is there; the value it
         replaced ({} if none)."""
         with self._lock:
@@ -233,7 +235,7 @@ class S3Transport:
         for _ in range(MAX_PUBLISH_ATTEMPTS):
             if not self.conditional:  # no If-Match on this store: check as late as we can
                 base = self._fresh_pointer()
-            self._check_no_other_master(base, outer_step)
+            self._check_no_other_master(base, outer_step, master)
             try:
                 etag = self._put_pointer(data, base)
             except PreconditionFailed:
@@ -273,13 +275,18 @@ class S3Transport:
             self._pointer = pointer
         return pointer
 
-    def _check_no_other_master(self, base: Pointer, outer_step: int) -> None:
-        """A step count at or past ours that this process did not write is another master's.
+    def _check_no_other_master(
+        self, base: Pointer, outer_step: int, master: str | None = None
+    ) -> None:
+        """A step count at or past ours that this process did not write is another master's,
+        unless it names this master (``master``: its id, kept in its state_dir), started again:
+        it republishes its own step at start (e.g. to take back a run's end, issue 55).
 
         A damaged or absent one is replaced (I3: the master restores what is behind or broken).
         """
         with self._lock:
             ours = base.sha in self._own
+        ours = ours or (master is not None and (base.value or {}).get("master") == master)
         theirs = (base.value or {}).get("outer_step", -1)
         if not ours and theirs >= outer_step:
             raise TransportError(

@@ -187,7 +187,7 @@ class RunEnd:
             written = self.final_writer(ready.weights, ready.outer_step, facts, ready.nodes)
             self.final_path = str(written)
         written = f"; written to {self.final_path}" if self.final_path else ""
-        ended = fleet_totals(ready.nodes)["ended"] and ready.exact
+        ended = (ready.ended or fleet_totals(ready.nodes)["ended"]) and ready.exact
         glob = ("the run's final global" if ended else "the global") + (
             f" at outer step {ready.outer_step}"
         )
@@ -203,10 +203,15 @@ class RunEnd:
                 f"deltas to seq {ready.own_seq}{written}"
             )
         else:
+            rest = (  # the master has ended: no round of this run will take them
+                "the master ended the run without the rest, which waits in the repo for it to be "
+                "started again (--resume)"
+                if ready.ended
+                else "the rest waits in the repo for the master"
+            )
             p.logger.warn(
                 f"diloco: no global holds this node's last delta (seq {last}) after {waited:.0f}"
-                f" s; {glob} holds its deltas to seq {ready.own_seq}{written}; the rest waits "
-                "in the repo for the master"
+                f" s; {glob} holds its deltas to seq {ready.own_seq}{written}; {rest}"
             )
         self._event(ready, last, holds)
 

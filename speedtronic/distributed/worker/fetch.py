@@ -34,7 +34,7 @@ from speedtronic.distributed.codec import (
 )
 from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.node_status import NodeStatus, Throttle
-from speedtronic.distributed.protocol import STEP_COUNT
+from speedtronic.distributed.protocol import STEP_COUNT, run_ended
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Ready:
     # step, or rounds replayed to the record's sha256); False: an int8 / int4 update, within a
     # quantization step of them (worker/end)
     exact: bool = True
+    ended: bool = False  # the step count says the master has ended the run (``run_ended``)
 
 
 class GlobalFetcher:
@@ -117,7 +118,10 @@ class GlobalFetcher:
         return ready
 
     def fetch_newer(self) -> None:
-        counted = self.transport.read_step_count()
+        self.fetch_counted(self.transport.read_step_count())
+
+    def fetch_counted(self, counted: dict | None) -> None:
+        """``fetch_newer`` with the step count already read (``counted``; None: no global)."""
         with self.lock:
             installed, waiting = self.installed_step, self._waiting_step()
         if counted is None or counted["outer_step"] in (installed, waiting):
@@ -156,7 +160,8 @@ class GlobalFetcher:
             or read.replayed
             or int(read.keyframe.rsplit("/", 1)[1].split("-")[0]) == outer_step
         )
-        ready = Ready(outer_step, weights, rate, own_seq, went_back, nodes, exact)
+        ended = run_ended(counted)
+        ready = Ready(outer_step, weights, rate, own_seq, went_back, nodes, exact, ended)
         with self.lock:  # never replace a newer global already waiting, unless the repo went back
             if went_back or outer_step > max(self.installed_step, self._waiting_step()):
                 self.ready = ready

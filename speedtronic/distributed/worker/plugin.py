@@ -258,14 +258,15 @@ class WorkerPlugin:
         """At start only: begin from the newest global, if the run has one."""
         self.base = snapshot(self.params)
         try:
-            self.fetcher.fetch_newer()
+            counted = self.transport.read_step_count()
+            refuse_ended_run(self, counted)  # the final round is out: nothing to join (permanent)
+            self.fetcher.fetch_counted(counted)
         except Exception as exc:  # any transport failure: train from local weights (I5)
             if getattr(exc, "permanent", False):
                 raise
             self.logger.warn(f"diloco: no global weights at start ({exc}); using local ones")
             return  # said why: the poller installs the global once it can read it
         ready = self.fetcher.take()
-        refuse_ended_run(self, ready)  # a run whose final round is out: nothing to join
         if ready is None:  # a worker joining a run must not quietly train from scratch
             where = self.transport.describe()
             self.logger.warn(
