@@ -10,9 +10,9 @@ bias as Qwen2's, a head width of its own, Llama-3's RoPE scaling), its weight in
 optional per-block activation checkpointing, the parameter / FLOP counts used for throughput
 and MFU reporting, and incremental decoding for generation (``new_cache`` /
 ``forward_cached`` over a ``KVCache``, beside the training forward, which it leaves as it
-is). It imports only torch and
-the standard library so it can be read, copied and tested on its own; it must run eagerly,
-under ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
+is). It imports only torch and the standard library so it can be read, copied and tested on
+its own; it must run eagerly, under ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA
+and MPS with torch>=2.1.
 """
 
 from __future__ import annotations
