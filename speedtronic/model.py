@@ -5,12 +5,14 @@ validated on construction), ``ReferenceTransformer`` (token embedding, pre-norm 
 RMSNorm + causal grouped-query attention with RoPE + SwiGLU MLP, final RMSNorm, LM head tied
 to the embedding by default; what pretrained models need as options: an untied head, a q/k/v
 bias as Qwen2's, a head width of its own, Llama-3's RoPE scaling), its weight init, its loss
-(mean cross-entropy over labels that are not -100, computed in float32), optional per-block
-activation checkpointing, the parameter / FLOP counts used for throughput and MFU reporting,
-and incremental decoding for generation (``new_cache`` / ``forward_cached`` over a
-``KVCache``, beside the training forward, which it leaves as it is). It imports only torch and
-the standard library so it can be read, copied and tested on its own; it must run eagerly,
-under ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA and MPS with torch>=2.1.
+(mean cross-entropy over labels that are not -100, computed in float32), packed examples
+(``doc_ids``: attention within each document, RoPE positions restarting at its start),
+optional per-block activation checkpointing, the parameter / FLOP counts used for throughput
+and MFU reporting, and incremental decoding for generation (``new_cache`` /
+``forward_cached`` over a ``KVCache``, beside the training forward, which it leaves as it
+is). It imports only torch and the standard library so it can be read, copied and tested on
+its own; it must run eagerly, under ``torch.autocast`` and under ``torch.compile`` on CPU, CUDA
+and MPS with torch>=2.1.
 """
 
 from __future__ import annotations
@@ -212,7 +214,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None):
+        """``mask``: None (causal) or a boolean (B, 1, T, T), True where a query may look."""
         B, T, C = x.shape
         q, k, v = self._qkv(x, cos, sin)
         groups = self.n_head // self.n_kv_head
@@ -220,7 +223,10 @@ class Attention(nn.Module):
             # Query head h reads K/V head h // groups. SDPA's enable_gqa needs torch>=2.5.
             k = k.repeat_interleave(groups, dim=1)  # (B, H, T, D)
             v = v.repeat_interleave(groups, dim=1)  # (B, H, T, D)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
     def forward_cached(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
@@ -270,8 +276,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)  # (B, T, C)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)  # (B, T, C)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
 
     def forward_cached(self, x, cos, sin, cache: KVCache, layer: int) -> torch.Tensor:
@@ -327,10 +333,18 @@ class ReferenceTransformer(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits (B, T, vocab) without ``labels``; else the mean CE over labels != -100.
 
         ``labels`` are already aligned: ``labels[:, t]`` is the target for position ``t``.
+        ``doc_ids`` (B, T), packed examples: the document of each position (equal within a run
+        of positions); each is computed as if alone: attention stays within it, RoPE positions
+        restart at its start. None: one causal sequence (the fused ``is_causal`` kernel).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected shape (B, T), got {tuple(input_ids.shape)}")
@@ -343,17 +357,38 @@ class ReferenceTransformer(nn.Module):
             raise ValueError(
                 f"labels: shape {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}"
             )
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, D/2)
+        cos, sin, mask = self.rope_cos[:T], self.rope_sin[:T], None  # (T, D/2)
+        if doc_ids is not None:
+            if doc_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"doc_ids: shape {tuple(doc_ids.shape)} must match input_ids "
+                    f"{tuple(input_ids.shape)}"
+                )
+            cos, sin, mask = self._documents(doc_ids)
         x = self.tok_emb(input_ids)  # (B, T, C)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = block(x, cos, sin)
+                x = block(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         if labels is None:
             return logits
         return self._loss(logits, labels)
+
+    def _documents(self, doc_ids: torch.Tensor):
+        """RoPE tables (B, 1, T, D/2) at positions restarting with each document, and the
+        block-diagonal causal mask (B, 1, T, T) that keeps attention within one."""
+        B, T = doc_ids.shape
+        at = torch.arange(T, device=doc_ids.device).expand(B, T)
+        starts = torch.ones_like(doc_ids, dtype=torch.bool)
+        starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+        first = torch.where(starts, at, torch.zeros_like(at)).cummax(dim=1).values
+        positions = at - first  # (B, T): 0 at each document's first token
+        cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
+        same = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+        return cos, sin, (same & causal)[:, None]
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype=None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` (default seq_len)."""

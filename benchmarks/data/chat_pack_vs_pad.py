@@ -9,12 +9,12 @@ The reference decoder (4 layers, d_model 256, vocabulary 4,096; ~4M parameters) 
 AdamW on synthetic conversations whose lengths are log-normal (median ``--median`` tokens,
 clipped to [16, seq_len]), 60% of each an assistant answer (the labels trained on):
 
-* **padded** (what ``data tokenize --chat`` writes): one conversation per row of ``seq_len``,
-  the rest padding (labels -100), causal attention (``is_causal``: the flash/fused kernels);
-* **packed**: conversations laid first-fit into rows (none split), attention kept inside each
-  one by a block-diagonal causal mask (``scaled_dot_product_attention``'s ``attn_mask``, how
-  document masking runs without varlen kernels); the RoPE positions restarting per example are
-  not timed (a gather, negligible beside attention).
+* **padded** (``data tokenize --chat --pad``): one conversation per row of ``seq_len``, the
+  rest padding (labels -100), the model's plain forward (``is_causal``: the fused kernels);
+* **packed** (``data tokenize --chat``, the default): conversations laid first-fit into rows
+  (none split), the model's forward with ``doc_ids`` (what a packed folder's batches carry): a
+  block-diagonal causal mask (``scaled_dot_product_attention``'s ``attn_mask``, how document
+  masking runs without varlen kernels) and RoPE positions restarting per conversation.
 
 Each step is a micro-batch of ``--batch`` rows; the steps alternate the two sides after a
 warm-up, and the median step time of each gives tokens trained on per second. The cores are
@@ -32,25 +32,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from speedtronic import model as reference  # noqa: E402
-
-MASK: list = [None]  # the packed side's block-diagonal mask, read by the attention shim
-
-
-def _attention(q, k, v, is_causal=False, attn_mask=None, **kw):
-    if MASK[0] is None:
-        return F.scaled_dot_product_attention(
-            q, k, v, is_causal=is_causal, attn_mask=attn_mask, **kw
-        )
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=MASK[0], **kw)
 
 
 def lengths(n: int, median: int, seq_len: int, generator: torch.Generator) -> list[int]:
@@ -77,18 +65,15 @@ def packed(convs: list[int], batch: int, seq_len: int, vocab: int):
                 break
     ids = torch.randint(0, vocab, (batch, seq_len))
     labels = torch.full((batch, seq_len), -100)
-    doc = torch.full((batch, seq_len), -1)
+    doc = torch.zeros((batch, seq_len), dtype=torch.long)
     for r, row in enumerate(rows):
         at = 0
         for d, n in enumerate(row):
             answer = int(n * 0.6)
             labels[r, at + n - answer : at + n] = ids[r, at + n - answer : at + n]
-            doc[r, at : at + n] = d
+            doc[r, at:] = d  # the tail's padding joins the last one, as the loader's does
             at += n
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-    same = doc[:, :, None] == doc[:, None, :]
-    mask = (same & causal)[:, None] | torch.eye(seq_len, dtype=torch.bool)  # padding sees itself
-    return ids, labels, mask
+    return ids, labels, doc
 
 
 def main() -> None:
@@ -99,7 +84,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     torch.manual_seed(0)
-    reference.F = SimpleNamespace(**{**vars(F), "scaled_dot_product_attention": _attention})
     config = reference.ReferenceConfig(
         vocab_size=4096, seq_len=args.seq_len, n_layer=4, n_head=4, d_model=256
     )
@@ -111,17 +95,15 @@ def main() -> None:
     for step in range(args.steps + 2):
         convs = lengths(64, args.median, args.seq_len, generator)
         for side, build in (("padded", padded), ("packed", packed)):
-            ids, labels, mask = build(convs, args.batch, args.seq_len, config.vocab_size)
-            MASK[0] = mask
+            ids, labels, doc_ids = build(convs, args.batch, args.seq_len, config.vocab_size)
             start = time.perf_counter()
-            loss = model(ids, labels)
+            loss = model(ids, labels, doc_ids=doc_ids)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if step >= 2:  # warm-up steps are not counted
                 times[side].append(time.perf_counter() - start)
                 trained[side].append(int((labels != -100).sum()))
-    MASK[0] = None
     result = {}
     for side in times:
         median = statistics.median(times[side])

@@ -107,14 +107,21 @@ def tokenize(
     seq_len: int | None = typer.Option(
         None,
         "--seq-len",
-        help="With --chat: the context the model trains at, in tokens. A conversation fills one "
-        "example; a longer one is cut after the last assistant turn that fits, or dropped.",
+        help="With --chat: the context the model trains at, in tokens. Conversations are packed "
+        "whole into examples of this length; a longer one is cut after the last assistant turn "
+        "that fits, or dropped.",
     ),
     train_on: str = typer.Option(
         "assistant",
         "--train-on",
         help="With --chat: 'assistant' trains on the assistant turns (their end-of-turn token "
         "included), 'all' on every token.",
+    ),
+    pad: bool = typer.Option(
+        False,
+        "--pad",
+        help="With --chat: one conversation per example, padded, instead of packing several "
+        "into one (attention and positions kept within each).",
     ),
     text_suffix: list[str] = text_suffix_option(),
     config: Path | None = typer.Option(
@@ -136,7 +143,7 @@ def tokenize(
     request = Request(
         named, tokenizer or "byte", column, val_fraction, max_tokens, dtype,
         shard_tokens, separator, flat=out.endswith(".bin"), max_document_bytes=max_document_bytes,
-        chat=chat, messages_key=messages_key, seq_len=seq_len, train_on=train_on,
+        chat=chat, messages_key=messages_key, seq_len=seq_len, train_on=train_on, pad=pad,
     )  # fmt: skip
     started = time.monotonic()
     with _Progress() as progress:

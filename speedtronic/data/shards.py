@@ -10,9 +10,11 @@ the manifest records each shard's bytes of text, ``bytes_per_token`` turns an ev
 into bits per byte (issue 53).
 
 ``ChatShardBlocks`` reads a chat folder (``data tokenize --chat``): sample ``k`` is its
-``k``-th example of ``seq_len + 1`` tokens (one conversation, padded), the labels ``-100``
-where the mask beside the shard says a token is not trained on; ``data.seq_len`` must be the
-folder's.
+``k``-th example of ``seq_len + 1`` tokens, the labels ``-100`` where the mask beside the shard
+says a token is not trained on; ``data.seq_len`` must be the folder's. A packed folder's
+examples hold several conversations: the sample adds ``doc_ids``, per input position the
+conversation it belongs to (counted from the mask's start bits), which the model turns into
+attention within each conversation and RoPE positions restarting at its start.
 
 ``open_token_path`` is what the loader calls for ``data.token_path`` / ``data.eval_path``: a
 flat file becomes ``TokenFileBlocks``; a folder is checked through its manifest (a folder
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from speedtronic.data import manifest as manifests
+from speedtronic.data.ingest.chat import START
 from speedtronic.data.ingest.writer import mask_name
 from speedtronic.data.integrity import verify_folder
 from speedtronic.data.sources import (
@@ -128,12 +131,12 @@ class TokenShardBlocks(_BlockRange):
 
 class ChatShardBlocks(TokenShardBlocks):
     """A chat folder's examples (``data tokenize --chat``): example ``k`` is slot ``k`` of
-    ``seq_len + 1`` tokens (one conversation, padded), its labels ``-100`` wherever the mask
-    beside the shard says a token is not trained on (the prompt, the padding)."""
+    ``seq_len + 1`` tokens, its labels ``-100`` wherever the mask beside the shard says a token
+    is not trained on (the prompt, the padding); ``packed``: with ``doc_ids`` too."""
 
-    def __init__(self, shards, seq_len: int, dtype: str, vocab_size, key: str, name: str):
+    def __init__(self, shards, seq_len: int, dtype: str, vocab_size, key, name, packed=False):
         super().__init__(shards, seq_len, dtype, vocab_size, key, name)
-        self.slot = seq_len + 1
+        self.slot, self.packed = seq_len + 1, packed
         self._masks = [_ProcessFile(p.with_name(mask_name(p.name)), key) for p in self.paths]
         _BlockRange.__init__(self, self.starts[-1] // self.slot)
 
@@ -146,13 +149,15 @@ class ChatShardBlocks(TokenShardBlocks):
         tokens = self._read(shard, offset, self.slot)
         path = self._masks[shard].path
         raw = _read_exact(self._masks[shard].fd(), self.slot, offset, path, self.key)
+        bits = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
         block = _block(tokens)
-        trained = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8)[1:] > 0)
-        block["labels"] = block["labels"].masked_fill(~trained, IGNORE_INDEX)
+        block["labels"] = block["labels"].masked_fill((bits[1:] & 1) == 0, IGNORE_INDEX)
+        if self.packed:  # the tail's padding joins the last conversation: it is never a label
+            block["doc_ids"] = torch.cumsum((bits[:-1] & START) > 0, 0)
         return block
 
     def bytes_per_token(self, tokens: int) -> float | None:
-        return None  # padded conversations: no text rate to turn a loss into bits per byte
+        return None  # examples with padding: no text rate to turn a loss into bits per byte
 
 
 def open_token_path(
@@ -201,6 +206,8 @@ def open_token_path(
                 f"--seq-len {chat.get('seq_len')}, one example each; set data.seq_len: "
                 f"{chat.get('seq_len')} (or tokenize again with --seq-len {seq_len})"
             )
-        return ChatShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, f"{path} ({part})")
+        packed = chat.get("masking") == "packed"
+        name = f"{path} ({part})"
+        return ChatShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, name, packed)
     name, nbytes = f"{path} ({part})", manifests.text_bytes(doc, part)
     return TokenShardBlocks(shards, seq_len, doc["dtype"], vocab_size, key, name, nbytes)

@@ -15,7 +15,9 @@ problem a run could meet before its first step:
 - ``--init-from``: the source (a run or a transformers model, ``init_source``) gives its model
   and tokenizer to a config that names none, or is held to the config's model keys; the data's
   tokenizer is held to the source's (``init_tokenizer``); its weights are loaded and their
-  shapes checked against the model's.
+  shapes checked against the model's;
+- a packed chat folder (``doc_ids`` in its batches) with a model whose forward cannot take
+  them (``check_takes_doc_ids``, called by ``build_runtime`` once the model is built).
 
 Facts for the start-up lines are collected too (``notices``, ``warnings``): the DataLoader
 workers clamped to this machine's cores (``data.num_workers``; only where the batches stay the
@@ -24,6 +26,7 @@ same), a model vocabulary far above what the data uses.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,3 +255,20 @@ def _load_init(
 def _inside(path: Path, folder: Path) -> bool:
     path, folder = path.resolve(), folder.resolve()
     return path == folder or path.is_relative_to(folder) or folder.is_relative_to(path)
+
+
+def check_takes_doc_ids(model: nn.Module, datasets: tuple[Any, ...]) -> None:
+    """A packed chat folder's samples carry ``doc_ids`` (data.shards.ChatShardBlocks), which the
+    trainer passes to the model as a keyword: one whose forward cannot take it is told now."""
+    packed = [d for d in datasets if getattr(d, "packed", False)]
+    if not packed:
+        return
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.name == "doc_ids" or p.kind is p.VAR_KEYWORD for p in params):
+        return
+    raise ConfigError(
+        f"data.token_path: {packed[0].name} packs several conversations into each example, so "
+        f"its batches carry doc_ids (the conversation of each position), but "
+        f"{type(model).__name__}.forward takes no doc_ids; accept it (attention within each "
+        "conversation, RoPE positions restarting at its start) or tokenize again with --pad"
+    )

@@ -1,7 +1,8 @@
 """``data tokenize --chat`` (issue 56 item 1): conversations rendered with the model's chat
-template, one padded example of ``--seq-len + 1`` tokens each, a loss mask beside each shard
-that trains only the assistant turns (their end-of-turn token included). transformers is the
-oracle of the rendering and of where each role's text lies; bad input is one line."""
+template, packed whole into examples of ``--seq-len + 1`` tokens (``--pad``: one padded example
+each), a loss mask beside each shard that trains only the assistant turns (their end-of-turn
+token included) and marks where each packed conversation starts. transformers is the oracle of
+the rendering and of where each role's text lies; bad input is one line."""
 
 from __future__ import annotations
 
@@ -43,6 +44,20 @@ def read_back(folder):
     return manifest, tokens, mask
 
 
+def conversations_in(tokens, mask, packed: bool) -> list[tuple[list[int], list[int]]]:
+    """Each conversation of the examples (its ids and trained bits), split at the start bits
+    (a padded example: one, up to its padding); the padding after them checked untrained."""
+    found = []
+    for row, bits in zip(tokens, mask, strict=True):
+        starts = np.flatnonzero(bits & 2).tolist() if packed else [0]
+        assert not packed or starts[0] == 0  # an example starts with a conversation
+        end = int(np.flatnonzero(row != 2)[-1]) + 1  # the pad id is <pad>'s, 2
+        for a, b in zip(starts, [*starts[1:], end], strict=True):
+            found.append((row[a:b].tolist(), (bits[a:b] & 1).tolist()))
+        assert not (bits[end:]).any() and (row[end:] == 2).all()  # padding: never trained on
+    return found
+
+
 def ids_of(tok, conversation) -> list[int]:
     return tok.apply_chat_template(conversation, tokenize=True)["input_ids"]
 
@@ -64,27 +79,30 @@ def expected_mask(tok, conversation) -> tuple[list[int], list[int]]:
     return encoded["input_ids"], mask
 
 
-def test_every_position_of_the_shards_is_masked_by_its_role(model, tmp_path):
+@pytest.mark.parametrize("masking", ["packed", "padded"])
+def test_every_position_of_the_shards_is_masked_by_its_role(masking, model, tmp_path):
     src, imported = model
-    result = tokenize(tmp_path, CONVERSATIONS, imported, "--seq-len", SEQ)
+    rows = CONVERSATIONS * 3  # packed: several to an example, and the last ones in a new one
+    pad = ("--pad",) if masking == "padded" else ()
+    result = tokenize(tmp_path, rows, imported, "--seq-len", SEQ, *pad)
     assert result.exit_code == 0, result.stderr
     manifest, tokens, mask = read_back(tmp_path / "out")
     tok = transformers.AutoTokenizer.from_pretrained(src)
     assert tok.chat_template == TEMPLATE
-    assert len(tokens) == len(CONVERSATIONS)
-    for row, conversation in enumerate(CONVERSATIONS):
-        ids, bits = expected_mask(tok, conversation)
-        assert tokens[row, : len(ids)].tolist() == ids  # transformers' rendering, exactly
-        assert mask[row, : len(ids)].tolist() == bits
-        assert tokens[row, len(ids) :].tolist() == [tok.pad_token_id] * (SEQ + 1 - len(ids))
-        assert not mask[row, len(ids) :].any()  # padding is never trained on
+    found = conversations_in(tokens, mask, masking == "packed")
+    expected = [expected_mask(tok, conversation) for conversation in rows]
+    assert sorted(found) == sorted(expected)  # transformers' rendering and roles, exactly
+    if masking == "packed":  # first fit: fewer examples, each conversation whole in one
+        assert len(expected) // 3 <= len(tokens) < len(expected)
+    else:
+        assert found == expected and len(tokens) == len(rows)
     chat = manifest["chat"]
     template = (imported / "tokenizer" / "chat_template.jinja").read_bytes()
     import hashlib
 
     assert chat["template_sha256"] == hashlib.sha256(template).hexdigest()
-    assert (chat["train_on"], chat["masking"], chat["seq_len"]) == ("assistant", "padded", SEQ)
-    assert manifest["counts"]["chat"]["trained_tokens"] == int(mask.sum())
+    assert (chat["train_on"], chat["masking"], chat["seq_len"]) == ("assistant", masking, SEQ)
+    assert manifest["counts"]["chat"]["trained_tokens"] == int((mask & 1).sum())
 
 
 def test_train_on_all_trains_every_token_but_the_padding(model, tmp_path):
@@ -93,7 +111,8 @@ def test_train_on_all_trains_every_token_but_the_padding(model, tmp_path):
     assert result.exit_code == 0, result.stderr
     _, tokens, mask = read_back(tmp_path / "out")
     length = int((tokens[0] != 2).sum())  # the pad id is <pad>'s, 2
-    assert mask[0, 1:length].all() and not mask[0, 0] and not mask[0, length:].any()
+    assert mask[0, 0] == 2  # a conversation starts here, and is no token's label
+    assert (mask[0, 1:length] == 1).all() and not mask[0, length:].any()
 
 
 def test_a_long_conversation_is_cut_at_a_turn_or_dropped_and_both_are_counted(model, tmp_path):
@@ -206,8 +225,9 @@ def test_max_tokens_stops_at_the_conversation_that_reaches_it(model, tmp_path):
     assert result.exit_code == 0, result.stderr
     manifest, tokens, mask = read_back(tmp_path / "out")
     counts = manifest["counts"]["chat"]
-    assert len(tokens) == counts["conversations"] == 1 and manifest["counts"]["capped"]
-    assert counts["trained_tokens"] == int(mask.sum()) > 0
+    assert len(tokens) == 1 and manifest["counts"]["capped"]  # the example that reaches it
+    assert counts["conversations"] == int((mask & 2).astype(bool).sum()) > 1  # all it packs
+    assert counts["trained_tokens"] == int((mask & 1).sum()) > 0
     assert counts["chat_tokens"] == int((tokens != 2).sum())
 
 

@@ -53,6 +53,39 @@ def test_causality():
     assert not torch.allclose(before[:, t:], after[:, t:])
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_documents_are_computed_as_if_alone(checkpointing):
+    """``doc_ids``: each document of a packed row gets the logits, loss and gradients it has
+    alone (attention within it, RoPE positions restarting), the padding after them aside."""
+    model = tiny_model(n_kv_head=2).train()
+    model.set_gradient_checkpointing(checkpointing)
+    docs = [random_ids(1, n, seed=n)[0] for n in (5, 7, 3)]  # 15 positions, 1 of padding
+    ids = torch.cat([*docs, torch.zeros(1, dtype=torch.long)])[None]
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4])
+    labels = torch.cat([torch.cat([d[1:], torch.tensor([-100])]) for d in docs] + [
+        torch.tensor([-100])])[None]  # fmt: skip
+    packed = model(ids, doc_ids=doc_ids)
+    at = 0
+    for doc in docs:
+        alone = model(doc[None])
+        torch.testing.assert_close(packed[:, at : at + len(doc)], alone, rtol=0, atol=1e-5)
+        at += len(doc)
+    loss, grads = _loss_and_grads(model, ids, labels, doc_ids=doc_ids)
+    sums = [model(d[None, :-1], d[None, 1:]) * (len(d) - 1) for d in docs]
+    alone = torch.stack(sums).sum() / sum(len(d) - 1 for d in docs)
+    model.zero_grad(set_to_none=True)
+    alone.backward()
+    torch.testing.assert_close(loss, alone.detach(), rtol=0, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-6, msg=name)
+    # one document is the plain causal forward (its fused kernel), to the rounding
+    with torch.no_grad():
+        whole = model(ids, doc_ids=torch.zeros_like(doc_ids))
+        torch.testing.assert_close(whole, model(ids), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="doc_ids: shape"):
+        model(ids, doc_ids=doc_ids[:, 1:])
+
+
 @pytest.mark.parametrize("n_kv_head", [1, 2])
 def test_gqa_shapes(n_kv_head):
     model = tiny_model(n_kv_head=n_kv_head).eval()
@@ -151,9 +184,9 @@ def test_all_ignored_loss_is_zero_with_grad():
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
 
-def _loss_and_grads(model, ids, labels):
+def _loss_and_grads(model, ids, labels, **extra):
     model.zero_grad(set_to_none=True)
-    loss = model(ids, labels)
+    loss = model(ids, labels, **extra)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 

@@ -20,8 +20,11 @@ all`` trains every token. A conversation longer than the slot (``seq_len + 1`` t
 inputs and, shifted by one, the labels) is cut after the last assistant turn that fits (the
 template's own rendering of that shorter conversation), or dropped when even the first answer
 does not fit; one without an assistant turn is skipped. Each is counted; none is split inside
-an answer. Every kept conversation fills one slot, padded (``pad_id``, mask 0): docs/data.md
-says why padding and not packing.
+an answer. Kept conversations are packed (``masking: packed``, the default): laid whole into
+slots first-fit in order, each slot's tail padded (``pad_id``, mask 0), and bit 1 of the mask
+byte (``START``) set on each conversation's first token, so training keeps attention and RoPE
+positions within a conversation; ``--pad`` (``masking: padded``) gives each its own slot and no
+start bits. docs/data.md has the measurement that chose packing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from speedtronic.errors import DataError
 TEMPLATE_FILE = "chat_template.jinja"
 TRAIN_ON = ("assistant", "all")
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+START = 2  # mask bit 1: a conversation starts at this token (packed folders); bit 0: trained
 COUNTS = ("conversations", "cut", "dropped", "no_assistant", "trained_tokens", "chat_tokens")
 
 
@@ -118,6 +122,7 @@ class Conversations:
         self.specials, self.impl = setup["specials"], impl
         self.slot = setup["seq_len"] + 1  # the inputs, and the labels shifted by one
         self.train_on, self.pad_id = setup["train_on"], setup["pad_id"]
+        self.packed = setup.get("masking") == "packed"
         self.where, self.last_cut = "", False  # the row being encoded; whether it was cut
 
     def render(self, messages: list, generation: bool) -> str:
@@ -188,15 +193,35 @@ class Conversations:
     def _upto(self, messages: list, i: int) -> str:
         return self.render(messages[: i + 1], False)
 
-    def slots(
-        self, kept: list[tuple[list[int], list[int]]], dtype
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The conversations, one padded slot each: tokens and mask (uint8, 1 = trained)."""
-        tokens = np.full((len(kept), self.slot), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(kept), self.slot), dtype=np.uint8)
-        for row, (ids, bits) in enumerate(kept):
-            tokens[row, : len(ids)], mask[row, : len(bits)] = ids, bits
-        return tokens.reshape(-1).astype(dtype), mask.reshape(-1)
+    def slots(self, kept: list[tuple[list[int], list[int]]], dtype) -> tuple:
+        """The conversations in slots: tokens, mask (uint8: bit 0 trained, ``START`` where a
+        packed conversation begins) and each slot's conversations (indices into ``kept``)."""
+        sizes = [len(ids) for ids, _ in kept]
+        rows = self._pack(sizes) if self.packed else [[i] for i in range(len(kept))]
+        tokens = np.full((len(rows), self.slot), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), self.slot), dtype=np.uint8)
+        for r, row in enumerate(rows):
+            at = 0
+            for i in row:
+                ids, bits = kept[i]
+                tokens[r, at : at + len(ids)], mask[r, at : at + len(bits)] = ids, bits
+                mask[r, at] |= START if self.packed else 0
+                at += len(ids)
+        return tokens.reshape(-1).astype(dtype), mask.reshape(-1), rows
+
+    def _pack(self, sizes: list[int]) -> list[list[int]]:
+        """First fit in order: each conversation, whole, into the first slot with room for it
+        (a new one if none has), so slots open in the order of their first conversation."""
+        room, rows = np.zeros(len(sizes), np.int64), []
+        for i, n in enumerate(sizes):
+            fits = np.flatnonzero(room[: len(rows)] >= n)
+            k = int(fits[0]) if fits.size else len(rows)
+            if k == len(rows):
+                rows.append([])
+                room[k] = self.slot
+            rows[k].append(i)
+            room[k] -= n
+        return rows
 
 
 def check_messages(value: Any, where: str, key: str) -> list:
@@ -214,8 +239,8 @@ def check_messages(value: Any, where: str, key: str) -> list:
 
 
 def encode_unit(convo: Conversations, encoder: Any, rows: list, skipped: int) -> Any:
-    """A unit's conversations (``(where, messages)`` rows) as one ``Encoded``: a padded slot
-    each, split into train and val by the held-out rule on the rendered text."""
+    """A unit's conversations (``(where, messages)`` rows) as one ``Encoded`` whose documents
+    are slots, split into train and val by the held-out rule on each conversation's text."""
     from speedtronic.data.ingest.encode import Encoded, held_out
 
     counts, sizes = dict.fromkeys(COUNTS, 0), []
@@ -232,15 +257,20 @@ def encode_unit(convo: Conversations, encoder: Any, rows: list, skipped: int) ->
         sizes.append(len(ids))
         kept.append((held_out(text, encoder.val_fraction), ids, mask))
     counts["conversations"] = len(kept)
-    counts["sizes"] = sizes  # each kept conversation's tokens: a --max-tokens cap sums its own
-    parts = []
+    parts, entries = [], []  # an entry a slot: (its first conversation, val, conversations, tokens)
     for val in (False, True):
-        chosen = [(ids, mask) for flag, ids, mask in kept if flag == val]
-        parts.append(convo.slots(chosen, encoder.dtype))
-    flags = np.array([flag for flag, _, _ in kept], dtype=bool)
-    lengths = np.full(len(kept), convo.slot, dtype=np.int64)
+        index = [n for n, (flag, _, _) in enumerate(kept) if flag == val]
+        tokens, mask, rows = convo.slots([kept[n][1:] for n in index], encoder.dtype)
+        parts.append((tokens, mask))
+        entries += [(index[row[0]], val, len(row), sum(sizes[index[i]] for i in row))
+                    for row in rows]  # fmt: skip
+    entries.sort()  # in the unit's order, each part's slots in theirs: a --max-tokens cap
+    counts["sizes"] = [e[3] for e in entries]  # sums these per slot, as it sums the slots
+    counts["slot_conversations"] = [e[2] for e in entries]
+    flags = np.array([e[1] for e in entries], dtype=bool)
+    lengths = np.full(len(entries), convo.slot, dtype=np.int64)
     top = max((int(ids.max()) for ids, _ in parts if ids.size), default=-1)
     return Encoded(
         parts[0][0], parts[1][0], lengths, flags, int((~flags).sum()), int(flags.sum()),
-        skipped, top, np.zeros(len(kept), np.int64), parts[0][1], parts[1][1], counts,
+        skipped, top, np.zeros(len(entries), np.int64), parts[0][1], parts[1][1], counts,
     )  # fmt: skip

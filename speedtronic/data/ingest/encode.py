@@ -166,7 +166,7 @@ class Encoded:
     skipped: int = 0
     max_id: int = -1
     nbytes: np.ndarray | None = None  # UTF-8 bytes of text per entry of lengths
-    # chat data (``chat``): per token of train / val, 1 where it is a label trained on
+    # chat data (``chat``): per token of train / val, bit 0 where it is a label trained on
     train_mask: np.ndarray | None = None
     val_mask: np.ndarray | None = None
     chat: dict | None = None  # conversations kept, cut, dropped, without an answer; tokens trained

@@ -285,7 +285,7 @@ class _Run:
                         result.val_mask)  # fmt: skip
         self.writer.end_unit()
         for key, value in (result.chat or {}).items():
-            if key in self.chat:  # not "sizes": per conversation, for the cap only
+            if key in self.chat:  # not "sizes" nor "slot_conversations": per slot, for the cap
                 self.chat[key] += value
         cur = self.current
         cur["documents"] += result.documents
@@ -431,8 +431,9 @@ def up_to(result: Encoded, room: int) -> Encoded:
     nbytes = None if result.nbytes is None else result.nbytes[:keep]  # the kept text's
     masks = [m if m is None else m[:n] for m, n in ((result.train_mask, train_n),
                                                       (result.val_mask, val_n))]  # fmt: skip
-    chat = result.chat and {**result.chat, "conversations": keep,
-                            "trained_tokens": int(sum(m.sum() for m in masks)),
+    chat = result.chat and {**result.chat,
+                            "conversations": sum(result.chat["slot_conversations"][:keep]),
+                            "trained_tokens": int(sum((m & 1).sum() for m in masks)),
                             "chat_tokens": sum(result.chat["sizes"][:keep])}  # fmt: skip
     return Encoded(*kept, lengths, flags, *docs, result.skipped, top, nbytes, *masks, chat)
 

@@ -44,6 +44,7 @@ class Request:
     messages_key: str = "messages"
     seq_len: int | None = None
     train_on: str = "assistant"
+    pad: bool = False  # chat: one conversation a slot, not packed (data.ingest.chat)
 
     def record(self) -> dict:
         """What the journal and manifest keep: what shapes the bytes written (the document
@@ -57,7 +58,7 @@ class Request:
         return doc
 
 
-CHAT_KEYS = ("chat", "messages_key", "seq_len", "train_on")
+CHAT_KEYS = ("chat", "messages_key", "seq_len", "train_on", "pad")
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _chat(request: Request, folder: Path, impl: object) -> dict:
         "train_on": request.train_on,
         "messages_key": request.messages_key,
         "pad_id": pad_id or 0,
-        "masking": "padded",
+        "masking": "padded" if request.pad else "packed",
     }
 
 
