@@ -36,7 +36,7 @@ from speedtronic.observe.summary import (
 from speedtronic.optim.build import build_optimizer, build_scheduler, optimizer_label
 from speedtronic.registry import build_model, import_object
 from speedtronic.train import clock as run_clock
-from speedtronic.train import parallel
+from speedtronic.train import parallel, preflight
 from speedtronic.train.clock import RunClock
 from speedtronic.train.precision import (
     Precision,
@@ -44,12 +44,7 @@ from speedtronic.train.precision import (
     resolve_device,
     resolve_precision,
 )
-from speedtronic.train.preflight import (
-    StartPlan,
-    check_takes_doc_ids,
-    plan_start,
-    worker_warning,
-)
+from speedtronic.train.preflight import StartPlan, plan_start, worker_warning
 from speedtronic.train.threads import CpuShareNotice, use_threads
 from speedtronic.train.trainer import Trainer, TrainerOptions, TrainResult
 
@@ -148,7 +143,7 @@ def build_runtime(
     budget = clock.progress if config.run.time_budget_s else None
     scheduler = build_scheduler(optimizer, config.scheduler, config.schedule_steps, budget)
     datasets = start.datasets or (dataset, None)
-    check_takes_doc_ids(model, datasets)
+    preflight.check_takes_doc_ids(model, datasets)
     run_tok = run_tokenizer(config, datasets[0], tokenizer, from_config=dataset is None)
     if start.specials is not None and run_tok is not None:  # recorded, for export (issue 48)
         run_tok.specials = start.specials
