@@ -133,3 +133,20 @@ def test_lora_settings_are_checked_at_load(tmp_path):
         "model.lora.alpah: unknown key; did you mean 'alpha'?",
         "model.lora.r: must be in [1, 2**16] (got 0)",
     ]
+
+
+def test_a_config_naming_only_lora_resumes_from_the_recorded_base(tmp_path, base):
+    """The config names no model (the source's is taken) and --resume names no --init-from:
+    the run goes on with the model and base its checkpoint recorded."""
+    path = tmp_path / "lora.yaml"
+    config = {
+        "run": {"device": "cpu", "max_steps": 2, "output_dir": str(tmp_path / "lora")},
+        "model": {"lora": {"r": 4}},
+        "data": {"micro_batch_size": 4},
+    }
+    path.write_text(yaml.safe_dump(config))
+    assert invoke("train", "-c", path, "--init-from", base).exit_code == 0
+    result = invoke("train", "-c", path, "--resume", "--max-steps", 4)
+    assert result.exit_code == 0, result.stderr
+    assert "resumed from" in result.stderr and "model.lora: r 4" in result.stderr
+    assert load_checkpoint(latest(tmp_path / "lora")).meta["step"] == 4
