@@ -77,6 +77,23 @@ def resolve_targets(model: nn.Module, names: list[str]) -> list[str]:
     return resolved
 
 
+def describe(model: nn.Module, lora: LoraConfig) -> str:
+    """``validate``'s line: the targets and the adapters' size, counted (``model`` may be on
+    the meta device); a target naming no layer is the ConfigError ``wrap`` would raise."""
+    targets = resolve_targets(model, lora.target_modules)
+    layers = [
+        m
+        for path, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(_matches(path, t) for t in targets)
+    ]
+    adapters = sum(lora.r * (m.in_features + m.out_features) for m in layers)
+    total = sum(p.numel() for p in model.parameters())
+    return (
+        f"r {lora.r}, alpha {lora.alpha:g} on {len(layers)} layers ({', '.join(targets)}): "
+        f"{adapters:,} trainable parameters ({adapters / (total + adapters):.2%})"
+    )
+
+
 def available_names(model: nn.Module) -> list[str]:
     """The target names a user may give: Llama's where the table maps them, else the model's."""
     linears = _linear_names(model)
