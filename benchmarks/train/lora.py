@@ -9,8 +9,9 @@ Both sides fine-tune the same base (the ~10M model of ``benchmarks/engine/overhe
 ``25m-wide``: two blocks of width 1024; trained one step and saved) with ``--init-from`` in
 ONE process, same data, precision, threads and AdamW: "full" trains every weight, "lora" the
 default ``model.lora`` (r 8, alpha 16, the seven attention and MLP projections), the base
-frozen. Each side first runs ``--warmup`` optimizer steps (not timed); then ``--rounds`` rounds of ``--steps`` timed steps
-alternate in ABBA order (the order flips every round), so the machine's drift hits both alike.
+frozen. Each side first runs ``--warmup`` optimizer steps (not timed); then ``--rounds``
+rounds of ``--steps`` timed steps alternate in ABBA order (the order flips every round), so
+the machine's drift hits both alike.
 Reported: the median per-round ratio lora/full of tokens/s and of tokens per CPU second
 (which contention moves least, with ``--threads 1``), each side's CPU share per round (process
 CPU time / (wall x threads): well under 1 means another process had the cores) and the load
