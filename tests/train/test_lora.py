@@ -167,3 +167,11 @@ def test_validate_counts_the_adapters_and_checks_the_targets(tmp_path, base):
     path.write_text(yaml.safe_dump(config))
     bad = invoke("validate", "-c", path, "--init-from", base)
     assert_one_line_error(bad, "model.lora.target_modules: 'wqkv' names no linear layer")
+
+
+def test_init_from_a_lora_run_says_to_export_it_merged(tmp_path, base):
+    first = run(lora_config(tmp_path, base))
+    config = config_of(tmp_path, "next", checkpoint={"init_from": str(tmp_path / "lora")})
+    with pytest.raises(ConfigError, match=r"is a LoRA run's checkpoint \(adapters only\); export"):
+        train_from_config(config, console=False)
+    assert first.checkpoint
