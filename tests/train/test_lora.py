@@ -175,3 +175,25 @@ def test_init_from_a_lora_run_says_to_export_it_merged(tmp_path, base):
     with pytest.raises(ConfigError, match=r"is a LoRA run's checkpoint \(adapters only\); export"):
         train_from_config(config, console=False)
     assert first.checkpoint
+
+
+def test_the_base_digest_is_the_same_before_and_after_wrapping():
+    """A fleet node names its base by ``base_sha256(base_state(model))`` on the wrapped model:
+    it must be the digest the run recorded before wrapping, and any changed bit changes it."""
+    from speedtronic.config.sections import LoraConfig
+    from speedtronic.registry import build_model
+    from speedtronic.train import lora
+
+    sizes = {"vocab_size": 64, "n_layer": 1, "d_model": 32, "n_head": 2, "seq_len": 16}
+    model = build_model("reference_transformer", sizes, [])
+    adapters = lora.adapt(model, LoraConfig(r=2), "here")
+    digest = adapters.record["base"]["sha256"]
+    assert lora.base_sha256(lora.base_state(model)) == digest
+    assert adapters.record["targets"] == ["attn.wq", "attn.wk", "attn.wv", "attn.wo"] + [
+        "mlp.w_gate", "mlp.w_up", "mlp.w_down"
+    ]  # fmt: skip
+    names = {f"blocks.0.{t}.lora_{ab}.weight" for t in adapters.record["targets"] for ab in "AB"}
+    assert set(lora.adapter_state(model)) == names
+    with torch.no_grad():
+        model.blocks[0].attn.wq.base_layer.weight[0, 0] += 1e-6
+    assert lora.base_sha256(lora.base_state(model)) != digest
