@@ -27,9 +27,10 @@ class StopAt:
         return "stop" if trainer.step == self.step else None
 
 
-@pytest.fixture
-def base(tmp_path):
-    return train(tmp_path, "base")
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The run every LoRA run here adapts (read only: trained once for the module)."""
+    return train(tmp_path_factory.mktemp("lora-base"), "base")
 
 
 def lora_config(tmp_path, base, name="lora", lora=None, **sections):
