@@ -53,6 +53,11 @@ def open_init_source(src: str, log: Callable[[str], None]) -> InitSource:
     if is_model_source(src):
         return _model_source(src, log)
     checkpoint = load_init_weights(src, log)
+    if "lora" in checkpoint.meta:  # its weights are adapters: a model needs them merged
+        raise ConfigError(
+            f"checkpoint.init_from: {checkpoint.path} is a LoRA run's checkpoint (adapters "
+            f"only); export it merged (speedtronic export {src} OUT) and start from OUT"
+        )
     config = checkpoint.meta.get("config")
     section = config.get("model") if isinstance(config, dict) else None
     known = _known_record(checkpoint)
@@ -122,7 +127,9 @@ def adopt(
     ``own_model``: the caller passes the model itself (its shapes are checked, not its keys)."""
     if not own_model and names_no_model(config):
         raw = config.to_dict(redact=False)
-        raw["model"] = {"imports": [], **source.model}
+        theirs = {k: v for k, v in source.model.items() if k != "lora"}  # adapters: ours alone
+        lora = raw["model"].get("lora")
+        raw["model"] = {"imports": [], **theirs, **({"lora": lora} if lora else {})}
         config = type(config).from_dict(raw)
         notices.append(
             f"checkpoint.init_from: the model settings are {source.where}'s; its tokenizer is "
@@ -157,7 +164,7 @@ def check_same_function(config: SpeedtronicConfig, source: InitSource, misfit: s
 
 
 def _keys(section: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in section.items() if k not in ("name", "imports")}
+    return {k: v for k, v in section.items() if k not in ("name", "imports", "lora")}
 
 
 def _resolved(params: dict[str, Any]) -> dict[str, Any]:
