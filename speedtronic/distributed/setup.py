@@ -22,6 +22,7 @@ from torch import nn
 
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.distributed.final_global import FinalGlobalWriter
+from speedtronic.distributed.frozen_base import base_sha256
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.plugin import MasterPlugin, serve
 from speedtronic.distributed.repos import no_directory_note, open_transport
@@ -54,10 +55,15 @@ def node_transport(settings: Any, logger: Any) -> Transport:
     return transport
 
 
-def master_loop(config: Any, model: nn.Module, logger: Any, transport: Transport) -> MasterLoop:
+def master_loop(
+    config: Any, model: nn.Module, logger: Any, transport: Transport, worker: Any = None
+) -> MasterLoop:
+    """The master's loop on ``model``'s trainable parameters; ``worker``: its own worker, whose
+    hash of the frozen base it shares (a fleet that fine-tunes: every node checks it)."""
     weights = snapshot(parameters_of(model))
     settings = node_settings(config)
-    return MasterLoop(settings, weights, transport, logger, state_dir(config))
+    base = worker.fetcher.base_sha256 if worker is not None else base_sha256(model)
+    return MasterLoop(settings, weights, transport, logger, state_dir(config), base_sha256=base)
 
 
 def final_writer(
@@ -88,7 +94,7 @@ def coordinator_plugins(
         plugins.append(worker)
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None
-        loop = master_loop(config, model, logger, transport)
+        loop = master_loop(config, model, logger, transport, local_worker)
         plugins.insert(0, MasterPlugin(loop, local_worker))
         plugins[0].final_writer = writer
     logger.notice(

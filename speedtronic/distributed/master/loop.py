@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from speedtronic.distributed.frozen_base import FIELD as BASE_FIELD
+from speedtronic.distributed.frozen_base import check_base
 from speedtronic.distributed.master.intake import DeltaIntake
 from speedtronic.distributed.master.outer import Master, MasterConfig, MasterState, RoundResult
 from speedtronic.distributed.master.publish import Publication, Publisher, PublishSender
@@ -65,10 +67,13 @@ class MasterLoop:
         state_dir: str | Path,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        base_sha256: str | None = None,
     ):
         """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one);
-        ``wall`` how long a node has been silent at the end of a run."""
+        ``wall`` how long a node has been silent at the end of a run; ``base_sha256``: the
+        model's frozen base (``frozen_base``), recorded with every publish for nodes to check."""
         self.config, self.transport, self.logger = config, transport, logger
+        self.base_sha256 = base_sha256
         self.clock = clock
         self.state_dir = Path(state_dir)
         self.initial_weights = weights
@@ -83,6 +88,7 @@ class MasterLoop:
         every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
         sha_of = self.publisher.sha256_of  # what its publish of a state would send
         self.guard = RepoGuard(transport, logger, self.master_id, weights, now, sha_of, every)
+        self.guard.base_sha256 = base_sha256
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.sender: PublishSender | None = None  # publishes off the poll thread when running
@@ -126,6 +132,8 @@ class MasterLoop:
             if state is not None:
                 self._resume(state)
             return
+        if (view.count or {}).get(BASE_FIELD) is not None:  # a run on another base: refused
+            check_base(view.count, self.base_sha256, self.transport.describe())
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
         if not publish and view.keyframe is not None:
             self.publisher.uploaded = view.keyframe  # read there just now
@@ -207,7 +215,7 @@ class MasterLoop:
             return None
         nodes = self.intake.summary_after(result)
         consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
-        extra = {"nodes": nodes, "master": self.master_id}
+        extra = self._extra(nodes)
         try:
             shared = self.intake.round_deltas(result.shared)
             publication = self.publisher.save(
@@ -228,11 +236,18 @@ class MasterLoop:
         self._send(publication)
         return result
 
+    def _extra(self, nodes: dict) -> dict[str, Any]:
+        """What a publish's step count says besides the step: the nodes, this master, the base."""
+        extra = {"nodes": nodes, "master": self.master_id}
+        if self.base_sha256 is not None:
+            extra[BASE_FIELD] = self.base_sha256
+        return extra
+
     def republish(self) -> None:
         """Publish the committed step again (saved with the current node summary): after a
         failed send, a repo that lost it, or a summary change at the end of a run."""
         nodes = self.intake.summary_after(None)
-        extra = {"nodes": nodes, "master": self.master_id}
+        extra = self._extra(nodes)
         state, rate = self.master.snapshot(), self.master.fleet_rate
         publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
         with self.lock:

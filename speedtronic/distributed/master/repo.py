@@ -75,6 +75,7 @@ class RepoGuard:
         self.reference, self.clock, self.interval_s = reference, clock, interval_s
         self.reader = GlobalReader(transport, reference, hashed=True)
         self.sha_of = sha_of
+        self.base_sha256: str | None = None  # the frozen base each publish records (LoRA)
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
         self._said: set[str] = set()  # problems logged already (each once)
@@ -163,6 +164,7 @@ class RepoGuard:
             for name, same in (
                 ("weights_sha256", view.sha256 == self.sha_of(state)),
                 ("master", view.master == self.master_id),
+                ("base_sha256", (view.count or {}).get("base_sha256") == self.base_sha256),
                 ("nodes", not state.nodes or view.nodes == state.nodes),
             )
             if not same

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from speedtronic.distributed.codec import expected_delta_bytes
+from speedtronic.distributed.frozen_base import base_sha256
 from speedtronic.distributed.latency import poll_advice
 from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.transport import Transport
@@ -76,7 +77,8 @@ class WorkerPlugin:
         self.status = NodeStatus()
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
-        self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
+        base = base_sha256(model)  # the frozen base (LoRA): checked against the run's record
+        self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params, base)
         # global_dtype deltas: a round's own deltas come from what this node sent, not the repo
         self.fetcher.reader.replayer.held = self.uploader.in_flight.held
         self.base: dict[str, torch.Tensor] | None = None
