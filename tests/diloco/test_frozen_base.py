@@ -158,3 +158,16 @@ def test_a_damaged_base_field_is_refused_by_name(value):
     )
     with pytest.raises(DamagedRepoFile, match="base_sha256"):
         parse_step_count(data.encode())
+
+
+def test_validate_counts_the_bytes_of_the_trainable_tensors_only(tiny, tmp_path):
+    from speedtronic.cli.diloco_facts import Fleet, diloco_facts
+    from speedtronic.config import SpeedtronicConfig
+
+    tiny["distributed"] = {"enabled": True, "repo_id": str(tmp_path / "repo"), "node_id": "a"}
+    cfg = SpeedtronicConfig.from_dict(tiny)
+    facts = diloco_facts(cfg, Net(), Fleet())
+    assert facts["diloco_delta_bytes"]["fp32"] == 8  # weight's 2 floats; the base's 4 stay
+    line = facts["diloco_trainable"]
+    assert line.startswith("2 of 6 parameters travel") and "33.3% of the full model's" in line
+    assert "diloco_trainable" not in diloco_facts(cfg, Net(frozen=False), Fleet())
