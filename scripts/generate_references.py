@@ -216,6 +216,8 @@ def type_name(hint: Any) -> str:
         return f"list of {len(args)} {type_name(args[0])}s"
     if origin is list:
         return f"list of {type_name(args[0])}s"
+    if dataclasses.is_dataclass(hint):  # a section inside a section (model.lora)
+        return "mapping"
     names = {bool: "boolean", int: "integer", float: "number", str: "string"}
     return names.get(hint, "null" if hint is type(None) else str(hint))
 

@@ -44,7 +44,12 @@ from speedtronic.train.precision import (
     resolve_device,
     resolve_precision,
 )
-from speedtronic.train.preflight import StartPlan, plan_start, worker_warning
+from speedtronic.train.preflight import (
+    StartPlan,
+    load_start_weights,
+    plan_start,
+    worker_warning,
+)
 from speedtronic.train.threads import CpuShareNotice, use_threads
 from speedtronic.train.trainer import Trainer, TrainerOptions, TrainResult
 
@@ -65,6 +70,8 @@ class Runtime:
     # HFTokenizer (.path: its tokenizer.json) or None when unknown; checkpoints record it.
     tokenizer: Any = None
     clock: RunClock | None = None  # training and start-up seconds, the time budget
+    # model.lora: the adapters (train.lora.Adapters): checkpoints hold them, not the base
+    adapters: Any = None
     record: RunRecord | None = None  # the curves of the run's summary
 
     def facts(self) -> dict[str, Any]:
@@ -127,13 +134,7 @@ def build_runtime(
         model = build_model(config.model.name, config.model.params, config.model.imports)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name: {config.model.name!r} did not build an nn.Module")
-    if start.init is not None:  # checked against this model's shapes by plan_start
-        model.load_state_dict(start.init.model_state, strict=True)
-        logger.notice(
-            f"checkpoint.init_from: the weights of {start.init.path} (step "
-            f"{start.init.meta.get('step', '?')}); the optimizer, schedule, step count and random "
-            "streams start fresh"
-        )
+    adapters = load_start_weights(model, start, logger.notice)  # --init-from, model.lora
     model.to(device)
     if config.gradient_checkpointing:
         _enable_checkpointing(model, logger)
@@ -169,6 +170,7 @@ def build_runtime(
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
     runtime = Runtime(config, model, optimizer, kernel, scheduler, precision, data, logger, trainer)
+    runtime.adapters = adapters
     runtime.tokenizer, runtime.clock, runtime.record = run_tok, clock, RunRecord(clock)
     trainer.plugins.insert(0, clock)  # first: the others see a spent budget's last step
     trainer.plugins.append(runtime.record)

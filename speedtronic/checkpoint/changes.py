@@ -147,6 +147,11 @@ def flatten(config: dict[str, Any]) -> dict[str, Any]:
             flat.update({f"{section}.{key}": value for key, value in values.items()})
         else:
             flat[section] = values
+    lora = flat.pop("model.lora", None)  # each setting its own line: model.lora.r: 8 -> 16
+    if isinstance(lora, dict):
+        flat.update({f"model.lora.{key}": value for key, value in lora.items()})
+    elif lora is not None:
+        flat["model.lora"] = lora
     return {k: v for k, v in flat.items() if k not in IGNORED}
 
 
@@ -165,6 +170,8 @@ def _same(key: str, old: Any, new: Any) -> bool:
 
 
 def _why_refused(key: str, config: SpeedtronicConfig) -> str | None:
+    if key.startswith("model.lora"):
+        return "the checkpoint's adapters are of the LoRA settings that trained them"
     if key.startswith("model."):
         return "the checkpoint's weights have the shape of the model that wrote them"
     if key == "data.num_workers" and _streamed(config):

@@ -96,6 +96,7 @@ class CheckpointPlugin:
             group.saved()  # rank 0 writes; the others wait until the checkpoint is complete
             self.saved_step, self.last_path = trainer.step, self.root / step_dir_name(trainer.step)
             return self.last_path
+        adapters = getattr(runtime, "adapters", None)  # LoRA: the adapters, not the base
         meta = {
             "run_id": self.run_id,
             "tokens": trainer.tokens,
@@ -106,12 +107,14 @@ class CheckpointPlugin:
             "tokenizer": self.tokenizer_meta,
             "eval_loss": _last_eval(trainer),
             "eval_sets": _last_sets(trainer),
+            **({"lora": adapters.record} if adapters is not None else {}),
         }
+        weights = adapters.state(runtime.model) if adapters is not None else None
         try:
             self.last_path = save_checkpoint(
                 self.root,
                 trainer.step,
-                runtime.model.state_dict(),
+                runtime.model.state_dict() if weights is None else weights,
                 state,
                 meta,
                 keep_last=self.config.keep_last,
@@ -193,7 +196,7 @@ def resume_run(runtime: Any, plugin: CheckpointPlugin, checkpoint: Any = None) -
         return None
     path = checkpoint.path
     try:
-        runtime.model.load_state_dict(checkpoint.model_state, strict=True)
+        _load_weights(runtime, checkpoint)
     except RuntimeError as exc:
         why = state_mismatch(runtime.model.state_dict(), checkpoint.model_state)
         raise CheckpointError(
@@ -208,6 +211,20 @@ def resume_run(runtime: Any, plugin: CheckpointPlugin, checkpoint: Any = None) -
     logger.drop_records_after(runtime.trainer.step)
     logger.notice(f"resumed from {path} at step {runtime.trainer.step}")
     return runtime.trainer.step
+
+
+def _load_weights(runtime: Any, checkpoint: Checkpoint) -> None:
+    """The checkpoint's weights into the model; a LoRA run's are its adapters alone."""
+    adapters = getattr(runtime, "adapters", None)
+    if adapters is None:
+        runtime.model.load_state_dict(checkpoint.model_state, strict=True)
+        return
+    why = adapters.load(runtime.model, checkpoint.model_state)
+    if why:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} does not fit this run's LoRA adapters: {why}",
+            hint="resume with the config the checkpoint was written with",
+        )
 
 
 def optimizer_settings(optimizer: Any) -> list[dict[str, Any]]:

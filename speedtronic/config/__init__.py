@@ -150,6 +150,8 @@ class SpeedtronicConfig:
             value = getattr(self, f.name)
             if f.name == "model":
                 out["model"] = {"name": value.name, "imports": list(value.imports), **value.params}
+                if value.lora is not None:
+                    out["model"]["lora"] = _plain(dataclasses.asdict(value.lora))
             elif dataclasses.is_dataclass(value):
                 out[f.name] = {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
             else:

@@ -22,6 +22,7 @@ from speedtronic.config.sections import (
     RUN_ALIASES,
     SCALARS,
     SECTIONS,
+    LoraConfig,
     ModelConfig,
 )
 from speedtronic.errors import ConfigError
@@ -80,7 +81,26 @@ def check_sections(config: Any) -> list[str]:
         + _check_context_length(config)
         + _check_eval_cadence(config)
         + _check_rewarm(config)
+        + _check_lora(config)
     )
+
+
+def _check_lora(config: Any) -> list[str]:
+    """LoRA adapts a trained model: it needs one to start from, and AdamW to train it."""
+    if config.model.lora is None:
+        return []
+    problems = []
+    if not config.checkpoint.init_from and not config.checkpoint.resume:
+        problems.append(
+            "model.lora: needs --init-from (checkpoint.init_from): LoRA trains adapters on a "
+            "trained model's frozen weights; name the run or transformers model to adapt"
+        )
+    if config.optimizer.name == "muon":
+        problems.append(
+            "optimizer.name: muon not with model.lora: Muon orthogonalises whole weight "
+            "matrices, not a rank-r factor of an update; use adamw (peft's and litgpt's choice)"
+        )
+    return problems
 
 
 def _range_problems(name: str, section: Any) -> list[str]:
@@ -144,6 +164,10 @@ def _build_section(name: str, value: Any, problems: list[str]) -> Any:
         return None
     if name == "model":
         return _build_model(value, problems)
+    return _build_fields(name, cls, value, problems)
+
+
+def _build_fields(name: str, cls: type, value: dict[str, Any], problems: list[str]) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -162,6 +186,7 @@ def _build_model(value: dict[str, Any], problems: list[str]) -> ModelConfig:
     params = dict(value)
     name = coerce("model.name", params.pop("name", ModelConfig.name), str, problems)
     imports = coerce("model.imports", params.pop("imports", []), list[str], problems)
+    lora = _build_lora(params.pop("lora", None), problems)
     bad = [k for k in params if not isinstance(k, str) or not k.isidentifier()]
     for key in bad:
         problems.append(f"model.{key_text(key)}: parameter names must be Python identifiers")
@@ -169,7 +194,22 @@ def _build_model(value: dict[str, Any], problems: list[str]) -> ModelConfig:
         return ModelConfig()
     if name == REFERENCE:
         params = _reference_params(params, problems)
-    return ModelConfig(name=name, imports=imports, params=params)
+    return ModelConfig(name=name, imports=imports, params=params, lora=lora)
+
+
+def _build_lora(value: Any, problems: list[str]) -> LoraConfig | None:
+    """``model.lora``: a section of its own inside ``model`` (null or absent: no adapters)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        problems.append(
+            f"model.lora: must be a mapping of r, alpha, dropout, target_modules "
+            f"(got {describe(value)})"
+        )
+        return None
+    lora = _build_fields("model.lora", LoraConfig, value, problems)
+    problems.extend(_range_problems("model.lora", lora))
+    return lora
 
 
 def _reference_params(params: dict[str, Any], problems: list[str]) -> dict[str, Any]:

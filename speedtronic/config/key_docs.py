@@ -25,6 +25,10 @@ DOCS: dict[str, str] = {
     "(a model with branches it may skip); costs a graph walk per step",
     "model.name": "a registered model, or an import path 'package.module:factory'",
     "model.imports": "modules imported first, so the @register_model in them runs",
+    "model.lora": "LoRA adapters on the model's linear layers, trained alone on the frozen "
+    "--init-from model: {r (rank, 8), alpha (scale alpha/r; 16), dropout (0.0), "
+    "target_modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; Llama's names "
+    "or the model's own, attn.wq ...)}; checkpoints hold the adapters",
     "data.source": "where samples come from; auto: text or tokens if that path is set, else "
     "synthetic",
     "data.text_path": "a UTF-8 text file, streamed and never loaded whole (a .jsonl or "
@@ -221,6 +225,9 @@ CHECKED: dict[str, str] = {
     "scheduler.rewarm_from": "only with rewarm_steps > 0",
     "logging.hooks": "tensorboard, wandb or 'package.module:attribute'",
     "model.name": "an import path must not name a standard-library module (os:system, ...)",
+    "model.lora": "needs checkpoint.init_from, not with optimizer.name muon; r in [1, 2**16], "
+    "alpha > 0, dropout in [0, 1), target_modules each a layer of the model, unknown keys "
+    "refused",
     "checkpoint.overwrite": "not with resume",
     "checkpoint.init_from": "a directory or hf://OWNER/NAME[@REV]; unused when --resume finds a "
     "checkpoint; not inside the directory --overwrite deletes; the weights must fit the model, "

@@ -74,18 +74,56 @@ def is_safe_name(name: str) -> bool:
     return size <= MAX_NAME_BYTES and not bad and name not in (".", "..")
 
 
+# The projections LoRA adapts by default: attention and MLP, as QLoRA found all of them need
+# (Dettmers et al. 2023) and litgpt, torchtune and axolotl's Llama recipes do. Llama's names,
+# which peft users know; the reference model's own (attn.wq, ...) are accepted too.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+
+
+@dataclass
+class LoraConfig:
+    """``model.lora``: low-rank adapters on the model's linear layers (``train/lora.py``).
+
+    The defaults are litgpt's and torchtune's: rank 8, alpha 16 (a scale alpha / r of 2),
+    no dropout (Unsloth's advice; it also keeps a step deterministic)."""
+
+    r: int = ranged(8, "[1, 2**16]")
+    alpha: float = ranged(16.0, "(0, inf)")
+    dropout: float = ranged(0.0, "[0, 1)")
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    def check(self) -> list[str]:
+        key = "model.lora.target_modules"
+        if not self.target_modules:
+            return [f"{key}: must name at least one layer (e.g. {', '.join(LORA_TARGETS)})"]
+        problems = [
+            f"{key}: {brief(name)} must be a module name such as q_proj or attn.wq"
+            for name in self.target_modules
+            if not LORA_TARGET_RE.fullmatch(name)
+        ]
+        twice = sorted({n for n in self.target_modules if self.target_modules.count(n) > 1})
+        problems += [f"{key}: {name!r} is given twice" for name in twice]
+        return problems
+
+
 @dataclass
 class ModelConfig:
     """``name`` is a registered model or an import path ``package.module:factory``.
 
-    Every other key in the YAML section is passed to the model factory as a keyword.
+    Every other key in the YAML section is passed to the model factory as a keyword, except
+    ``lora`` (the adapters, checked here; the factory never sees it).
     """
 
     name: str = "reference_transformer"
     imports: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    lora: LoraConfig | None = None  # low-rank adapters: a fine-tune of an --init-from model
 
     def check(self) -> list[str]:
+        return self._check_name() + (self.lora.check() if self.lora is not None else [])
+
+    def _check_name(self) -> list[str]:
         # Read from the text alone, so validate applies it without importing anything (issue
         # 21: validate accepted os:system, train refused it). Building the model applies the
         # rest of the rule: the object must be a class or function defined outside the stdlib.

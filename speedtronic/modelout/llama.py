@@ -127,6 +127,16 @@ def reference_name(key: str) -> str | None:
     return None
 
 
+def block_modules() -> dict[str, str]:
+    """A block's modules, ours -> Llama's (``attn.wq`` -> ``self_attn.q_proj``), read from the
+    same table: LoRA's target names (``train.lora``) accept either."""
+    return {
+        ours.removesuffix(".weight"): theirs.removesuffix(".weight")
+        for ours, theirs in _BLOCK_NAMES.items()
+        if ours.endswith(".weight")
+    }
+
+
 def layer_index(key: str) -> int | None:
     """The layer a LlamaForCausalLM key belongs to (``model.layers.<i>.``); None outside one."""
     match = _LLAMA_BLOCK_KEY.match(key)

@@ -122,7 +122,9 @@ def adopt(
     ``own_model``: the caller passes the model itself (its shapes are checked, not its keys)."""
     if not own_model and names_no_model(config):
         raw = config.to_dict(redact=False)
-        raw["model"] = {"imports": [], **source.model}
+        theirs = {k: v for k, v in source.model.items() if k != "lora"}  # adapters: ours alone
+        lora = raw["model"].get("lora")
+        raw["model"] = {"imports": [], **theirs, **({"lora": lora} if lora else {})}
         config = type(config).from_dict(raw)
         notices.append(
             f"checkpoint.init_from: the model settings are {source.where}'s; its tokenizer is "

@@ -25,6 +25,7 @@ same), a model vocabulary far above what the data uses.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ class StartPlan:
     warnings: list[str] = field(default_factory=list)
     eval_sets: list[Any] = field(default_factory=list)  # eval.sets, read (evaluate.sets)
     specials: dict | None = None  # the init source's special tokens, its tokenizer the data's
+    # model.lora: where the frozen base comes from (the --init-from as given), and on --resume
+    # the sha256 its weights must have (the checkpoint's meta.json "lora" record)
+    base_source: str | None = None
+    base_sha256: str | None = None
 
 
 def plan_start(
@@ -83,6 +88,8 @@ def plan_start(
         _plan_resume(plan)
     config = plan.config
     init = config.checkpoint.init_from if plan.resume is None else None
+    if config.model.lora is not None:
+        init = _lora_base(plan, init)
     source = None
     if init is not None:  # before the model and data: a config naming none takes the source's
         source = open_init_source(init, plan.warnings.append)
@@ -98,6 +105,58 @@ def plan_start(
         plan.init = _load_init(config, source, shapes, own_model=model is not None)
     plan.warnings += [w for w in [vocab_warning(config)] if w and dataset is None]
     return plan
+
+
+def _lora_base(plan: StartPlan, init: str | None) -> str:
+    """The base a LoRA run adapts: --init-from's for a fresh run; on --resume the one its
+    checkpoint names (or --init-from's, when the base has moved), to be checked by sha256."""
+    config = plan.config
+    if plan.resume is None:
+        if not init:
+            raise ConfigError(
+                "model.lora: needs --init-from (checkpoint.init_from): LoRA trains adapters on "
+                "a trained model's frozen weights; name the run or transformers model to adapt"
+            )
+        plan.base_source = _as_given(init)
+        return init
+    record = plan.resume.meta.get("lora")
+    base = record.get("base") if isinstance(record, dict) else None
+    if not isinstance(base, dict) or not isinstance(base.get("sha256"), str):
+        raise ConfigError(
+            f"--resume: {plan.resume.path} is not a LoRA checkpoint (meta.json records no "
+            "lora.base), but model.lora is set; resume with the config the run was written with"
+        )
+    plan.base_source = _as_given(config.checkpoint.init_from or str(base.get("source")))
+    plan.base_sha256 = base["sha256"]
+    plan.notices[-1:] = [n for n in plan.notices[-1:] if "init_from: not used" not in n]
+    return plan.base_source
+
+
+def _as_given(where: str) -> str:
+    """A local path made absolute (a resume may run from elsewhere); hf://... as it is."""
+    path = Path(where)
+    return str(path.resolve()) if "://" not in where and path.exists() else where
+
+
+def load_start_weights(model: nn.Module, start: StartPlan, notice: Callable[[str], None]) -> Any:
+    """--init-from's weights into ``model`` (checked against its shapes by ``plan_start``), and
+    with ``model.lora`` the adapters on them: ``train.lora.Adapters``, else None."""
+    if start.init is not None:
+        model.load_state_dict(start.init.model_state, strict=True)
+        if start.base_sha256 is None:  # a resumed LoRA run's base is named by adapt_run
+            notice(
+                f"checkpoint.init_from: the weights of {start.init.path} (step "
+                f"{start.init.meta.get('step', '?')}); the optimizer, schedule, step count and "
+                "random streams start fresh"
+            )
+    lora = start.config.model.lora
+    if lora is None:
+        return None
+    from speedtronic.train.lora import adapt_run
+
+    if start.init is None or start.base_source is None:  # plan_start loads a LoRA run's base
+        raise ConfigError("model.lora: needs --init-from (checkpoint.init_from)")
+    return adapt_run(model, lora, start.base_source, start.base_sha256, notice)
 
 
 def _eval_sets(config: SpeedtronicConfig, tokenizer: Any) -> list[Any]:

@@ -132,6 +132,14 @@ def test_only_one_module_imports_pyarrow():
     assert users == {PYARROW_MODULE}, sorted(users)
 
 
+PEFT_MODULE = "speedtronic.train.lora"  # LoRA adapters; the `lora` extra
+
+
+def test_only_one_module_imports_peft():
+    users = {n for n in MODULES if any(top(i) == "peft" for i in imports_of(n))}
+    assert users == {PEFT_MODULE}, sorted(users)
+
+
 # The tokenize pipeline's processes: spawned once per core, so they must start without torch.
 INGEST_TORCH_FREE = (
     "speedtronic.data.manifest",

@@ -1,0 +1,135 @@
+"""LoRA through peft (issue 56 item 3): only the adapters train, are saved and resume exactly;
+the base is loaded from --init-from and named by its sha256; bad settings are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from modelout_support import assert_one_line_error, config_of, invoke, latest, train
+
+from speedtronic.checkpoint import load_checkpoint
+from speedtronic.errors import ConfigError
+from speedtronic.runtime import train_from_config
+
+
+class StopAt:
+    """Ends the run early, as a preemption would (its final checkpoint included)."""
+
+    name = "stop_at"
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def after_optimizer_step(self, trainer):
+        return "stop" if trainer.step == self.step else None
+
+
+@pytest.fixture
+def base(tmp_path):
+    return train(tmp_path, "base")
+
+
+def lora_config(tmp_path, base, name="lora", lora=None, **sections):
+    sections.setdefault("checkpoint", {})["init_from"] = str(base)
+    config = config_of(tmp_path, name, **sections)
+    config["model"]["lora"] = {"r": 4, **(lora or {})}
+    return config
+
+
+def test_only_the_adapters_train_and_are_saved(tmp_path, base):
+    result = train_from_config(lora_config(tmp_path, base), console=False)
+    saved = load_checkpoint(result.checkpoint)
+    names = set(saved.model_state)
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names), names
+    assert "blocks.0.attn.wq.lora_A.weight" in names and len(names) == 14  # 7 layers, A and B
+    assert any(saved.model_state[n].abs().sum() > 0 for n in names if "lora_B" in n)  # trained
+    record = saved.meta["lora"]
+    assert record["r"] == 4 and record["targets"][0] == "attn.wq"
+    assert record["base"]["source"] == str(base.resolve())
+    from speedtronic.train.lora import base_sha256
+
+    assert record["base"]["sha256"] == base_sha256(load_checkpoint(latest(base)).model_state)
+    full = (latest(base) / "model.safetensors").stat().st_size
+    assert (result.checkpoint and saved.path / "model.safetensors").stat().st_size < full / 4
+
+
+def run(config, stop_at=None, resume=False):
+    config = {**config, "checkpoint": {**config["checkpoint"], "resume": resume}}
+    plugins = [StopAt(stop_at)] if stop_at else []
+    return train_from_config(config, console=False, plugins=plugins)
+
+
+def test_a_lora_run_resumes_exactly(tmp_path, base):
+    config = lora_config(tmp_path, base, "straight", run={"max_steps": 6})
+    straight = load_checkpoint(run(config).checkpoint).model_state
+    config["run"]["output_dir"] = str(tmp_path / "split")
+    assert run(config, stop_at=3).steps == 3
+    second = run(config, resume=True)
+    assert second.steps == 6
+    resumed = load_checkpoint(second.checkpoint).model_state
+    assert resumed.keys() == straight.keys()
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+
+
+def test_resumed_with_another_r_is_refused(tmp_path, base):
+    config = lora_config(tmp_path, base)
+    run(config)
+    config["model"]["lora"]["r"] = 8
+    with pytest.raises(ConfigError) as info:
+        run(config, resume=True)
+    assert str(info.value).startswith("--resume: model.lora.r: 4 -> 8 cannot change")
+    assert "\n" not in str(info.value)
+
+
+def test_resumed_on_another_base_is_refused(tmp_path, base):
+    config = lora_config(tmp_path, base)
+    run(config)
+    other = train(tmp_path, "other", run={"seed": 1})
+    config["checkpoint"]["init_from"] = str(other)
+    with pytest.raises(ConfigError, match=r"is not the base this LoRA run trained on"):
+        run(config, resume=True)
+
+
+def test_target_modules_naming_no_module_are_refused(tmp_path, base):
+    config = lora_config(tmp_path, base, lora={"target_modules": ["q_proj", "qkv_proj"]})
+    with pytest.raises(ConfigError) as info:
+        run(config)
+    message = str(info.value)
+    assert "model.lora.target_modules: 'qkv_proj' names no linear layer" in message
+    assert "available: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in message
+    assert not (tmp_path / "lora").exists()  # refused before anything was written
+
+
+def test_reference_and_llama_names_select_the_same_layers(tmp_path, base):
+    ours = run(lora_config(tmp_path, base, "ours", lora={"target_modules": ["attn.wq", "wv"]}))
+    theirs = run(
+        lora_config(tmp_path, base, "theirs", lora={"target_modules": ["q_proj", "v_proj"]})
+    )
+    a, b = (load_checkpoint(r.checkpoint).model_state for r in (ours, theirs))
+    assert sorted(a) == sorted(b) and len(a) == 4
+
+
+def test_lora_without_init_from_is_one_line(tmp_path):
+    path = tmp_path / "lora.yaml"
+    config = config_of(tmp_path)
+    config["model"]["lora"] = {"r": 4}
+    path.write_text(yaml.safe_dump(config))
+    result = invoke("train", "-c", path)
+    assert_one_line_error(result, "model.lora: needs --init-from")
+
+
+def test_lora_settings_are_checked_at_load(tmp_path):
+    config = config_of(tmp_path, checkpoint={"init_from": "x"})
+    config["model"]["lora"] = {"r": 0, "alpah": 2}
+    with pytest.raises(ConfigError) as info:
+        from speedtronic.config import SpeedtronicConfig
+
+        SpeedtronicConfig.from_dict(json.loads(json.dumps(config)))
+    assert info.value.problems == [
+        "model.lora.alpah: unknown key; did you mean 'alpha'?",
+        "model.lora.r: must be in [1, 2**16] (got 0)",
+    ]
