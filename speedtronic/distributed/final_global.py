@@ -52,6 +52,9 @@ class FinalGlobalWriter:
         record, data = tokenizer_record(tokenizer)
         self.tokenizer_meta = record
         self.extra_files = {TOKENIZER_FILE: data} if data is not None else {}
+        # a LoRA run's (``train.lora.Adapters``): the final global holds the adapters and
+        # names the base, as the run's own checkpoints do
+        self.adapters: Any = None
 
     @property
     def path(self) -> Path:
@@ -67,6 +70,10 @@ class FinalGlobalWriter:
         """``nodes``: the global's step count summary, whose sums are the fleet's optimizer
         steps and tokens in the global (``fleet_totals``)."""
         state = model_state(self.model, weights)
+        if self.adapters is not None:
+            from speedtronic.train.lora import adapters_of
+
+            state = adapters_of(state)
         totals = fleet_totals(nodes)
         diloco = {**self.about, "outer_step": outer_step, **facts}
         diloco["fleet_optimizer_steps"] = totals["optimizer_steps"]
@@ -79,6 +86,7 @@ class FinalGlobalWriter:
             "config": self.config,
             "tokenizer": self.tokenizer_meta,
             "diloco": diloco,
+            **({"lora": self.adapters.record} if self.adapters is not None else {}),
         }
         scratch = self.output_dir / f"{TMP_PREFIX}{FINAL_DIR}-{uuid.uuid4().hex[:8]}"
         try:

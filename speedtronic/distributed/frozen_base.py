@@ -3,8 +3,8 @@ another.
 
 With ``model.lora`` only the adapters travel (deltas and globals hold the trainable parameters
 alone), so every node must start from the very same frozen weights, or the adapters it trains
-fit other weights than the fleet's. ``base_sha256`` fingerprints them once at start (every
-frozen parameter's name, shape, dtype and bytes, in name order); the master records it in
+fit other weights than the fleet's. ``base_sha256`` fingerprints them once at start (the digest
+``train.lora`` names a LoRA run's base by); the master records it in
 ``step_count.json`` (``base_sha256``) with every publish, and a node refuses a run whose record
 differs from its own (``check_base``), before its first step when the run has a global (exit 2).
 A model with no frozen parameter has no base: its master records none, as masters always did.
@@ -12,11 +12,8 @@ A model with no frozen parameter has no base: its master records none, as master
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
-import torch
 from torch import nn
 
 from speedtronic.errors import BaseMismatch
@@ -25,22 +22,20 @@ FIELD = "base_sha256"  # its name in step_count.json
 
 
 def base_sha256(model: nn.Module) -> str | None:
-    """sha256 of ``model``'s frozen parameters (``requires_grad`` False), None if it has none.
+    """sha256 of ``model``'s frozen weights, None if every parameter trains.
 
-    One parameter at a time on the CPU, so the peak is one tensor's copy; tied parameters
-    count once (``named_parameters`` dedupes). Names, shapes and dtypes are hashed too: the
-    same bytes in another layout are another base.
+    A LoRA model's is the digest its run's start line and checkpoints name (``train.lora``:
+    the base's whole state, under the plain model's names), so a refusal's hashes can be
+    matched against a node's ``meta.json``; any other model's, its frozen parameters'. One
+    tensor at a time on the CPU; names, shapes and dtypes count, so the same bytes in another
+    layout are another base.
     """
     frozen = {name: p for name, p in model.named_parameters() if not p.requires_grad}
     if not frozen:
         return None
-    digest = hashlib.sha256()
-    for name in sorted(frozen):
-        tensor = frozen[name].detach().to("cpu").contiguous()
-        about = [name, list(tensor.shape), str(tensor.dtype).removeprefix("torch.")]
-        digest.update(json.dumps(about).encode() + b"\n")
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    from speedtronic.train import lora
+
+    return lora.base_sha256(lora.base_state(model) if lora.is_wrapped(model) else frozen)
 
 
 def check_base(counted: dict[str, Any], own: str | None, where: str) -> None:

@@ -67,24 +67,27 @@ def master_loop(
 
 
 def final_writer(
-    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None
+    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None, adapters: Any = None
 ) -> FinalGlobalWriter:
     """Where this node leaves the run's final global: ``<output_dir>/final_global``, recording
-    ``tokenizer`` (the run's) as its checkpoints do."""
+    ``tokenizer`` (the run's) as its checkpoints do, and holding only ``adapters`` (a LoRA
+    run's ``train.lora.Adapters``) as they do."""
     settings = node_settings(config)
     about = {"node_id": settings.node_id, "role": settings.role, "repo": transport.describe()}
     redacted = config.to_dict(redact=True)
-    return FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
+    writer = FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
+    writer.adapters = adapters
+    return writer
 
 
 def coordinator_plugins(
-    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None
+    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None, adapters: Any = None
 ) -> list[Any]:
     """The node's plug-ins; ``tokenizer``: the run's (``Runtime.tokenizer``), for the final
-    global's record."""
+    global's record; ``adapters``: a LoRA run's (``Runtime.adapters``)."""
     settings = node_settings(config)
     transport = node_transport(settings, logger)
-    writer = final_writer(config, model, transport, tokenizer)
+    writer = final_writer(config, model, transport, tokenizer, adapters)
     plugins: list[Any] = []
     if settings.train_locally:
         spill = config.output_dir / SPILL_DIR
@@ -104,8 +107,11 @@ def coordinator_plugins(
     return plugins
 
 
-def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any]:
-    """Run the master without local training; returns the final outer step and status."""
+def coordinate_only(
+    config: Any, model: nn.Module, logger: Any, adapters: Any = None
+) -> dict[str, Any]:
+    """Run the master without local training; returns the final outer step and status.
+    ``model``: as every worker starts (its --init-from weights, a LoRA run's ``adapters``)."""
     transport = node_transport(node_settings(config), logger)
     loop = master_loop(config, model, logger, transport)
     loop.start()
@@ -118,7 +124,7 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
     try:
-        writer = final_writer(config, model, transport, run_tokenizer(config, None))
+        writer = final_writer(config, model, transport, run_tokenizer(config, None), adapters)
         path = serve(loop, config.distributed.outer_steps, stop, writer, caught)
     finally:
         for signum, handler in previous.items():

@@ -135,12 +135,14 @@ def is_wrapped(model: nn.Module) -> bool:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors, ``blocks.0.attn.wq.lora_A.weight`` (peft's adapter name out)."""
+    return adapters_of(model.state_dict())
+
+
+def adapters_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters' entries of a wrapped model's state, under ``adapter_state``'s names (a
+    fleet's final global: the model's state with the global's adapters in it)."""
     tag = f".{ADAPTER}."
-    return {
-        name.replace(tag, "."): value
-        for name, value in model.state_dict().items()
-        if _is_adapter(name)
-    }
+    return {name.replace(tag, "."): value for name, value in state.items() if _is_adapter(name)}
 
 
 def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> str:
