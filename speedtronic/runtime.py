@@ -46,8 +46,8 @@ from speedtronic.train.precision import (
 )
 from speedtronic.train.preflight import (
     StartPlan,
+    coordinator_model,
     load_start_weights,
-    plan_coordinator,
     plan_start,
     worker_warning,
 )
@@ -391,13 +391,8 @@ def _coordinate(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainRe
     logger = run_logger(config, console, hooks)
     done: dict[str, Any] = {"started_at": now_iso(), "params": None}
     try:
-        start = plan_coordinator(config)  # --init-from's weights, a LoRA run's base
-        config = start.config
-        for message in start.warnings:
-            logger.warn(message)
         seed_everything(config.run.seed)  # the same initial weights as every worker
-        model = build_model(config.model.name, config.model.params, config.model.imports)
-        adapters = load_start_weights(model, start, logger.notice)
+        config, model, adapters = coordinator_model(config, logger)  # --init-from, model.lora
         done["params"] = count_parameters(model)
         logger.log("run_start", coordinator_facts(config))  # hooks open their runs on it
         done.update(setup.coordinate_only(config, model, logger, adapters))

@@ -51,5 +51,12 @@ def check_base(counted: dict[str, Any], own: str | None, where: str) -> None:
     )
 
 
+def check_recorded_base(counted: dict[str, Any], own: str | None, where: str) -> None:
+    """A master's start: refuse a repo whose step count records another frozen base (the
+    master restarted on other weights); one that records none gets this master's."""
+    if counted.get(FIELD) is not None:
+        check_base(counted, own, where)
+
+
 def _named(sha: str | None) -> str:
     return f"sha256 {sha}" if sha else "none (every parameter trained)"

@@ -63,7 +63,9 @@ def master_loop(
     weights = snapshot(parameters_of(model))
     settings = node_settings(config)
     base = worker.fetcher.base_sha256 if worker is not None else base_sha256(model)
-    return MasterLoop(settings, weights, transport, logger, state_dir(config), base_sha256=base)
+    loop = MasterLoop(settings, weights, transport, logger, state_dir(config))
+    loop.guard.base_sha256 = base  # recorded with every publish, for every node to check
+    return loop
 
 
 def final_writer(

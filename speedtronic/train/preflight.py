@@ -107,6 +107,17 @@ def plan_start(
     return plan
 
 
+def coordinator_model(config: SpeedtronicConfig, logger: Any) -> tuple[Any, nn.Module, Any]:
+    """A coordinating master's config, model and adapters (``plan_coordinator``): its first
+    global is what every worker starts from."""
+    plan = plan_coordinator(config)
+    for message in plan.warnings:
+        logger.warn(message)
+    config = plan.config
+    model = build_model(config.model.name, config.model.params, config.model.imports)
+    return config, model, load_start_weights(model, plan, logger.notice)
+
+
 def plan_coordinator(config: SpeedtronicConfig) -> StartPlan:
     """What a DumbDiLoCo master that does not train starts from: the weights every worker
     starts from (--init-from's, a LoRA run's base), checked as ``plan_start`` checks them, and

@@ -53,9 +53,9 @@ def master(repo, tmp_path, net=None, **overrides) -> MasterLoop:
     weights = snapshot(parameters_of(net))  # the trainable tensors, as setup's
     config = settings(node_id="master", **{**fleet.FLEET, **overrides})
     log = fleet.NoticeLog()
-    return MasterLoop(
-        config, weights, LocalTransport(repo), log, tmp_path / "state", base_sha256=base_sha256(net)
-    )
+    loop = MasterLoop(config, weights, LocalTransport(repo), log, tmp_path / "state")
+    loop.guard.base_sha256 = base_sha256(net)  # as distributed/setup's master_loop
+    return loop
 
 
 def counted(repo) -> dict:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from speedtronic.distributed.frozen_base import FIELD as BASE_FIELD
-from speedtronic.distributed.frozen_base import check_base
 from speedtronic.distributed.master.intake import DeltaIntake
 from speedtronic.distributed.master.outer import Master, MasterConfig, MasterState, RoundResult
 from speedtronic.distributed.master.publish import Publication, Publisher, PublishSender
@@ -67,13 +66,10 @@ class MasterLoop:
         state_dir: str | Path,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        base_sha256: str | None = None,
     ):
         """``clock`` times the quorum's ``max_wait_s`` (simulations pass a virtual one);
-        ``wall`` how long a node has been silent at the end of a run; ``base_sha256``: the
-        model's frozen base (``frozen_base``), recorded with every publish for nodes to check."""
+        ``wall`` how long a node has been silent at the end of a run."""
         self.config, self.transport, self.logger = config, transport, logger
-        self.base_sha256 = base_sha256
         self.clock = clock
         self.state_dir = Path(state_dir)
         self.initial_weights = weights
@@ -88,7 +84,6 @@ class MasterLoop:
         every = max(config.poll_interval, min(60.0, 10 * config.poll_interval))
         sha_of = self.publisher.sha256_of  # what its publish of a state would send
         self.guard = RepoGuard(transport, logger, self.master_id, weights, now, sha_of, every)
-        self.guard.base_sha256 = base_sha256
         self._restored: MasterState | None = None
         self.throttle = Throttle()  # a failure repeating at every poll: one line a minute
         self.sender: PublishSender | None = None  # publishes off the poll thread when running
@@ -132,8 +127,6 @@ class MasterLoop:
             if state is not None:
                 self._resume(state)
             return
-        if (view.count or {}).get(BASE_FIELD) is not None:  # a run on another base: refused
-            check_base(view.count, self.base_sha256, self.transport.describe())
         state, publish = self.guard.at_start(state, view, newest_saved_step(self.state_dir))
         if not publish and view.keyframe is not None:
             self.publisher.uploaded = view.keyframe  # read there just now
@@ -215,7 +208,7 @@ class MasterLoop:
             return None
         nodes = self.intake.summary_after(result)
         consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
-        extra = self._extra(nodes)
+        extra = step_count_extra(nodes, self.master_id, self.guard.base_sha256)
         try:
             shared = self.intake.round_deltas(result.shared)
             publication = self.publisher.save(
@@ -236,18 +229,11 @@ class MasterLoop:
         self._send(publication)
         return result
 
-    def _extra(self, nodes: dict) -> dict[str, Any]:
-        """What a publish's step count says besides the step: the nodes, this master, the base."""
-        extra = {"nodes": nodes, "master": self.master_id}
-        if self.base_sha256 is not None:
-            extra[BASE_FIELD] = self.base_sha256
-        return extra
-
     def republish(self) -> None:
         """Publish the committed step again (saved with the current node summary): after a
         failed send, a repo that lost it, or a summary change at the end of a run."""
         nodes = self.intake.summary_after(None)
-        extra = self._extra(nodes)
+        extra = step_count_extra(nodes, self.master_id, self.guard.base_sha256)
         state, rate = self.master.snapshot(), self.master.fleet_rate
         publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
         with self.lock:
@@ -377,3 +363,12 @@ def refuse_another_global_dtype(state: MasterState | None, configured: str) -> N
 def unchecked_line(exc: Exception, state: MasterState | None) -> str:
     then = "publishing nothing before" if state is None else "its state stands until"
     return f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"
+
+
+def step_count_extra(nodes: dict, master: str, base: str | None) -> dict[str, Any]:
+    """What a publish's step count says besides the step: the nodes' summary, this master, and
+    the frozen base every node must share (``frozen_base``; none: every parameter trains)."""
+    extra = {"nodes": nodes, "master": master}
+    if base is not None:
+        extra[BASE_FIELD] = base
+    return extra

@@ -29,6 +29,7 @@ from speedtronic.distributed.codec import (
     check_plausible_global,
     global_norm,
 )
+from speedtronic.distributed.frozen_base import check_recorded_base
 from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, leaves_room
@@ -129,6 +130,7 @@ class RepoGuard:
     ) -> tuple[MasterState, bool]:
         """The state to resume and whether to publish it now. ``newest_saved`` is the newest
         outer step with a manifest in state_dir, usable or not (None: none there)."""
+        check_recorded_base(view.count or {}, self.base_sha256, self.transport.describe())
         if state is None:
             return self._without_state(view)
         where = f"this master's state (outer step {state.outer_step})"
