@@ -260,12 +260,20 @@ def export(
         help="Load the export with transformers and check its logits, greedy tokens and "
         "tokenizer against the run's before writing it (needs transformers).",
     ),
+    adapter: bool = typer.Option(
+        False,
+        "--adapter",
+        help="A LoRA run (model.lora): write its adapters alone in peft's layout "
+        "(adapter_config.json + adapter_model.safetensors, for PeftModel.from_pretrained on "
+        "the exported base) instead of the model with the adapters merged in.",
+    ),
     tokenizer: str | None = TokenizerOpt,
     output_format: OutputFormat = format_option("a summary"),
 ) -> None:
     """Write RUN's model as a directory transformers loads (LlamaForCausalLM + tokenizer + card).
 
-    AutoModelForCausalLM.from_pretrained(OUT) and AutoTokenizer.from_pretrained(OUT) load it.
+    AutoModelForCausalLM.from_pretrained(OUT) and AutoTokenizer.from_pretrained(OUT) load it;
+    a LoRA run's is the base with the adapters merged in, or with --adapter the adapters alone.
     """
     from speedtronic.modelout.export import export_run
 
@@ -282,12 +290,19 @@ def export(
     source = open_run(run, tokenizer, log=_note)
     check = None
     if verify:
-        from speedtronic.modelout.verify import verify_export
+        from speedtronic.modelout import verify as checks
 
         def check(folder: Path) -> Any:
-            return verify_export(folder, source, dtype)
+            if adapter:
+                return checks.verify_adapter(folder, source, dtype)
+            return checks.verify_export(folder, source, dtype)
 
-    done = export_run(source, out, dtype, repo_id=push, verify=check)
+    if adapter:
+        from speedtronic.modelout.adapter import export_adapter
+
+        done = export_adapter(source, out, dtype, verify=check)
+    else:
+        done = export_run(source, out, dtype, repo_id=push, verify=check)
     for note in done.notes:
         _note(f"note: {note}")
     pushed = _push(done.out, push, private) if push is not None else None
@@ -329,9 +344,10 @@ def _report(source: Any, done: Any, pushed: Any) -> None:
     if done.verified is not None:
         v = done.verified
         print(
-            f"verified with transformers {v.transformers_version}: max |logit difference| "
-            f"{v.max_diff:.3g} over {v.positions} positions, {len(v.greedy)} greedy tokens "
-            "equal, tokenizer ids equal"
+            f"verified with transformers {v.transformers_version}"
+            f"{' and peft' if 'adapter_config.json' in done.files else ''}: max |logit "
+            f"difference| {v.max_diff:.3g} over {v.positions} positions, {len(v.greedy)} greedy "
+            f"tokens equal{'' if 'adapter_config.json' in done.files else ', tokenizer ids equal'}"
         )
     if pushed is not None:
         state = "private" if pushed.private else "public" if pushed.private is False else "?"
@@ -339,6 +355,9 @@ def _report(source: Any, done: Any, pushed: Any) -> None:
         print(f"pushed to {pushed.url} ({made}{state}, commit {pushed.commit[:12]})")
     # after a push the repo is what others can load; the folder is only on this machine
     where = pushed.repo_id if pushed is not None else str(done.out)
+    if "adapter_config.json" in done.files:
+        print(f"load it: PeftModel.from_pretrained(BASE, {where!r}), BASE the exported base")
+        return
     print(f"load it: AutoModelForCausalLM.from_pretrained({where!r})")
 
 

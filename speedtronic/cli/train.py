@@ -341,6 +341,10 @@ def derived_facts(
             from speedtronic.optim.param_split import split_parameters
 
             facts["optimizer"] = split_parameters(model, cfg.optimizer.muon_exclude).summary()
+        if cfg.model.lora is not None and model is not None:  # its targets, checked
+            from speedtronic.train.lora import describe
+
+            facts["lora"] = describe(model, cfg.model.lora)
         if cfg.distributed.enabled:
             facts.update(diloco_facts(cfg, model, fleet or Fleet()))
     except ConfigError as exc:
@@ -385,6 +389,7 @@ def _parameter_fact(cfg: SpeedtronicConfig, build: bool) -> tuple[int | str, Any
     if not build and model.imports:
         return "not counted (model.imports not imported; pass --build to import them)", None
     counted = not cfg.distributed.enabled and cfg.optimizer.name != "muon"  # these need it built
+    counted &= cfg.model.lora is None  # and LoRA, for its targets
     if model.name == "reference_transformer" and not model.imports and counted:
         return reference_config(model.params).parameter_count(), None
     built = check_model(cfg)  # on the meta device: counted without allocating

@@ -4,8 +4,9 @@ RUN is a run's output directory (its newest usable checkpoint, as ``--resume`` p
 checkpoints directory, or one checkpoint directory: any directory holding ``model.safetensors``
 and ``meta.json``, such as a DumbDiLoCo run's final global. The model is rebuilt from the config
 meta.json records (``model.name``, its parameters and imports: a checkpoint's config is trusted
-like the config that trained it) and the weights loaded strictly; the tokenizer is the one the
-checkpoint records (``checkpoint.tokenizer``), or ``--tokenizer``'s.
+like the config that trained it) and the weights loaded strictly (a LoRA run's adapters onto the
+base its meta.json names, checked by sha256, then merged: ``train.lora``); the tokenizer is
+the one the checkpoint records (``checkpoint.tokenizer``), or ``--tokenizer``'s.
 """
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ class RunModel:
     checkpoint: Path
     meta: dict[str, Any]
     config: dict[str, Any]  # the stored (redacted) config
-    model: nn.Module
+    model: nn.Module  # a LoRA run's with its adapters merged into the base
     tokenizer: Any  # ByteTokenizer, HFTokenizer, or None: not recorded
+    adapters: dict[str, Any] | None = None  # a LoRA run's adapter tensors (checkpoint names)
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        """A LoRA run's record (meta.json ``lora``: settings, targets, base source, sha256)."""
+        record = self.meta.get("lora")
+        return record if isinstance(record, dict) else None
 
     @property
     def step(self) -> int:
@@ -87,12 +95,13 @@ def open_run(
             f"{checkpoint.path}: meta.json records no model config (config.model.name), so the "
             "model cannot be rebuilt"
         )
-    model = _rebuild(checkpoint, model_section)
+    model = _load_into(rebuild(checkpoint.path, model_section), checkpoint, log)
     if tokenizer is not None:
         chosen = load_tokenizer(tokenizer)
     else:
         chosen = tokenizer_from_record(checkpoint.meta, checkpoint.path, str(checkpoint.path))
-    return RunModel(checkpoint.path, checkpoint.meta, config, model, chosen)
+    adapters = checkpoint.model_state if "lora" in checkpoint.meta else None
+    return RunModel(checkpoint.path, checkpoint.meta, config, model, chosen, adapters)
 
 
 def find_checkpoint(run: Path, log: Callable[[str], None] | None = None) -> Checkpoint:
@@ -112,15 +121,30 @@ def find_checkpoint(run: Path, log: Callable[[str], None] | None = None) -> Chec
     return found
 
 
-def _rebuild(checkpoint: Checkpoint, section: dict[str, Any]) -> nn.Module:
-    params = {k: v for k, v in section.items() if k not in ("name", "imports")}
+def rebuild(where: Path, section: dict[str, Any]) -> nn.Module:
+    """The model a checkpoint's config ``section`` builds, its initial weights (``where``
+    names the checkpoint in errors)."""
+    params = {k: v for k, v in section.items() if k not in ("name", "imports", "lora")}
     imports = section.get("imports") or []
     try:
         model = build_model(section["name"], params, list(imports))
     except ConfigError as exc:
-        raise ConfigError(f"{checkpoint.path}: its config cannot rebuild the model: {exc}") from exc
+        raise ConfigError(f"{where}: its config cannot rebuild the model: {exc}") from exc
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"{checkpoint.path}: model.name {section['name']!r} built no nn.Module")
+        raise ConfigError(f"{where}: model.name {section['name']!r} built no nn.Module")
+    return model
+
+
+def _load_into(
+    model: nn.Module, checkpoint: Checkpoint, log: Callable[[str], None] | None
+) -> nn.Module:
+    """The checkpoint's weights in ``model``, in eval mode."""
+    if "lora" in checkpoint.meta:  # the adapters alone: on the base it names, then merged
+        from speedtronic.train import lora
+
+        where, say = str(checkpoint.path), log or (lambda _line: None)
+        lora.open_adapted(model, checkpoint.meta["lora"], checkpoint.model_state, where, say)
+        return lora.merge(model).eval()
     try:
         model.load_state_dict(checkpoint.model_state, strict=True)
     except RuntimeError as exc:

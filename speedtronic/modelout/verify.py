@@ -75,6 +75,62 @@ def verify_export(folder: Path, run: RunModel, dtype: str) -> Verified:
     return Verified(diff, ids.numel(), greedy, transformers.__version__)
 
 
+def verify_adapter(folder: Path, run: RunModel, dtype: str) -> Verified:
+    """``export --adapter --verify``: the adapter in ``folder`` loaded by peft
+    (``PeftModel.from_pretrained``) onto transformers' reading of the run's base, exported as
+    ``export`` writes it, against the run's model (its adapters merged): logits and greedy
+    tokens."""
+    import tempfile
+
+    from speedtronic.train import lora
+
+    transformers = load_transformers()
+    with tempfile.TemporaryDirectory(prefix="speedtronic-base-") as base_dir:
+        base = _export_base(run, Path(base_dir))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        theirs = lora.load_peft_adapter(theirs, str(folder)).float().eval()
+    ours = _rounded_adapters(run, dtype)
+    diff, ids = _logit_gap(ours, theirs)
+    if not diff <= TOLERANCE:  # NaN fails too
+        raise VerifyError(
+            f"--verify: peft's logits (the adapter on transformers' base) differ from the run's "
+            f"by {diff:.3g} (over {TOLERANCE:g}); the adapter was not written"
+        )
+    greedy = _greedy_agrees(ours, theirs, ids[0, :8].tolist())
+    return Verified(diff, ids.numel(), greedy, transformers.__version__)
+
+
+def _export_base(run: RunModel, folder: Path) -> Path:
+    """The run's base as ``export`` writes its model (config.json + model.safetensors, fp32)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from speedtronic.modelout.llama import llama_config, llama_state
+    from speedtronic.modelout.source import rebuild
+    from speedtronic.train import lora
+
+    model = rebuild(run.checkpoint, run.config["model"])
+    lora.open_base(model, run.lora, str(run.checkpoint), lambda _line: None)
+    save_file(llama_state(model, "fp32"), str(folder / "model.safetensors"), {"format": "pt"})
+    config = llama_config(model.config, "fp32")
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+def _rounded_adapters(run: RunModel, dtype: str) -> torch.nn.Module:
+    """The run's model with its adapters rounded to the export's dtype, merged, in float32."""
+    if dtype == "fp32":
+        return run.model.float().eval()
+    from speedtronic.modelout.source import rebuild
+    from speedtronic.train import lora
+
+    rounded = {k: v.to(DTYPES[dtype]).float() for k, v in run.adapters.items()}
+    model = rebuild(run.checkpoint, run.config["model"])
+    lora.open_adapted(model, run.lora, rounded, str(run.checkpoint), lambda _line: None)
+    return lora.merge(model).float().eval()
+
+
 def verify_import(run_dir: Path, source_folder: Path) -> Verified:
     """``import --verify``: the imported run's model against transformers' own reading of the
     source directory, both in float32: logits on a fixed batch and greedy tokens."""

@@ -159,7 +159,7 @@ def check_same_function(config: SpeedtronicConfig, source: InitSource, misfit: s
 
 
 def _keys(section: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in section.items() if k not in ("name", "imports")}
+    return {k: v for k, v in section.items() if k not in ("name", "imports", "lora")}
 
 
 def _resolved(params: dict[str, Any]) -> dict[str, Any]:

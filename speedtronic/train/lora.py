@@ -77,6 +77,23 @@ def resolve_targets(model: nn.Module, names: list[str]) -> list[str]:
     return resolved
 
 
+def describe(model: nn.Module, lora: LoraConfig) -> str:
+    """``validate``'s line: the targets and the adapters' size, counted (``model`` may be on
+    the meta device); a target naming no layer is the ConfigError ``wrap`` would raise."""
+    targets = resolve_targets(model, lora.target_modules)
+    layers = [
+        m
+        for path, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(_matches(path, t) for t in targets)
+    ]
+    adapters = sum(lora.r * (m.in_features + m.out_features) for m in layers)
+    total = sum(p.numel() for p in model.parameters())
+    return (
+        f"r {lora.r}, alpha {lora.alpha:g} on {len(layers)} layers ({', '.join(targets)}): "
+        f"{adapters:,} trainable parameters ({adapters / (total + adapters):.2%})"
+    )
+
+
 def available_names(model: nn.Module) -> list[str]:
     """The target names a user may give: Llama's where the table maps them, else the model's."""
     linears = _linear_names(model)
@@ -236,6 +253,53 @@ def adapt_run(
     return adapters
 
 
+def open_base(model: nn.Module, record: Any, where: str, log: Callable[[str], None]) -> LoraConfig:
+    """Load into ``model`` (built from a LoRA checkpoint's config) the base its meta.json
+    ``record`` names, checked by sha256; returns the run's LoRA settings. ``where`` names the
+    checkpoint in errors."""
+    from speedtronic.checkpoint.plugin import state_mismatch
+    from speedtronic.train.init_source import open_init_source
+
+    base = record.get("base") if isinstance(record, dict) else None
+    if not isinstance(base, dict) or not all(isinstance(base.get(k), str) for k in BASE_KEYS):
+        raise ConfigError(f"{where}: meta.json's lora record names no base (lora.base)")
+    try:
+        lora = LoraConfig(record["r"], record["alpha"], record["dropout"], record["targets"])
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: meta.json's lora record is incomplete ({exc})") from None
+    weights = open_init_source(base["source"], log).load().model_state
+    why = state_mismatch(model.state_dict(), weights)
+    if why:
+        raise ConfigError(f"{where}: its LoRA base {base['source']} does not fit: {why}")
+    model.load_state_dict(weights, strict=True)
+    found = base_sha256(model.state_dict())
+    if found != base["sha256"]:
+        raise ConfigError(
+            f"{where}: its LoRA base {base['source']} has changed since the run (its weights' "
+            f"sha256 is {found[:12]}..., the run's base {base['sha256'][:12]}...)"
+        )
+    return lora
+
+
+def open_adapted(
+    model: nn.Module,
+    record: Any,
+    state: dict[str, torch.Tensor],
+    where: str,
+    log: Callable[[str], None],
+) -> nn.Module:
+    """``open_base``, then the adapters ``state`` on it: the model the LoRA run trained."""
+    lora = open_base(model, record, where, log)
+    wrap(model, lora)
+    why = load_adapter_state(model, state)
+    if why:
+        raise ConfigError(f"{where}: the adapters do not fit its LoRA settings: {why}")
+    return model
+
+
+BASE_KEYS = ("source", "sha256")
+
+
 def merge(model: nn.Module) -> nn.Module:
     """The plain model: each adapted layer replaced by its base with B A x alpha/r added in
     (peft's merge), so it computes what the adapted model did and holds no adapter."""
@@ -256,46 +320,32 @@ def merge(model: nn.Module) -> nn.Module:
 
 
 def peft_adapter(
-    model: nn.Module, rename: Any, base_name: str | None
+    record: dict[str, Any], state: dict[str, torch.Tensor], rename: Any, base_name: str | None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``adapter_config.json`` and ``adapter_model.safetensors``'s tensors as peft writes them
-    for a transformers model: ``rename`` maps the model's layer names to transformers' (e.g.
-    ``modelout.llama.llama_name``), keys become ``base_model.model.<name>.lora_A.weight``."""
+    for a transformers model, from a checkpoint's ``lora`` record and adapter tensors:
+    ``rename`` maps a weight's name to transformers' (``modelout.llama.llama_name``); keys
+    become ``base_model.model.<its name>.lora_A.weight``."""
     from peft import LoraConfig as PeftLoraConfig
 
-    lora = _wrapped_config(model)
     tensors = {}
-    for name, value in adapter_state(model).items():
+    for name, value in state.items():
         layer, _, kind = name.rpartition(".lora_")  # blocks.0.attn.wq | A.weight
         theirs = rename(f"{layer}.weight")
         if theirs is None:
             raise ConfigError(f"export --adapter: the layer {layer} has no transformers name")
         stem = theirs.removesuffix(".weight")
         tensors[f"base_model.model.{stem}.lora_{kind}"] = value.detach().cpu().contiguous()
-    targets = sorted({k.split(".")[-3] for k in tensors})  # q_proj, ...
+    targets = sorted({key.split(".")[-3] for key in tensors})  # q_proj, ...
     config = PeftLoraConfig(
-        r=lora.r,
-        lora_alpha=lora.lora_alpha,
-        lora_dropout=lora.lora_dropout,
+        r=record["r"],
+        lora_alpha=record["alpha"],
+        lora_dropout=record["dropout"],
         target_modules=targets,
         base_model_name_or_path=base_name,
         task_type="CAUSAL_LM",
     ).to_dict()
     return _json_plain(config), tensors
-
-
-def _wrapped_config(model: nn.Module) -> Any:
-    from peft.tuners.lora import LoraLayer
-
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            r, alpha = module.r[ADAPTER], module.lora_alpha[ADAPTER]
-            dropout = module.lora_dropout[ADAPTER]
-            p = dropout.p if isinstance(dropout, nn.Dropout) else 0.0
-            from peft import LoraConfig as PeftLoraConfig
-
-            return PeftLoraConfig(r=r, lora_alpha=alpha, lora_dropout=p)
-    raise ConfigError("export --adapter: the model holds no LoRA adapter")
 
 
 def _json_plain(value: Any) -> Any:

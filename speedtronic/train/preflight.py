@@ -47,6 +47,7 @@ from speedtronic.train.init_source import (
     InitSource,
     adopt,
     check_same_function,
+    names_no_model,
     open_init_source,
 )
 from speedtronic.train.init_tokenizer import check_tokenizer
@@ -205,6 +206,7 @@ def _plan_resume(plan: StartPlan) -> None:
         return
     step = plan.resume.trainer_state["step"]
     saved = plan.resume.meta.get("config")
+    config = _saved_model(config, saved)
     seconds, factor = _stand(plan.resume.trainer_state)
     plan.config, notes = reconcile(saved, config, step, str(plan.resume.path), seconds, factor)
     _no_rewarm(plan.config, f"the checkpoint {plan.resume.path} records no config")
@@ -213,6 +215,20 @@ def _plan_resume(plan: StartPlan) -> None:
         plan.notices.append(
             f"checkpoint.init_from: not used: the run resumes from its checkpoint at step {step}"
         )
+
+
+def _saved_model(config: SpeedtronicConfig, saved: Any) -> SpeedtronicConfig:
+    """A config that names no model resumes the one its checkpoint recorded (``--init-from``
+    gave it the source's, key by key: each would read as changed to null); its ``model.lora``
+    stays its own, so that a changed setting is still refused."""
+    section = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(section, dict) or not names_no_model(config):
+        return config
+    raw = config.to_dict(redact=False)
+    lora = raw["model"].get("lora")
+    raw["model"] = {k: v for k, v in section.items() if k != "lora"}
+    raw["model"].update({"lora": lora} if lora is not None else {})
+    return type(config).from_dict(raw)
 
 
 def _stand(state: dict[str, Any]) -> tuple[float, float | None]:

@@ -133,3 +133,37 @@ def test_lora_settings_are_checked_at_load(tmp_path):
         "model.lora.alpah: unknown key; did you mean 'alpha'?",
         "model.lora.r: must be in [1, 2**16] (got 0)",
     ]
+
+
+def test_a_config_naming_only_lora_resumes_from_the_recorded_base(tmp_path, base):
+    """The config names no model (the source's is taken) and --resume names no --init-from:
+    the run goes on with the model and base its checkpoint recorded."""
+    path = tmp_path / "lora.yaml"
+    config = {
+        "run": {"device": "cpu", "max_steps": 2, "output_dir": str(tmp_path / "lora")},
+        "model": {"lora": {"r": 4}},
+        "data": {"micro_batch_size": 4},
+    }
+    path.write_text(yaml.safe_dump(config))
+    assert invoke("train", "-c", path, "--init-from", base).exit_code == 0
+    result = invoke("train", "-c", path, "--resume", "--max-steps", 4)
+    assert result.exit_code == 0, result.stderr
+    assert "resumed from" in result.stderr and "model.lora: r 4" in result.stderr
+    assert load_checkpoint(latest(tmp_path / "lora")).meta["step"] == 4
+
+
+def test_validate_counts_the_adapters_and_checks_the_targets(tmp_path, base):
+    path = tmp_path / "lora.yaml"
+    config = config_of(tmp_path)
+    config["model"]["lora"] = {"r": 4, "target_modules": ["q_proj", "mlp.w_down"]}
+    path.write_text(yaml.safe_dump(config))
+    result = invoke("validate", "-c", path, "--init-from", base)
+    assert result.exit_code == 0, result.stderr
+    # d_model 32, mlp_hidden 128: 4 x (32 + 32) + 4 x (128 + 32)
+    assert "# lora: r 4, alpha 16 on 2 layers (attn.wq, mlp.w_down): 896 trainable" in result.stdout
+    bad = invoke("validate", "-c", path, "--init-from", base, "--set", "model.lora.r=0")
+    assert_one_line_error(bad, "model.lora.r: must be in [1, 2**16] (got 0)")
+    config["model"]["lora"]["target_modules"] = ["wqkv"]
+    path.write_text(yaml.safe_dump(config))
+    bad = invoke("validate", "-c", path, "--init-from", base)
+    assert_one_line_error(bad, "model.lora.target_modules: 'wqkv' names no linear layer")
