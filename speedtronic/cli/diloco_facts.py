@@ -65,6 +65,7 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
         f"node: 3600 / ({dist.inner_steps} inner steps x {fleet.step_time_s:g} s/step, "
         "--step-time)",
     }
+    model = _as_trained(cfg, model)
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))
     if kind == "hub":  # docs/hub.md's figures
@@ -79,6 +80,18 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
         )
     facts.update(fleet_facts(cfg, model, kind, fleet))
     return facts
+
+
+def _as_trained(cfg: SpeedtronicConfig, model: Any) -> Any:
+    """The model as its nodes train it: with ``model.lora`` a copy wrapped with its adapters
+    (on the meta device, as ``validate`` builds it), so the bytes are the adapters' only."""
+    if model is None or cfg.model.lora is None:
+        return model
+    import copy
+
+    from speedtronic.train.lora import wrap
+
+    return wrap(copy.deepcopy(model), cfg.model.lora)
 
 
 def _repo_reading(kind: str, target: str) -> str:

@@ -96,3 +96,20 @@ def test_a_lora_fleet_ends_whole_and_sends_under_5_percent_of_a_full_fleets_byte
     print(f"bytes per delta: LoRA {delta_bytes(lora):.0f}, full {delta_bytes(full):.0f}")
     assert ratio <= 0.05 and size <= 0.05 * (full / "repo" / GLOBAL_WEIGHTS).stat().st_size
     assert json.loads((full / "repo" / STEP_COUNT).read_text()).get("base_sha256") is None
+
+
+def test_validate_counts_the_adapters_bytes_per_delta(tmp_path):
+    from modelout_support import config_of, invoke, train
+
+    base = train(tmp_path, "base")  # TINY: d_model 32, 1 layer, vocab 64
+    config = config_of(tmp_path, "fleet")
+    config["model"]["lora"] = {"r": 4, "target_modules": ["q_proj", "mlp.w_down"]}
+    config["distributed"] = {"enabled": True, "repo_id": str(tmp_path / "repo"), "node_id": "a"}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = invoke("validate", "-c", path, "--init-from", base, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    facts = json.loads(result.stdout)["facts"]
+    # 4 x (32 + 32) + 4 x (128 + 32) adapter parameters, 4 bytes each in fp32
+    assert facts["diloco_delta_bytes"]["fp32"] == 4 * 896
+    assert facts["diloco_trainable"].startswith("896 of ")
