@@ -194,7 +194,8 @@ def base_sha256(state: dict[str, torch.Tensor]) -> str:
     for name in sorted(state):
         tensor = state[name].detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        flat = tensor.reshape(-1)  # a 0-dim tensor has no byte view; the shape is hashed above
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
 
 

@@ -149,6 +149,9 @@ def test_the_base_hash_names_the_frozen_tensors_only():
     half = Net()
     half.base.data = half.base.data.to(torch.bfloat16)
     assert base_sha256(half) != base_sha256(Net())  # the same values in another dtype
+    scalar = Net()
+    scalar.scale = nn.Parameter(torch.tensor(2.0), requires_grad=False)  # 0-dim: hashed too
+    assert base_sha256(scalar) not in (None, base_sha256(Net()))
 
 
 @pytest.mark.parametrize("value", ["ABC", "0" * 63, 5, None])
