@@ -26,6 +26,7 @@ from speedtronic.distributed.frozen_base import base_sha256
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.plugin import serve
 from speedtronic.distributed.protocol import KEYFRAMES_DIR, STEP_COUNT, parse_step_count
+from speedtronic.distributed.repo_status import directory_status
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of, snapshot
 from speedtronic.errors import BaseMismatch, DamagedRepoFile
@@ -81,6 +82,7 @@ def test_only_trainable_tensors_travel_and_the_final_global_keeps_the_base(tmp_p
     thread.join(60)
     assert not thread.is_alive() and result.get("path"), loop.logger.warnings
     assert counted(repo)["base_sha256"] == base_sha256(Net())
+    assert directory_status(LocalTransport(repo))["base_sha256"] == base_sha256(Net())
     fleet.assert_every_last_delta_counted(fleet_view(repo), nodes)
     stored = [repo / "global" / "latest.safetensors", *(repo / KEYFRAMES_DIR).glob("*")]
     for path in stored:
