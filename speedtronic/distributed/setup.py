@@ -55,16 +55,21 @@ def node_transport(settings: Any, logger: Any) -> Transport:
     return transport
 
 
+def node_base(model: nn.Module, adapters: Any = None) -> str | None:
+    """The frozen base's sha256 (``frozen_base``): a LoRA run's ``adapters`` named it when they
+    loaded it, so a large base is hashed once; None when every parameter trains."""
+    return adapters.record["base"]["sha256"] if adapters is not None else base_sha256(model)
+
+
 def master_loop(
-    config: Any, model: nn.Module, logger: Any, transport: Transport, worker: Any = None
+    config: Any, model: nn.Module, logger: Any, transport: Transport, base: str | None
 ) -> MasterLoop:
-    """The master's loop on ``model``'s trainable parameters; ``worker``: its own worker, whose
-    hash of the frozen base it shares (a fleet that fine-tunes: every node checks it)."""
+    """The master's loop on ``model``'s trainable parameters; ``base``: its frozen base
+    (``node_base``), recorded with every publish for every node to check."""
     weights = snapshot(parameters_of(model))
     settings = node_settings(config)
-    base = worker.fetcher.base_sha256 if worker is not None else base_sha256(model)
     loop = MasterLoop(settings, weights, transport, logger, state_dir(config))
-    loop.guard.base_sha256 = base  # recorded with every publish, for every node to check
+    loop.guard.base_sha256 = base
     return loop
 
 
@@ -90,16 +95,17 @@ def coordinator_plugins(
     settings = node_settings(config)
     transport = node_transport(settings, logger)
     writer = final_writer(config, model, transport, tokenizer, adapters)
+    base = node_base(model, adapters)
     plugins: list[Any] = []
     if settings.train_locally:
         spill = config.output_dir / SPILL_DIR
-        worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill)
+        worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill, base=base)
         worker.end.final_writer = writer
         worker.end.repo_note = no_directory_note(settings.repo)  # said if never reached
         plugins.append(worker)
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None
-        loop = master_loop(config, model, logger, transport, local_worker)
+        loop = master_loop(config, model, logger, transport, base)
         plugins.insert(0, MasterPlugin(loop, local_worker))
         plugins[0].final_writer = writer
     logger.notice(
@@ -115,7 +121,7 @@ def coordinate_only(
     """Run the master without local training; returns the final outer step and status.
     ``model``: as every worker starts (its --init-from weights, a LoRA run's ``adapters``)."""
     transport = node_transport(node_settings(config), logger)
-    loop = master_loop(config, model, logger, transport)
+    loop = master_loop(config, model, logger, transport, node_base(model, adapters))
     loop.start()
     stop, caught = threading.Event(), Signals()
 

@@ -65,11 +65,13 @@ class WorkerPlugin:
         logger: Any,
         background: bool = True,
         spill_dir: Any = None,
+        base: Any = ...,
     ):
         """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
         and ``fetcher.refresh`` itself (simulations with a virtual clock, e.g. the convergence
         benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker/inflight``;
-        None: a temporary directory)."""
+        None: a temporary directory). ``base``: the frozen base's sha256 where the caller has
+        it (``setup.node_base``); computed from ``model`` otherwise."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
         self.params = parameters_of(model)
@@ -77,7 +79,7 @@ class WorkerPlugin:
         self.status = NodeStatus()
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
-        base = base_sha256(model)  # the frozen base (LoRA): checked against the run's record
+        base = base_sha256(model) if base is ... else base  # checked against the run's record
         self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params, base)
         # global_dtype deltas: a round's own deltas come from what this node sent, not the repo
         self.fetcher.reader.replayer.held = self.uploader.in_flight.held
