@@ -53,6 +53,11 @@ def open_init_source(src: str, log: Callable[[str], None]) -> InitSource:
     if is_model_source(src):
         return _model_source(src, log)
     checkpoint = load_init_weights(src, log)
+    if "lora" in checkpoint.meta:  # its weights are adapters: a model needs them merged
+        raise ConfigError(
+            f"checkpoint.init_from: {checkpoint.path} is a LoRA run's checkpoint (adapters "
+            f"only); export it merged (speedtronic export {src} OUT) and start from OUT"
+        )
     config = checkpoint.meta.get("config")
     section = config.get("model") if isinstance(config, dict) else None
     known = _known_record(checkpoint)

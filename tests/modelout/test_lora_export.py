@@ -126,3 +126,22 @@ def test_generate_and_eval_read_a_lora_run(runs, tmp_path):
     assert all(r.exit_code == 0 for r in scored), scored[1].stderr
     bpb = [json.loads(r.stdout)["texts"][0]["bits_per_byte"] for r in scored]
     assert bpb[1] != bpb[0]  # the adapters are in the model eval scores
+
+
+def test_a_lora_run_on_a_transformers_directory_names_it_as_the_adapters_base(runs, tmp_path):
+    """The common path: LoRA on a transformers model (here the base run's export); the
+    adapter's config names that directory, and --verify loads the adapter onto it."""
+    base, _ = runs
+    assert invoke("export", base, tmp_path / "hf").exit_code == 0
+    tuned = train_text(
+        tmp_path, name="tuned", model={"lora": {"r": 2, "target_modules": ["q_proj", "v_proj"]}},
+        checkpoint={"init_from": str(tmp_path / "hf")}, run={"max_steps": 2},
+    )  # fmt: skip
+    result = invoke("export", tuned, tmp_path / "adapter", "--adapter", "--verify")
+    assert result.exit_code == 0, result.stderr
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "hf").resolve())
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    model = peft.PeftModel.from_pretrained(hf(tmp_path / "hf"), tmp_path / "adapter")
+    with torch.no_grad():
+        assert (model.eval()(IDS).logits - adapted_logits(tuned)).abs().max().item() < 1e-4

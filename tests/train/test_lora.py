@@ -27,9 +27,10 @@ class StopAt:
         return "stop" if trainer.step == self.step else None
 
 
-@pytest.fixture
-def base(tmp_path):
-    return train(tmp_path, "base")
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The run every LoRA run here adapts (read only: trained once for the module)."""
+    return train(tmp_path_factory.mktemp("lora-base"), "base")
 
 
 def lora_config(tmp_path, base, name="lora", lora=None, **sections):
@@ -167,3 +168,33 @@ def test_validate_counts_the_adapters_and_checks_the_targets(tmp_path, base):
     path.write_text(yaml.safe_dump(config))
     bad = invoke("validate", "-c", path, "--init-from", base)
     assert_one_line_error(bad, "model.lora.target_modules: 'wqkv' names no linear layer")
+
+
+def test_init_from_a_lora_run_says_to_export_it_merged(tmp_path, base):
+    first = run(lora_config(tmp_path, base))
+    config = config_of(tmp_path, "next", checkpoint={"init_from": str(tmp_path / "lora")})
+    with pytest.raises(ConfigError, match=r"is a LoRA run's checkpoint \(adapters only\); export"):
+        train_from_config(config, console=False)
+    assert first.checkpoint
+
+
+def test_the_base_digest_is_the_same_before_and_after_wrapping():
+    """A fleet node names its base by ``base_sha256(base_state(model))`` on the wrapped model:
+    it must be the digest the run recorded before wrapping, and any changed bit changes it."""
+    from speedtronic.config.sections import LoraConfig
+    from speedtronic.registry import build_model
+    from speedtronic.train import lora
+
+    sizes = {"vocab_size": 64, "n_layer": 1, "d_model": 32, "n_head": 2, "seq_len": 16}
+    model = build_model("reference_transformer", sizes, [])
+    adapters = lora.adapt(model, LoraConfig(r=2), "here")
+    digest = adapters.record["base"]["sha256"]
+    assert lora.base_sha256(lora.base_state(model)) == digest
+    assert adapters.record["targets"] == ["attn.wq", "attn.wk", "attn.wv", "attn.wo"] + [
+        "mlp.w_gate", "mlp.w_up", "mlp.w_down"
+    ]  # fmt: skip
+    names = {f"blocks.0.{t}.lora_{ab}.weight" for t in adapters.record["targets"] for ab in "AB"}
+    assert set(lora.adapter_state(model)) == names
+    with torch.no_grad():
+        model.blocks[0].attn.wq.base_layer.weight[0, 0] += 1e-6
+    assert lora.base_sha256(lora.base_state(model)) != digest
