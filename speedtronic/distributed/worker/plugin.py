@@ -68,15 +68,13 @@ class WorkerPlugin:
         base: Any = ...,
     ):
         """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
-        and ``fetcher.refresh`` itself (simulations with a virtual clock, e.g. the convergence
-        benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker/inflight``;
-        None: a temporary directory). ``base``: the frozen base's sha256 where the caller has
-        it (``setup.node_base``); computed from ``model`` otherwise."""
+        and ``fetcher.refresh`` itself (simulations with a virtual clock). ``spill_dir``: where
+        in-flight deltas past memory go (None: a temporary directory); ``base``: the frozen
+        base's sha256 where the caller has it (``setup.node_base``), else the model's."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
         self.params = parameters_of(model)
-        self.node_id: str = config.node_id
-        self.status = NodeStatus()
+        self.node_id, self.status = config.node_id, NodeStatus()
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
         base = base_sha256(model) if base is ... else base  # checked against the run's record
