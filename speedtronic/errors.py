@@ -58,3 +58,11 @@ class DamagedRepoFile(TransportError):
     """A file in the shared repo holds what it must not (bad JSON, a wrong field, a link, a
     folder, an oversize file): the repo answered, its content is wrong. Unlike a network
     failure, trying again reads the same thing."""
+
+
+class BaseMismatch(ConfigError):
+    """A fleet node whose frozen base differs from the one its run's repo records (exit 2): its
+    adapters would train against other weights. ``permanent``, as a transport failure that
+    retrying cannot help: the node stops rather than trains on."""
+
+    permanent = True

@@ -46,6 +46,7 @@ from speedtronic.train.precision import (
 )
 from speedtronic.train.preflight import (
     StartPlan,
+    coordinator_model,
     load_start_weights,
     plan_start,
     worker_warning,
@@ -162,11 +163,11 @@ def build_runtime(
         flush_denormal=config.precision.flush_denormal,
     )
     if config.distributed.enabled and world.active:  # one node = one DDP group
-        plugins += parallel.node_plugins(config, world, model, device, logger, run_tok)
+        plugins += parallel.node_plugins(config, world, model, device, logger, run_tok, adapters)
     elif config.distributed.enabled:  # DumbDiLoCo joins as plug-ins, before the checkpoint one
         from speedtronic.distributed.setup import coordinator_plugins
 
-        plugins += coordinator_plugins(config, model, logger, run_tok)
+        plugins += coordinator_plugins(config, model, logger, run_tok, adapters)
     find_unused = config.run.find_unused_parameters
     trained = parallel.wrap_model(model, device, find_unused) if world.active else model
     trainer = Trainer(trained, optimizer, data, precision, options, scheduler, logger, plugins)
@@ -392,10 +393,10 @@ def _coordinate(config: SpeedtronicConfig, hooks: Any, console: bool) -> TrainRe
     done: dict[str, Any] = {"started_at": now_iso(), "params": None}
     try:
         seed_everything(config.run.seed)  # the same initial weights as every worker
-        model = build_model(config.model.name, config.model.params, config.model.imports)
+        config, model, adapters = coordinator_model(config, logger)  # --init-from, model.lora
         done["params"] = count_parameters(model)
         logger.log("run_start", coordinator_facts(config))  # hooks open their runs on it
-        done.update(setup.coordinate_only(config, model, logger))
+        done.update(setup.coordinate_only(config, model, logger, adapters))
         status = "interrupted" if done["signal"] else "completed"
         result = TrainResult(0, None, 0, 0, done["elapsed_s"], status, done["signal"])
         logger.log("run_end", {**result.__dict__, "outer_step": done["outer_step"]})

@@ -65,6 +65,7 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
         f"node: 3600 / ({dist.inner_steps} inner steps x {fleet.step_time_s:g} s/step, "
         "--step-time)",
     }
+    model = _as_trained(cfg, model)
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))
     if kind == "hub":  # docs/hub.md's figures
@@ -79,6 +80,18 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
         )
     facts.update(fleet_facts(cfg, model, kind, fleet))
     return facts
+
+
+def _as_trained(cfg: SpeedtronicConfig, model: Any) -> Any:
+    """The model as its nodes train it: with ``model.lora`` a copy wrapped with its adapters
+    (on the meta device, as ``validate`` builds it), so the bytes are the adapters' only."""
+    if model is None or cfg.model.lora is None:
+        return model
+    import copy
+
+    from speedtronic.train.lora import wrap
+
+    return wrap(copy.deepcopy(model), cfg.model.lora)
 
 
 def _repo_reading(kind: str, target: str) -> str:
@@ -114,6 +127,7 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
     poll = suggested_poll_interval(upload_s, loop_s)
     return {
         "diloco_delta_bytes": sizes,
+        **_trainable_fact(model, params, dist.delta_dtype),
         "diloco_upload_share_of_loop": (
             f"f = {f:.2f}: a {dist.delta_dtype} delta takes ~{upload_s:.1f} s to upload at "
             f"{fleet.uplink_mbps:g} Mbit/s, an inner loop {dist.inner_steps} x "
@@ -123,6 +137,25 @@ def _delta_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) ->
         "diloco_poll_interval": f"{dist.poll_interval:g} s (about {poll:.0f} s keeps the wait "
         "for a new global under an upload's)",
         "diloco_global": _global_line(params, dist, kind, fleet, loop_s),
+    }
+
+
+def _trainable_fact(model: Any, params: dict, encoding: str) -> dict[str, str]:
+    """A model with frozen parameters (``model.lora``): the deltas and globals carry only the
+    trainable ones, and this says what share of a full model's bytes that is."""
+    from speedtronic.data.describe import size_text
+    from speedtronic.distributed.codec import expected_delta_bytes
+
+    every = dict(model.named_parameters())  # tied weights once, as the deltas count them
+    if len(every) == len(params):
+        return {}
+    sent, full = expected_delta_bytes(params, encoding), expected_delta_bytes(every, encoding)
+    count = sum(p.numel() for p in params.values())
+    total = sum(p.numel() for p in every.values())
+    return {
+        "diloco_trainable": f"{count:,} of {total:,} parameters travel (the trainable ones; "
+        f"the frozen base stays on each node): a {encoding} delta is {size_text(sent)}, "
+        f"{sent / max(full, 1):.1%} of the full model's {size_text(full)}"
     }
 
 

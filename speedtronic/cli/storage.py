@@ -178,6 +178,8 @@ def _print_status(report: dict[str, Any]) -> None:
         once = report["keyframe_bytes"]
         kind = "full weights" if once is None else f"an update; its keyframe {size_text(once)} once"
         print(f"per round: each node downloads {size_text(report['global_bytes'])} ({kind})")
+    if report.get("base_sha256"):  # only the adapters travel; every node holds this base
+        print(f"frozen base: sha256 {report['base_sha256']} (every node must start from it)")
     for n in report["nodes"]:
         delta = "-" if n["delta_bytes"] is None else size_text(n["delta_bytes"])
         base = "-" if n["base_outer_step"] is None else n["base_outer_step"]

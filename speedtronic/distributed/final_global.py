@@ -1,17 +1,18 @@
 """The run's final global as a checkpoint in a node's output directory (I6).
 
-Every DumbDiLoCo node ends by writing the newest global it has (on a worker: the one holding
-its last delta, when it came in time; on the master: the final round's) to
+Every DumbDiLoCo node ends by writing the newest global it has (on a worker: the one holding its
+last delta, when it came in time; on the master: the final round's) to
 ``<output_dir>/final_global/``: one standard checkpoint directory, as
 ``checkpoint.save_checkpoint`` writes them (``model.safetensors`` with the whole model state:
 the global's parameters and the model's own buffers, tied weights once; ``trainer_state.pt``;
 ``meta.json`` last, with the run's redacted config, its tokenizer record (and its
 ``tokenizer.json``, as every checkpoint of the run), ``step`` = the global's outer step,
-``optimizer_steps`` and ``tokens`` = the fleet's, added up from the step count's ``nodes``, and a
-``diloco`` entry saying what the global holds). Every tool that takes a checkpoint directory
-reads it (``ckpt inspect``, ``load_checkpoint``, ``generate``, ``export``). It lives beside the
-node's own checkpoints, never among them, so ``--resume`` is unchanged. Written crash-safely: a
-temporary sibling, renamed over the previous one.
+``optimizer_steps`` and ``tokens`` = the fleet's, added up from the step count's ``nodes``, and
+a ``diloco`` entry saying what the global holds). A LoRA fleet's is a LoRA checkpoint, as its
+run's own are: the adapters alone, and ``meta.json``'s ``lora`` naming the base. Every tool that
+takes a checkpoint directory reads it (``ckpt inspect``, ``load_checkpoint``, ``generate``,
+``export``). It lives beside the node's own checkpoints, never among them, so ``--resume`` is
+unchanged. Written crash-safely: a temporary sibling, renamed over the previous one.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class FinalGlobalWriter:
         record, data = tokenizer_record(tokenizer)
         self.tokenizer_meta = record
         self.extra_files = {TOKENIZER_FILE: data} if data is not None else {}
+        # a LoRA run's (``train.lora.Adapters``): the final global holds the adapters and
+        # names the base, as the run's own checkpoints do
+        self.adapters: Any = None
 
     @property
     def path(self) -> Path:
@@ -67,6 +71,10 @@ class FinalGlobalWriter:
         """``nodes``: the global's step count summary, whose sums are the fleet's optimizer
         steps and tokens in the global (``fleet_totals``)."""
         state = model_state(self.model, weights)
+        if self.adapters is not None:
+            from speedtronic.train.lora import adapters_of
+
+            state = adapters_of(state)
         totals = fleet_totals(nodes)
         diloco = {**self.about, "outer_step": outer_step, **facts}
         diloco["fleet_optimizer_steps"] = totals["optimizer_steps"]
@@ -79,6 +87,7 @@ class FinalGlobalWriter:
             "config": self.config,
             "tokenizer": self.tokenizer_meta,
             "diloco": diloco,
+            **({"lora": self.adapters.record} if self.adapters is not None else {}),
         }
         scratch = self.output_dir / f"{TMP_PREFIX}{FINAL_DIR}-{uuid.uuid4().hex[:8]}"
         try:

@@ -330,6 +330,9 @@ _STEP_COUNT_FIELDS = (
     "nodes",
     "weights_key",
     "ended",
+    # sha256 of the frozen parameters every node starts from (``distributed/frozen_base``):
+    # recorded by a master whose model has some (a fleet that fine-tunes with ``model.lora``)
+    "base_sha256",
 )
 
 
@@ -356,11 +359,9 @@ def _checked_step_count(value: dict) -> dict[str, Any]:
     for key in ("updated_at", "master"):
         if key in value:
             checked[key] = _check_short_text(key, value[key])
-    if "weights_sha256" in value:
-        sha = value["weights_sha256"]
-        if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
-            raise ValueError(f"weights_sha256 {short_repr(sha)}: must be 64 lowercase hex digits")
-        checked["weights_sha256"] = sha
+    for key in ("weights_sha256", "base_sha256"):
+        if key in value:
+            checked[key] = _check_sha256(key, value[key])
     if "weights_key" in value:
         checked["weights_key"] = _checked_weights_key(value["weights_key"], checked)
     if "nodes" in value:
@@ -377,6 +378,12 @@ def run_ended(counted: dict[str, Any] | None) -> bool:
     (``ended``, written with that publish and removed by a master started again). A step count
     of an older master never says so: its run is taken as going on."""
     return bool(counted and counted.get("ended") is True)
+
+
+def _check_sha256(name: str, sha: object) -> str:
+    if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha):
+        raise ValueError(f"{name} {short_repr(sha)}: must be 64 lowercase hex digits")
+    return sha
 
 
 def _checked_weights_key(key: object, checked: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ def run_summary(
         **global_bytes(sizes),
         "nodes": nodes,
         "problems": problems,
+        "base_sha256": counted.get("base_sha256"),  # a fleet that fine-tunes: its frozen base
     }
 
 

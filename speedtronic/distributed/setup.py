@@ -22,6 +22,7 @@ from torch import nn
 
 from speedtronic.data.loader import run_tokenizer
 from speedtronic.distributed.final_global import FinalGlobalWriter
+from speedtronic.distributed.frozen_base import base_sha256
 from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.plugin import MasterPlugin, serve
 from speedtronic.distributed.repos import no_directory_note, open_transport
@@ -54,41 +55,57 @@ def node_transport(settings: Any, logger: Any) -> Transport:
     return transport
 
 
-def master_loop(config: Any, model: nn.Module, logger: Any, transport: Transport) -> MasterLoop:
+def node_base(model: nn.Module, adapters: Any = None) -> str | None:
+    """The frozen base's sha256 (``frozen_base``): a LoRA run's ``adapters`` named it when they
+    loaded it, so a large base is hashed once; None when every parameter trains."""
+    return adapters.record["base"]["sha256"] if adapters is not None else base_sha256(model)
+
+
+def master_loop(
+    config: Any, model: nn.Module, logger: Any, transport: Transport, base: str | None
+) -> MasterLoop:
+    """The master's loop on ``model``'s trainable parameters; ``base``: its frozen base
+    (``node_base``), recorded with every publish for every node to check."""
     weights = snapshot(parameters_of(model))
     settings = node_settings(config)
-    return MasterLoop(settings, weights, transport, logger, state_dir(config))
+    loop = MasterLoop(settings, weights, transport, logger, state_dir(config))
+    loop.guard.base_sha256 = base
+    return loop
 
 
 def final_writer(
-    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None
+    config: Any, model: nn.Module, transport: Transport, tokenizer: Any = None, adapters: Any = None
 ) -> FinalGlobalWriter:
     """Where this node leaves the run's final global: ``<output_dir>/final_global``, recording
-    ``tokenizer`` (the run's) as its checkpoints do."""
+    ``tokenizer`` (the run's) as its checkpoints do, and holding only ``adapters`` (a LoRA
+    run's ``train.lora.Adapters``) as they do."""
     settings = node_settings(config)
     about = {"node_id": settings.node_id, "role": settings.role, "repo": transport.describe()}
     redacted = config.to_dict(redact=True)
-    return FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
+    writer = FinalGlobalWriter(model, config.output_dir, redacted, about, tokenizer)
+    writer.adapters = adapters
+    return writer
 
 
 def coordinator_plugins(
-    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None
+    config: Any, model: nn.Module, logger: Any, tokenizer: Any = None, adapters: Any = None
 ) -> list[Any]:
     """The node's plug-ins; ``tokenizer``: the run's (``Runtime.tokenizer``), for the final
-    global's record."""
+    global's record; ``adapters``: a LoRA run's (``Runtime.adapters``)."""
     settings = node_settings(config)
     transport = node_transport(settings, logger)
-    writer = final_writer(config, model, transport, tokenizer)
+    writer = final_writer(config, model, transport, tokenizer, adapters)
+    base = node_base(model, adapters)
     plugins: list[Any] = []
     if settings.train_locally:
         spill = config.output_dir / SPILL_DIR
-        worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill)
+        worker = WorkerPlugin(settings, model, transport, logger, spill_dir=spill, base=base)
         worker.end.final_writer = writer
         worker.end.repo_note = no_directory_note(settings.repo)  # said if never reached
         plugins.append(worker)
     if settings.role == "master":  # first: its initial global exists before the worker looks
         local_worker = plugins[0] if plugins else None
-        loop = master_loop(config, model, logger, transport)
+        loop = master_loop(config, model, logger, transport, base)
         plugins.insert(0, MasterPlugin(loop, local_worker))
         plugins[0].final_writer = writer
     logger.notice(
@@ -98,10 +115,13 @@ def coordinator_plugins(
     return plugins
 
 
-def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any]:
-    """Run the master without local training; returns the final outer step and status."""
+def coordinate_only(
+    config: Any, model: nn.Module, logger: Any, adapters: Any = None
+) -> dict[str, Any]:
+    """Run the master without local training; returns the final outer step and status.
+    ``model``: as every worker starts (its --init-from weights, a LoRA run's ``adapters``)."""
     transport = node_transport(node_settings(config), logger)
-    loop = master_loop(config, model, logger, transport)
+    loop = master_loop(config, model, logger, transport, node_base(model, adapters))
     loop.start()
     stop, caught = threading.Event(), Signals()
 
@@ -112,7 +132,7 @@ def coordinate_only(config: Any, model: nn.Module, logger: Any) -> dict[str, Any
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
     try:
-        writer = final_writer(config, model, transport, run_tokenizer(config, None))
+        writer = final_writer(config, model, transport, run_tokenizer(config, None), adapters)
         path = serve(loop, config.distributed.outer_steps, stop, writer, caught)
     finally:
         for signum, handler in previous.items():

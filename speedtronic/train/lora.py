@@ -152,12 +152,14 @@ def is_wrapped(model: nn.Module) -> bool:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors, ``blocks.0.attn.wq.lora_A.weight`` (peft's adapter name out)."""
+    return adapters_of(model.state_dict())
+
+
+def adapters_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters' entries of a wrapped model's state, under ``adapter_state``'s names (a
+    fleet's final global: the model's state with the global's adapters in it)."""
     tag = f".{ADAPTER}."
-    return {
-        name.replace(tag, "."): value
-        for name, value in model.state_dict().items()
-        if _is_adapter(name)
-    }
+    return {name.replace(tag, "."): value for name, value in state.items() if _is_adapter(name)}
 
 
 def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> str:
@@ -192,7 +194,8 @@ def base_sha256(state: dict[str, torch.Tensor]) -> str:
     for name in sorted(state):
         tensor = state[name].detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        flat = tensor.reshape(-1)  # a 0-dim tensor has no byte view; the shape is hashed above
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
 
 

@@ -351,10 +351,16 @@ class NodeSync:
 
 
 def node_plugins(
-    config: Any, world: World, model: nn.Module, device: Any, logger: Any, tokenizer: Any = None
+    config: Any,
+    world: World,
+    model: nn.Module,
+    device: Any,
+    logger: Any,
+    tokenizer: Any = None,
+    adapters: Any = None,
 ) -> list:
     """The DumbDiLoCo plug-ins of this rank: rank 0's own, then the node's sync on all;
-    ``tokenizer``: the run's, for the final global's record."""
+    ``tokenizer``: the run's, for the final global's record; ``adapters``: a LoRA run's."""
     if not config.distributed.train_locally:
         raise ConfigError(
             "distributed.train_locally: false trains nothing; launch such a master without "
@@ -372,7 +378,7 @@ def node_plugins(
         return [sync]  # no transport here: only rank 0 talks to the repo
     from speedtronic.distributed.setup import coordinator_plugins
 
-    plugins = coordinator_plugins(config, model, logger, tokenizer)
+    plugins = coordinator_plugins(config, model, logger, tokenizer, adapters)
     sync.worker = next((p for p in plugins if p.name == "diloco"), None)
     # The run's end on rank 0 (the master's drain, the worker's wait for its global) must end
     # while the other ranks wait for its checkpoint save

@@ -111,6 +111,34 @@ def plan_start(
     return plan
 
 
+def coordinator_model(config: SpeedtronicConfig, logger: Any) -> tuple[Any, nn.Module, Any]:
+    """A coordinating master's config, model and adapters (``plan_coordinator``): its first
+    global is what every worker starts from."""
+    plan = plan_coordinator(config)
+    for message in plan.warnings:
+        logger.warn(message)
+    config = plan.config
+    model = build_model(config.model.name, config.model.params, config.model.imports)
+    return config, model, load_start_weights(model, plan, logger.notice)
+
+
+def plan_coordinator(config: SpeedtronicConfig) -> StartPlan:
+    """What a DumbDiLoCo master that does not train starts from: the weights every worker
+    starts from (--init-from's, a LoRA run's base), checked as ``plan_start`` checks them, and
+    no data, which it never reads. Its first global is these weights: random ones in their
+    place would send a fleet that fine-tunes back to scratch."""
+    plan = StartPlan(config)
+    init = config.checkpoint.init_from
+    if config.model.lora is not None:
+        init = _lora_base(plan, init)
+    if init is None:
+        return plan
+    source = open_init_source(init, plan.warnings.append)
+    config = plan.config = adopt(config, source, plan.notices)
+    plan.init = _load_init(config, source, check_model(config, build=True), own_model=False)
+    return plan
+
+
 def _lora_base(plan: StartPlan, init: str | None) -> str:
     """The base a LoRA run adapts: --init-from's for a fresh run; on --resume the one its
     checkpoint names (or --init-from's, when the base has moved), to be checked by sha256."""

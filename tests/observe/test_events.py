@@ -237,7 +237,7 @@ def test_coordinating_master_stream_starts_with_run_start(tiny, tmp_path, monkey
     """A master that only coordinates builds no trainer; it logs run_start itself."""
     from speedtronic.distributed import setup
 
-    def fake_coordinate(config, model, logger):
+    def fake_coordinate(config, model, logger, adapters=None):
         logger.log("diloco_publish", {"outer_step": 0, "bytes": 8, "seconds": 0.1})
         return {"outer_step": 0, "elapsed_s": 0.5, "signal": None}
 

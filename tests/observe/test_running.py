@@ -103,7 +103,7 @@ def test_a_coordinating_master_is_a_run_seen_while_alive_and_summed_up(tiny, tmp
     run = tmp_path / "run"
     seen = []
 
-    def coordinate(config, model, logger):
+    def coordinate(config, model, logger, adapters=None):
         (run / "diloco_master").mkdir()  # its state, as the real master keeps it
         seen.append((run / RUNNING_FILE).read_text())
         seen.append([row["status"] for row in list_runs([tmp_path])])
@@ -127,7 +127,7 @@ def test_a_coordinating_master_that_fails_says_so_and_one_held_is_refused(
 ):
     from speedtronic.errors import TransportError
 
-    def coordinate(config, model, logger):
+    def coordinate(config, model, logger, adapters=None):
         raise TransportError("repo: gone")
 
     result = coordinating(tiny, tmp_path, monkeypatch, coordinate)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from speedtronic.distributed.frozen_base import FIELD as BASE_FIELD
 from speedtronic.distributed.master.intake import DeltaIntake
 from speedtronic.distributed.master.outer import Master, MasterConfig, MasterState, RoundResult
 from speedtronic.distributed.master.publish import Publication, Publisher, PublishSender
@@ -211,7 +212,7 @@ class MasterLoop:
             return None
         nodes = self.intake.summary_after(result)
         consumed = [*self.intake.unusable, *self.intake.paths_of(result.consumed)]
-        extra = {"nodes": nodes, "master": self.master_id}
+        extra = step_count_extra(nodes, self.master_id, self.guard.base_sha256)
         try:
             shared = self.intake.round_deltas(result.shared)
             publication = self.publisher.save(
@@ -236,7 +237,7 @@ class MasterLoop:
         """Publish the committed step again (saved with the current node summary): after a
         failed send, a repo that lost it, or a summary change at the end of a run."""
         nodes = self.intake.summary_after(None)
-        extra = {"nodes": nodes, "master": self.master_id}
+        extra = step_count_extra(nodes, self.master_id, self.guard.base_sha256)
         state, rate = self.master.snapshot(), self.master.fleet_rate
         publication = self.publisher.save(state, list(self.intake.unusable), extra, rate)
         with self.lock:
@@ -365,3 +366,12 @@ def refuse_another_global_dtype(state: MasterState | None, configured: str) -> N
 def unchecked_line(exc: Exception, state: MasterState | None) -> str:
     then = "publishing nothing before" if state is None else "its state stands until"
     return f"diloco master: cannot read the repo at start ({exc}); {then} the next poll reads it"
+
+
+def step_count_extra(nodes: dict, master: str, base: str | None) -> dict[str, Any]:
+    """What a publish's step count says besides the step: the nodes' summary, this master, and
+    the frozen base every node must share (``frozen_base``; none: every parameter trains)."""
+    extra = {"nodes": nodes, "master": master}
+    if base is not None:
+        extra[BASE_FIELD] = base
+    return extra

@@ -29,6 +29,7 @@ from speedtronic.distributed.codec import (
     check_plausible_global,
     global_norm,
 )
+from speedtronic.distributed.frozen_base import check_recorded_base
 from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.master.state import MasterState
 from speedtronic.distributed.protocol import GLOBAL_WEIGHTS, STEP_COUNT, leaves_room
@@ -75,6 +76,7 @@ class RepoGuard:
         self.reference, self.clock, self.interval_s = reference, clock, interval_s
         self.reader = GlobalReader(transport, reference, hashed=True)
         self.sha_of = sha_of
+        self.base_sha256: str | None = None  # the frozen base each publish records (LoRA)
         self.last_check = -float("inf")
         self.checked = False  # the repo answered once: rounds may run
         self._said: set[str] = set()  # problems logged already (each once)
@@ -128,6 +130,7 @@ class RepoGuard:
     ) -> tuple[MasterState, bool]:
         """The state to resume and whether to publish it now. ``newest_saved`` is the newest
         outer step with a manifest in state_dir, usable or not (None: none there)."""
+        check_recorded_base(view.count or {}, self.base_sha256, self.transport.describe())
         if state is None:
             return self._without_state(view)
         where = f"this master's state (outer step {state.outer_step})"
@@ -163,6 +166,7 @@ class RepoGuard:
             for name, same in (
                 ("weights_sha256", view.sha256 == self.sha_of(state)),
                 ("master", view.master == self.master_id),
+                ("base_sha256", (view.count or {}).get("base_sha256") == self.base_sha256),
                 ("nodes", not state.nodes or view.nodes == state.nodes),
             )
             if not same

@@ -144,7 +144,9 @@ class RunEnd:
         p = self.plugin
         last, fetcher = (
             p.uploader.final_seq,
-            GlobalFetcher(p.config, p.transport, p.logger, p.status, p.params),
+            GlobalFetcher(
+                p.config, p.transport, p.logger, p.status, p.params, p.fetcher.base_sha256
+            ),
         )
         deadline = time.monotonic() + self.wait_s()
         ready, holds, said = None, False, False

@@ -32,6 +32,7 @@ from speedtronic.distributed.codec import (
     expected_delta_bytes,
     global_norm,
 )
+from speedtronic.distributed.frozen_base import check_base
 from speedtronic.distributed.global_update import GlobalReader
 from speedtronic.distributed.node_status import NodeStatus, Throttle
 from speedtronic.distributed.protocol import STEP_COUNT, run_ended
@@ -58,10 +59,21 @@ class Ready:
 class GlobalFetcher:
     """Downloads newer globals into ``ready``; one refresh at a time (poller, boundary wait)."""
 
-    def __init__(self, config: Any, transport: Any, logger: Any, status: NodeStatus, params: dict):
+    def __init__(
+        self,
+        config: Any,
+        transport: Any,
+        logger: Any,
+        status: NodeStatus,
+        params: dict,
+        base_sha256: str | None = None,
+    ):
+        """``base_sha256``: the frozen base this node trains on (``frozen_base``), checked
+        against the run's at every read of the step count."""
         self.config, self.transport, self.logger, self.status = config, transport, logger, status
         self.node_id: str = config.node_id
         self.params = params  # the reference for keys and shapes
+        self.base_sha256 = base_sha256
         self.reader = GlobalReader(transport, params)  # keeps the keyframe updates build on
         self.installed_step = -1  # the outer step of the global the node's base came from
         # a published outer step this node failed to read (or refused): its base is then no
@@ -122,6 +134,8 @@ class GlobalFetcher:
 
     def fetch_counted(self, counted: dict | None) -> None:
         """``fetch_newer`` with the step count already read (``counted``; None: no global)."""
+        if counted is not None:  # a node on another frozen base: refused, permanently
+            check_base(counted, self.base_sha256, self.transport.describe())
         with self.lock:
             installed, waiting = self.installed_step, self._waiting_step()
         if counted is None or counted["outer_step"] in (installed, waiting):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from speedtronic.distributed.codec import expected_delta_bytes
+from speedtronic.distributed.frozen_base import base_sha256
 from speedtronic.distributed.latency import poll_advice
 from speedtronic.distributed.node_status import NodeStatus
 from speedtronic.distributed.transport import Transport
@@ -64,19 +65,20 @@ class WorkerPlugin:
         logger: Any,
         background: bool = True,
         spill_dir: Any = None,
+        base: Any = ...,
     ):
         """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
-        and ``fetcher.refresh`` itself (simulations with a virtual clock, e.g. the convergence
-        benchmark). ``spill_dir``: where in-flight deltas past memory go (``worker/inflight``;
-        None: a temporary directory)."""
+        and ``fetcher.refresh`` itself (simulations with a virtual clock). ``spill_dir``: where
+        in-flight deltas past memory go (None: a temporary directory); ``base``: the frozen
+        base's sha256 where the caller has it (``setup.node_base``), else the model's."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
         self.params = parameters_of(model)
-        self.node_id: str = config.node_id
-        self.status = NodeStatus()
+        self.node_id, self.status = config.node_id, NodeStatus()
         self.uploader = Uploader(config, transport, logger, self.status, spill_dir)
         self.uploader.in_flight.shapes = {k: tuple(p.shape) for k, p in self.params.items()}
-        self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params)
+        base = base_sha256(model) if base is ... else base  # checked against the run's record
+        self.fetcher = GlobalFetcher(config, transport, logger, self.status, self.params, base)
         # global_dtype deltas: a round's own deltas come from what this node sent, not the repo
         self.fetcher.reader.replayer.held = self.uploader.in_flight.held
         self.base: dict[str, torch.Tensor] | None = None
