@@ -88,6 +88,13 @@ def generate(
         help="Do not stop at the run's end-of-document tokens (its tokenizer's end-of-text, "
         "the data's separator); by default a sample ends there.",
     ),
+    chat: bool = typer.Option(
+        False,
+        "--chat",
+        help="Take the prompt as a user's message in the run's chat template (the one its "
+        "model was imported or fine-tuned with): the model answers as the assistant, and a "
+        "sample ends at the end of its turn.",
+    ),
     output_format: OutputFormat = format_option("the text as it is generated"),
 ) -> None:
     """Sample text from a trained run's model (KV cache; the run's tokenizer and precision).
@@ -105,7 +112,7 @@ def generate(
     use_threads(threads)  # as train's --threads (run.threads)
     if any(not t for t in stop or ()):
         raise ConfigError("--stop: an empty text would stop at once; give the text to stop at")
-    stops = (tuple(stop or ()), not no_stop)
+    stops = (tuple(stop or ()), not no_stop, chat)
     _generate(run, text, sampling, seed, num_samples, device, tokenizer, output_format, stops)
 
 
@@ -149,6 +156,7 @@ def _prompt_text(prompt: str | None, prompt_file: Path | None) -> str:
 def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, output_format, stops):
     import torch
 
+    from speedtronic.modelout.chat_prompt import chat_prompt
     from speedtronic.modelout.generate import Decoder, check_prompt, generate, vocab_size
     from speedtronic.modelout.source import open_run
     from speedtronic.modelout.stops import Completion, Stopper, stop_tokens
@@ -158,13 +166,20 @@ def _generate(run_path, text, sampling, seed, num_samples, device, tokenizer, ou
     precision = _precision(run, device)
     model = run.model.to(precision.device)
     window = getattr(getattr(model, "config", None), "seq_len", None) or run.context_len
+    texts, at_tokens, chat = stops
+    end_ids = stop_tokens(tok, run.config) if at_tokens else {}
+    if chat:  # the user's text in the run's template; the turn's end is a stop
+        text, end = chat_prompt(tok, text)
+        ids = tok(end) if end else []
+        if len(ids) == 1:
+            end_ids[ids[0]] = end
+        elif end:
+            texts = (*texts, end)
     prompt_ids = tok(text)
     check_prompt(prompt_ids, vocab_size(model))  # before anything is printed
     seed = secrets.randbelow(2**31) if seed is None else seed
     generator = torch.Generator().manual_seed(seed)
     how = "KV cache" if callable(getattr(model, "forward_cached", None)) else "no KV cache"
-    texts, at_tokens = stops
-    end_ids = stop_tokens(tok, run.config) if at_tokens else {}
     for index in range(num_samples):
         decoder = Decoder(model, window, precision)
         as_text = output_format is OutputFormat.text
