@@ -67,10 +67,9 @@ class WorkerPlugin:
         spill_dir: Any = None,
         base: Any = ...,
     ):
-        """``background=False`` starts no threads: the caller drives ``uploader.send_pending``
-        and ``fetcher.refresh`` itself (simulations with a virtual clock). ``spill_dir``: where
-        in-flight deltas past memory go (None: a temporary directory); ``base``: the frozen
-        base's sha256 where the caller has it (``setup.node_base``), else the model's."""
+        """``background=False``: no threads, the caller drives ``uploader.send_pending`` and
+        ``fetcher.refresh`` (simulated clocks). ``spill_dir``: in-flight deltas past memory
+        (None: a temporary directory); ``base``: the frozen base's sha256, else the model's."""
         self.config, self.transport, self.logger = config, transport, logger
         self.background = background
         self.params = parameters_of(model)
