@@ -236,21 +236,25 @@ def test_a_master_and_two_workers_train_through_a_failing_hub(tmp_path):
 
     # One commit each, nothing committed twice: the repo's first, the README, every upload
     # and every publish (outer step 0 at start, then at most one per round: a round whose
-    # publish was still waiting when the next one came is superseded by it, never sent)
+    # publish was still waiting when the next one came is superseded by it, never sent), but
+    # the last round's, which goes out once more to say the run has ended when it had landed
+    # before the master's end (issue 55 item 10)
     commits = stats["commits"][REPO]
     steps = [int(s) for c in commits for s in re.findall(r": publish outer step (\d+)$", c)]
-    assert len(steps) == len(set(steps)) and steps == sorted(steps), commits
+    once = steps[:-1] if steps[-2:-1] == steps[-1:] else steps
+    assert len(once) == len(set(once)) and steps == sorted(steps), commits
     assert steps[0] == 0 and steps[-1] == published["outer_step"] == rounds[-1][0], commits
     publishes = len(steps)
-    assert 2 <= publishes <= 1 + len(rounds)
+    assert 2 <= len(once) <= 1 + len(rounds)
     announcements = [c for c in commits if c.endswith("/node.json")]
     assert len(announcements) == len(WORKERS), commits
     assert len(commits) == 2 + uploads + publishes + len(WORKERS) == len(history), commits
     deltas = [c for c in commits if ": delta " in c]
     assert len(deltas) == len(set(deltas)) == uploads, commits
-    # ... each delta and global through the LFS path: a PUT of its object to the storage
+    # ... each delta and global through the LFS path: a PUT of its object to the storage (the
+    # end's second publish of a round sends bytes the storage holds already: no PUT)
     puts = [s for m, _, s in stored if m == "PUT" and s == 200]
-    assert len(puts) >= uploads + publishes, (len(puts), uploads, publishes)
+    assert len(puts) >= uploads + len(once), (len(puts), uploads, len(once))
     assert "global/latest.safetensors" in stats["lfs"][REPO], stats["lfs"]
     # ... and within the budget the transport computes for this cadence over the training
     # time (of the slower worker): one upload per inner loop and one publish per delta

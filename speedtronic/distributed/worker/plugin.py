@@ -31,7 +31,7 @@ from speedtronic.distributed.transport import Transport
 from speedtronic.distributed.worker.end import RunEnd
 from speedtronic.distributed.worker.fetch import GlobalFetcher
 from speedtronic.distributed.worker.resume import catch_up, replayed
-from speedtronic.distributed.worker.taking_part import refuse_ended_run
+from speedtronic.distributed.worker.taking_part import refuse_to_join
 from speedtronic.distributed.worker.upload import Pending, Uploader
 
 
@@ -260,7 +260,7 @@ class WorkerPlugin:
         self.base = snapshot(self.params)
         try:
             counted = self.transport.read_step_count()
-            refuse_ended_run(self, counted)  # the final round is out: nothing to join (permanent)
+            refuse_to_join(self, counted)  # another base, or a run that ended (permanent)
             self.fetcher.fetch_counted(counted)
         except Exception as exc:  # any transport failure: train from local weights (I5)
             if getattr(exc, "permanent", False):

@@ -1,6 +1,8 @@
 """Whether a worker takes part in its run at all (issue 55), said in one line either way.
 
-``refuse_ended_run``: a worker that starts afresh (no checkpoint) on a run whose master has
+``refuse_to_join``: a worker on another frozen base than its run's is refused first (issue 56:
+the deeper mismatch, which no restart of the master cures); then a worker that starts afresh
+(no checkpoint) on a run whose master has
 ended it (the step count says ``ended``: the master ran its final round after waiting for every
 node that had announced itself) has nothing to join, as its deltas would reach no round; it is
 told so before it reads the global or trains a step (exit 2). Until that publish any worker
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from speedtronic.distributed.frozen_base import check_base
 from speedtronic.distributed.protocol import run_ended
 from speedtronic.errors import ConfigError
 
@@ -28,9 +31,11 @@ class RunEnded(ConfigError):
     permanent = True  # the start's handling of a repo it cannot read lets it through
 
 
-def refuse_ended_run(plugin: Any, counted: dict[str, Any] | None) -> None:
-    """``RunEnded`` when ``counted`` (the repo's step count when a worker starts afresh) says
-    the run has ended; nothing otherwise."""
+def refuse_to_join(plugin: Any, counted: dict[str, Any] | None) -> None:
+    """``BaseMismatch`` when ``counted`` (the repo's step count when a worker starts) names
+    another frozen base, ``RunEnded`` when it says the run has ended; nothing otherwise."""
+    if counted is not None:
+        check_base(counted, plugin.fetcher.base_sha256, plugin.transport.describe())
     if not run_ended(counted) or getattr(plugin.config, "role", "worker") == "master":
         return
     where = plugin.transport.describe()
