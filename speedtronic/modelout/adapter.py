@@ -11,7 +11,6 @@ asked (``--verify``: transformers + peft against the run's logits), then renamed
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -20,20 +19,21 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from speedtronic.checkpoint.files import fsync_dir, fsync_file, install_dir
+from speedtronic.checkpoint.files import fsync_file, install_dir
 from speedtronic.checkpoint.layout import TMP_PREFIX
 from speedtronic.errors import ConfigError
 from speedtronic.modelout import llama
 from speedtronic.modelout.card import json_bytes
 from speedtronic.modelout.export import (
     EXPORT_FORMAT,
-    EXPORT_MARK,
     Export,
     _record_of,
     _umask,
     _write_error,
     check_out,
     link_target,
+    write_mark,
+    write_synced,
 )
 from speedtronic.modelout.source import RunModel
 
@@ -91,11 +91,7 @@ def _write(tmp: Path, run: RunModel, config: bytes, tensors: dict, dtype: str) -
     os.chmod(tmp / ADAPTER_WEIGHTS, 0o666 & ~_umask())  # as export's weights: the user's umask
     fsync_file(tmp / ADAPTER_WEIGHTS)
     records = {ADAPTER_WEIGHTS: _record_of(tmp / ADAPTER_WEIGHTS)}
-    with open(tmp / ADAPTER_CONFIG, "wb") as f:
-        f.write(config)
-        f.flush()
-        os.fsync(f.fileno())
-    records[ADAPTER_CONFIG] = {"bytes": len(config), "sha256": hashlib.sha256(config).hexdigest()}
+    records[ADAPTER_CONFIG] = write_synced(tmp / ADAPTER_CONFIG, config)
     mark = {
         "written_by": "speedtronic export",
         "format": EXPORT_FORMAT,
@@ -109,9 +105,4 @@ def _write(tmp: Path, run: RunModel, config: bytes, tensors: dict, dtype: str) -
         },
         "files": records,
     }
-    with open(tmp / EXPORT_MARK, "wb") as f:
-        f.write(json_bytes(mark))
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(tmp)
-    return {name: record["bytes"] for name, record in records.items()}
+    return write_mark(tmp, mark)

@@ -224,11 +224,7 @@ def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]
     fsync_file(tmp / MODEL_FILE)
     records = {MODEL_FILE: _record_of(tmp / MODEL_FILE)}
     for name, data in files.items():
-        with open(tmp / name, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        records[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        records[name] = write_synced(tmp / name, data)
     source = run.meta.get("files", {}).get(MODEL_FILE, {}) if run.meta.get("files") else {}
     mark = {
         "written_by": "speedtronic export",
@@ -243,12 +239,23 @@ def _write(tmp: Path, run: RunModel, config, dtype: str, files: dict[str, bytes]
         },
         "files": records,
     }
-    with open(tmp / EXPORT_MARK, "wb") as f:
-        f.write(json_bytes(mark))
+    return write_mark(tmp, mark)
+
+
+def write_synced(path: Path, data: bytes) -> dict[str, Any]:
+    """``data`` written to ``path`` and fsynced; its record for the mark (bytes, sha256)."""
+    with open(path, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_mark(tmp: Path, mark: dict[str, Any]) -> dict[str, int]:
+    """The export mark written last (fsynced with its folder); returns the files' sizes."""
+    write_synced(tmp / EXPORT_MARK, json_bytes(mark))
     fsync_dir(tmp)
-    return {name: record["bytes"] for name, record in records.items()}
+    return {name: record["bytes"] for name, record in mark["files"].items()}
 
 
 def _umask() -> int:
