@@ -267,17 +267,11 @@ def json_lines(
     limit: int = MAX_DOCUMENT_BYTES,
 ) -> tuple[list[str], int]:
     """The ``column`` field of each JSON object line in ``data`` (which starts at ``offset``)."""
-    docs, skipped, pos = [], 0, offset
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()  # what follows the last newline: no line
-    for line in lines:
-        here, pos = pos, pos + len(line) + 1
-        if not line.strip():
+    docs, skipped = [], 0
+    for here, line in lines_at(data, offset, name, where, limit):
+        if line is None:
             skipped += 1
             continue
-        if len(line) > limit:
-            raise too_long(name, f"the line at byte {here:,}{where}", limit)
         value = _field(
             parse_line(line, here, name, where), column, name, f"the line at byte {here}{where}"
         )
@@ -295,17 +289,11 @@ def json_conversations(
     (``name: the line at byte N``) for the errors that rendering it may raise."""
     from speedtronic.data.ingest.chat import check_messages
 
-    rows, skipped, pos = [], 0, offset
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    for line in lines:
-        here, pos = pos, pos + len(line) + 1
-        if not line.strip():
+    rows, skipped = [], 0
+    for here, line in lines_at(data, offset, name, where, limit):
+        if line is None:
             skipped += 1
             continue
-        if len(line) > limit:
-            raise too_long(name, f"the line at byte {here:,}{where}", limit)
         obj, at = parse_line(line, here, name, where), f"{name}: the line at byte {here}{where}"
         if not isinstance(obj, dict) or key not in obj:
             there = ", ".join(list(obj)[:12]) if isinstance(obj, dict) else "not a JSON object"
@@ -318,6 +306,22 @@ def json_conversations(
             continue
         rows.append((at, check_messages(obj[key], at, key)))
     return rows, skipped
+
+
+def lines_at(data: bytes, offset: int, name: str, where: str, limit: int):
+    """``(byte offset, line)`` of each line of ``data`` (which starts at ``offset``), the line
+    None where it is blank; a line over ``limit`` bytes is refused naming where it starts."""
+    pos, lines = offset, data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # what follows the last newline: no line
+    for line in lines:
+        here, pos = pos, pos + len(line) + 1
+        if not line.strip():
+            yield here, None
+        elif len(line) > limit:
+            raise too_long(name, f"the line at byte {here:,}{where}", limit)
+        else:
+            yield here, line
 
 
 def parse_line(line: bytes, here: int, name: str, where: str) -> object:
