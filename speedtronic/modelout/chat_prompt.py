@@ -16,13 +16,12 @@ from typing import Any
 
 from speedtronic.errors import ConfigError
 
-_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 _ANSWER = "\x1fspeedtronic-answer\x1f"  # a text no template writes by itself
 
 
 def chat_prompt(tokenizer: Any, text: str) -> tuple[str, str | None]:
     """``(the prompt to continue, the end-of-turn text or None)`` for the user message ``text``."""
-    from speedtronic.data.ingest.chat import compile_template
+    from speedtronic.data.ingest.chat import SPECIAL_KEYS, compile_template
 
     specials = getattr(tokenizer, "specials", None) or {}
     template = specials.get("chat_template")
@@ -32,7 +31,7 @@ def chat_prompt(tokenizer: Any, text: str) -> tuple[str, str | None]:
             "one, or a run trained from scratch); leave --chat out and write the prompt as text"
         )
     compiled = compile_template(template, "the run's tokenizer record")
-    values = {key: specials[key] for key in _TOKEN_KEYS if isinstance(specials.get(key), str)}
+    values = {key: specials[key] for key in SPECIAL_KEYS if isinstance(specials.get(key), str)}
 
     def render(messages: list[dict], generation: bool) -> str:
         try:
