@@ -43,7 +43,8 @@ cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta t
 publish and download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node
 downloads the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
 (``keyframe_every``); ``h<n>`` (this
-arm's H; the link stays the one calibrated on the scale's H), ``jit<x>`` (every step's time times
+arm's H; the link stays the one calibrated on the scale's H), ``early<H>to<step>`` (post-local
+SGD, issue 54: inner loops that start before a node's optimizer step ``step`` last ``H``), ``jit<x>`` (every step's time times
 a log-normal factor of mean 1 and spread x), ``mx`` (the master on a fifth machine instead of
 worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and, for arm a only, ``b<n>`` (its batch at
 the same step time: data parallel over 4 machines with a free all-reduce is ``a_muon_b32``).

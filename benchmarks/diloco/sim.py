@@ -72,7 +72,7 @@ from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterConfig
 from speedtronic.distributed.protocol import BadDelta, is_keyframe_path, parse_delta_path
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of
+from speedtronic.distributed.worker.plugin import WorkerPlugin, loop_length, parameters_of
 from speedtronic.errors import SpeedtronicError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.runtime import build_runtime
@@ -433,12 +433,31 @@ class SimNode:
     jitter: float = 0.0  # log-normal spread of a step's time (``jit<x>``)
     rng: random.Random | None = None  # draws the jitter
     bytes_down: int = 0  # what its downloads of newer globals were charged
+    stall: float = 0.0  # ``stall<p>``: the chance that a loop is followed by a loop's pause
+    stall_rng: random.Random | None = None  # draws the stalls (apart: jitter draws unchanged)
+    stalls: int = 0
 
     def next_step_s(self) -> float:
         """This step's time: ``step_s``, times a log-normal factor of mean 1 with jitter."""
         if not self.jitter:
             return self.step_s
-        return self.step_s * math.exp(self.rng.gauss(0.0, self.jitter) - self.jitter**2 / 2)
+        return self.step_s * lognormal(self.rng, self.jitter)
+
+    def pause_s(self) -> float:
+        """``stall<p>``: after a boundary, with chance p, the machine does something else for
+        one inner loop's time (another job, a sleeping laptop): correlated, unlike jitter."""
+        trainer, plugin = self.runtime.trainer, self.plugin
+        if not self.stall or trainer.step == 0 or plugin.boundary_step != trainer.step:
+            return 0.0
+        if self.stall_rng.random() >= self.stall:
+            return 0.0
+        self.stalls += 1
+        return loop_length(plugin.config, trainer.step) * self.step_s
+
+
+def lognormal(rng: random.Random, spread: float) -> float:
+    """A log-normal factor of mean 1 (1.0 when ``spread`` is 0)."""
+    return math.exp(rng.gauss(0.0, spread) - spread**2 / 2) if spread else 1.0
 
 
 # Event kinds, in the order they act at the same instant: what lands first, then who reads it
@@ -461,6 +480,8 @@ class Simulation:
     master_node: int | None = 0  # the worker whose machine (and uplink) the master shares
     uplink_free_at: float = 0.0  # that shared uplink is busy until then
     replay_bytes: int = 0  # gdeltas: one delta's bytes, which nodes download per other delta
+    link_jitter: float = 0.0  # ``ljit<x>``: every transfer's time times a log-normal factor
+    link_rng: random.Random = field(default_factory=lambda: random.Random(0))
     rounds: dict[int, list[str]] = field(default_factory=dict)  # outer step -> its deltas' nodes
     _poll_bytes: int = 0  # delta bytes the master had read when its current poll began
     _events: list = field(default_factory=list)
@@ -507,7 +528,9 @@ class Simulation:
     def _step(self, now: float, i: int) -> None:
         node = self.nodes[i]
         trainer, plugin = node.runtime.trainer, node.plugin
-        boundary = trainer.step + 1 - plugin.boundary_step >= plugin.config.inner_steps
+        boundary = trainer.step + 1 - plugin.boundary_step >= loop_length(
+            plugin.config, plugin.boundary_step
+        )
         held = plugin.fetcher.take() if self.sync and boundary else None  # installed after the wait
         trainer.train_step()
         plugin.after_optimizer_step(trainer)
@@ -522,7 +545,7 @@ class Simulation:
 
     def _next_step(self, now: float, node: SimNode, i: int) -> None:
         trainer = node.runtime.trainer
-        step_s = node.next_step_s()
+        step_s = node.next_step_s() + node.pause_s()
         over_time = self.until_s is not None and now + step_s > self.until_s + 1e-9
         over_steps = self.until_s is None and trainer.step >= node.planned
         if over_time or over_steps:
@@ -542,7 +565,7 @@ class Simulation:
         if node.upload_free_at <= now and uploader.unsent():
             shared = i == self.master_node
             start = max(now, self.uplink_free_at) if shared else now  # behind a publish
-            node.upload_free_at = start + self.latency.upload_s
+            node.upload_free_at = start + self._link_s(self.latency.upload_s)
             self.transport.upload_s = node.upload_free_at - now
             uploader.send_pending()  # lands then (LatentTransport)
             if shared:
@@ -586,11 +609,15 @@ class Simulation:
         """A publish starts after this poll's reads, and on a shared uplink after what it is
         sending; it lands ``cost`` later. Returns when, counted from now."""
         now = self.clock.now
-        start = now + self._read_s()
+        start, cost = now + self._read_s(), self._link_s(cost)
         if self.master_node is not None:
             start = max(start, self.uplink_free_at)
             self.uplink_free_at = start + cost
         return start + cost - now
+
+    def _link_s(self, seconds: float) -> float:
+        """A transfer's time on a jittery link (``ljit<x>``): a slow upload, a busy line."""
+        return seconds * lognormal(self.link_rng, self.link_jitter)
 
     # -- the worker's poller thread: a newer global is ready download_s after it is seen
     def _fetch(self, now: float, i: int) -> None:
@@ -622,7 +649,7 @@ class Simulation:
             nbytes = self.replay_bytes_for(node_id, held, fetcher.ready.outer_step)
         node.bytes_down += nbytes
         node.downloading, fetcher.ready = fetcher.ready, before  # not there before the download
-        took = self.latency.download_time(nbytes)
+        took = self._link_s(self.latency.download_time(nbytes))
         self.at(now + took, done, i)
         return took
 
@@ -749,7 +776,10 @@ class Arm:
     keyframe_every: int = 10  # distributed.keyframe_every (``kf<n>``)
     master_apart: bool = False  # ``mx``: the master on a fifth machine, not worker 0's
     jitter: float = 0.0  # ``jit<x>``: log-normal spread of every step's time
+    stall: float = 0.0  # ``stall<p>``: a loop's pause after a loop, with chance p
+    link_jitter: float = 0.0  # ``ljit<x>``: log-normal spread of every transfer's time
     inner_steps: int | None = None  # ``h<n>``: H for this arm (the link stays the scale's)
+    early: tuple[int, int] | None = None  # ``early<H>to<step>``: post-local SGD's H and end
     batch: int | None = None  # ``b<n>`` (arm a): sequences per step, at the same step time
     steps: int | None = None  # ``s<n>``: T for this arm, in AdamW steps (the scale's ``steps``)
 
@@ -791,7 +821,9 @@ def parse_arm(name: str) -> Arm:
     (latency from bytes over a link: ``link_latency``), ``gint8`` / ``gint4`` (the global as an
     update on a keyframe: ``global_dtype``), ``gdeltas`` (no global published: each node
     applies the round from the others' deltas, issue 54), ``kf<n>`` (``keyframe_every``),
-    ``mx`` (the master on a machine of its own), ``jit<x>`` (jittery steps), ``h<n>`` (H),
+    ``mx`` (the master on a machine of its own), ``jit<x>`` (jittery steps), ``stall<p>`` (a
+    loop's pause after a loop, chance p), ``ljit<x>`` (jittery transfers), ``h<n>`` (H),
+    ``early<H>to<step>`` (post-local SGD: that H for loops that start before that step),
     ``s<n>`` (T in AdamW steps; arm a: evaluated at its end only, a rung of the speedup's
     ladder) and, for arm a only, ``b<n>`` (its batch at the same step time: data parallel with
     a free all-reduce)."""
@@ -817,14 +849,25 @@ def parse_arm(name: str) -> Arm:
             values.update(FLAGS[mod])
         elif mod == "naive":
             values["policy"]["policy"] = "naive"
+        elif mod == "norm":
+            values["policy"]["outer_merge"] = "norm"
         elif mod.startswith("f") and _number(mod[1:]) is not None:
             values["latency"] = _number(mod[1:])
         elif mod.startswith("kf") and mod[2:].isdigit() and int(mod[2:]) >= 1:
             values["keyframe_every"] = int(mod[2:])
         elif _count(mod, "h"):
             values["inner_steps"] = _count(mod, "h")
+        elif mod.startswith("early") and "to" in mod:
+            h, until = (_count(part, "") for part in mod[5:].split("to", 1))
+            if not h or not until:
+                raise ValueError(f"arm {name!r}: early<H>to<step> takes two positive integers")
+            values["early"] = (h, until)
         elif mod.startswith("jit") and (_number(mod[3:]) or -1) >= 0:
             values["jitter"] = _number(mod[3:])
+        elif mod.startswith("ljit") and (_number(mod[4:]) or -1) >= 0:
+            values["link_jitter"] = _number(mod[4:])
+        elif mod.startswith("stall") and 0 <= (_number(mod[5:]) or -1) < 1:
+            values["stall"] = _number(mod[5:])
         else:
             prefix = next((p for p in ("md", "sd", "ms", "lr", "m") if mod.startswith(p)), None)
             if prefix is None or _number(mod[len(prefix) :]) is None:
@@ -1047,6 +1090,8 @@ class Job:
             **{**MASTER_DEFAULTS, **policy},
             poll_interval=latency.poll_s,
             inner_steps=arm.inner_steps or scale.inner_steps,
+            early_inner_steps=arm.early[0] if arm.early else None,
+            early_until_step=arm.early[1] if arm.early else 0,
             reset_inner_optimizer=arm.reset_inner,
             reapply_own_delta=arm.reapply_own,
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait
@@ -1077,10 +1122,13 @@ class Job:
             plugin.on_train_start(runtime.trainer)  # installs the published global
             step_s = scale.step_seconds * arm.cost / speeds[i]
             rng = random.Random(data_seed(self.seed, i))  # the same draws in the dry run
-            nodes.append(SimNode(runtime, plugin, step_s, horizons[i], jitter=arm.jitter, rng=rng))
+            stalls = random.Random(data_seed(self.seed, i) + 7919)  # apart from the jitter's
+            nodes.append(SimNode(runtime, plugin, step_s, horizons[i], jitter=arm.jitter, rng=rng,
+                                 stall=arm.stall, stall_rng=stalls))  # fmt: skip
         until = scale.until_s if arm.budget == "time" else None
         sim = Simulation(nodes, loop, transport, clock, latency, arm.sync, until, on_publish, log)
         sim.master_node = None if arm.master_apart else 0
+        sim.link_jitter, sim.link_rng = arm.link_jitter, random.Random(data_seed(self.seed, 99))
         if arm.global_dtype == "deltas":
             transport.keyframe_every = arm.keyframe_every
             sim.replay_bytes = latency.link.delta_bytes if latency.link else 1
@@ -1118,6 +1166,7 @@ class Job:
             "speeds": speeds,
             "inner_steps": inner,
             "steps_per_worker": [node.runtime.trainer.step for node in nodes],
+            "stalls": [node.stalls for node in nodes],
             "planned_steps": planned,
             "tokens": tokens(),
             "end_s": end,
@@ -1155,7 +1204,7 @@ class Job:
 
 
 MASTER_DEFAULTS = {
-    k if k != "policy" else "outer_policy": v
+    {"policy": "outer_policy", "merge": "outer_merge"}.get(k, k): v
     for k, v in asdict(MasterConfig()).items()
     if k != "nesterov"
 }

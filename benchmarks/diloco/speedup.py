@@ -83,6 +83,8 @@ def speedup_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for arm in arms:
         runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
         row: dict[str, Any] = {"arm": arm, "seeds": [r["seed"] for r in runs]}
+        # an uneven fleet against its own fastest machine (speeds: the fleet's mean is 1)
+        row["fastest"] = max(runs[0].get("speeds") or [1.0])
         for name, key in SLICES.items():
             figures = [speedup_of(r, results, key) for r in runs]
             row[name] = figures
@@ -116,5 +118,7 @@ def print_speedups(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seeds = "/".join(_text(f) for f in row[name])
             mean = row[f"{name}_mean"]
             cells.append(f"{seeds:<22}{(f'{mean:.2f}' if mean else '-'):>6}")
-        print(f"{row['arm']:<58}{'   '.join(cells)}")
+        fastest, mean = row["fastest"], row["test_mean"]
+        against = f"   vs its fastest machine: {mean / fastest:.2f}" if fastest > 1 and mean else ""
+        print(f"{row['arm']:<58}{'   '.join(cells)}{against}")
     return rows

@@ -236,3 +236,38 @@ def test_a_gdeltas_fleet_downloads_whole_deltas_and_its_master_sends_less(tmp_pa
     assert 0 < down and round(down) % one == 0  # whole deltas, never weights
     assert deltas["bytes_down_per_round"] <= 3 * one * 1.0001  # at most the 3 others a round
     assert deltas["master_bytes_up_per_round"] < int8["master_bytes_up_per_round"]
+
+
+# ---------------------------------------------------- issue 54 item 6: machines that misbehave
+
+
+def test_arm_names_pick_stalls_and_a_jittery_link():
+    arm = sim.parse_arm("d_f0.25_muon_bw_int2_jit0.3_stall0.1_ljit0.5")
+    assert (arm.jitter, arm.stall, arm.link_jitter) == (0.3, 0.1, 0.5)
+    with pytest.raises(ValueError, match="stall1"):
+        sim.parse_arm("d_f0.25_stall1")  # a chance, below 1
+
+
+def test_a_stall_pauses_one_inner_loop_and_only_right_after_a_boundary():
+    import random
+
+    config = SimpleNamespace(inner_steps=10, early_inner_steps=None, early_until_step=0)
+    trainer, plugin = SimpleNamespace(step=20), SimpleNamespace(boundary_step=20, config=config)
+    runtime = SimpleNamespace(trainer=trainer)
+    node = sim.SimNode(runtime, plugin, 0.5, 100, stall=0.25, stall_rng=random.Random(0))
+    pauses = [node.pause_s() for _ in range(2000)]
+    assert set(pauses) == {0.0, 5.0} and node.stalls == pauses.count(5.0)  # a loop: 10 x 0.5 s
+    assert pauses.count(5.0) / len(pauses) == pytest.approx(0.25, abs=0.04)
+    trainer.step = 21  # mid-loop: never
+    assert {node.pause_s() for _ in range(200)} == {0.0}
+
+
+def test_a_jittery_link_draws_each_transfer_around_its_time(tmp_path):
+    import random
+    import statistics
+
+    simulation, _, _ = make_simulation(tmp_path, 0)
+    assert simulation._link_s(2.0) == 2.0  # no jitter: the link's time
+    simulation.link_jitter, simulation.link_rng = 0.5, random.Random(1)
+    draws = [simulation._link_s(2.0) for _ in range(4000)]
+    assert statistics.mean(draws) == pytest.approx(2.0, rel=0.05) and min(draws) < 1.0

@@ -50,6 +50,16 @@ def test_an_arm_is_read_against_its_own_seed_and_inner_optimizer_with_its_flush(
     assert rows["c_f0.25_muon_bw"]["test"] == [{"x": pytest.approx(360 / 200), "relation": "="}]
     assert rows["c_f0.25_muon_bw"]["test_mean"] == pytest.approx(1.8)
     assert rows["a_muon_b32"]["test"] == [{"x": pytest.approx(4.0), "relation": "="}]
+    assert rows["c_f0.25_muon_bw"]["fastest"] == 1.0
+
+
+def test_an_uneven_fleet_is_also_read_against_its_own_fastest_machine(capsys):
+    results = [result(f"a_muon_s{t // 0.3:.0f}", 0, t, loss) for t, loss in RUNGS]
+    uneven = result("d_f0.25_muon_bw", 0, 180.0, 1.6, flushed_s=200.0)
+    results.append({**uneven, "speeds": [0.4, 0.5, 1.0, 2.0]})
+    [row] = speedup.print_speedups(results)
+    assert row["fastest"] == 2.0
+    assert "vs its fastest machine: 0.90" in capsys.readouterr().out  # 1.8 / 2.0
 
 
 def test_fleet_vs_sync_reads_ddps_and_the_fleets_speedup_in_steps_on_its_one_rungs():
