@@ -26,31 +26,32 @@ uploads in flight land and the master's final round publishes; that global's los
 never wait, so for them both budgets are the same run.
 
 Arm names: ``a`` (one worker, ``--steps`` steps), or ``c`` (4 equal workers) / ``d`` (4 uneven
-workers, speeds ``--speeds`` 1 : 1.3 : 2.6 : 5.7 scaled to a mean of 1, so the fleet has the same
-compute as ``c``) with ``_``-separated modifiers: ``f<x>`` latency fraction; ``eager``
+workers, speeds ``--speeds`` 1 : 1.3 : 2.6 : 5.7 scaled to a mean of 1, so the fleet has the
+same compute as ``c``) with ``_``-separated modifiers: ``f<x>`` latency fraction; ``eager``
 (``install: eager``; default ``boundary``); ``sync`` (blocking synchronous DiLoCo:
 ``sync_wait_s`` and ``min_deltas`` = nodes); ``keep`` (``reset_inner_optimizer: false``);
 ``bare`` (``reapply_own_delta: false``); ``tok`` (equal tokens); ``dylu`` (dynamic local
 updates, Liu et al. 2024: each node's ``inner_steps`` scaled by its speed, so every node's loop
-takes L); ``naive`` (outer policy); ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>``
-(outer lr, momentum, min_deltas, staleness discount, max_staleness); ``muon`` (Muon as the inner
-optimizer, ``sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_COST``
-times an AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it;
-an encoding (``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.delta_dtype``),
-``noef`` (``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes
-cost bytes over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L),
-``gint8`` / ``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each
-publish and download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node
-downloads the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
-(``keyframe_every``); ``h<n>`` (this
-arm's H; the link stays the one calibrated on the scale's H), ``early<H>to<step>`` (post-local
-SGD, issue 54: inner loops that start before a node's optimizer step ``step`` last ``H``), ``jit<x>`` (every step's time times
-a log-normal factor of mean 1 and spread x), ``mx`` (the master on a fifth machine instead of
-worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and, for arm a only, ``b<n>`` (its batch at
-the same step time: data parallel over 4 machines with a free all-reduce is ``a_muon_b32``).
-Everything else is the product's default: plain averaging (outer lr 1.0, momentum 0), fleet
-policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old default (boundary installs, AdamW
-reset).
+takes L); ``naive`` (outer policy); ``lr<x>``, ``m<x>``, ``md<n>``, ``sd<x>``, ``ms<n>`` (outer
+lr, momentum, min_deltas, staleness discount, max_staleness); ``muon`` (Muon as the inner
+optimizer, ``sim.MUON_INNER``; also ``a_muon``), whose steps cost ``MUON_STEP_COST`` times an
+AdamW step (measured by ``--muon-cost``), so fewer fit in T, ``cost<x>`` to set it; an encoding
+(``fp32``, ``bf16``, ``int8``, ``int4``, ``int2``: ``distributed.delta_dtype``), ``noef``
+(``error_feedback: false``) and ``bw`` (issue 38: uploads, downloads and publishes cost bytes
+over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L), ``gint8`` /
+``gint4`` (``distributed.global_dtype``: the global as an update on a keyframe, each publish and
+download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node downloads
+the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
+(``keyframe_every``); ``h<n>`` (this arm's H; the link stays the one calibrated on the scale's
+H), ``early<H>to<step>`` (post-local SGD, issue 54: inner loops that start before a node's
+optimizer step ``step`` last ``H``), ``jit<x>`` (every step's time times a log-normal factor of
+mean 1 and spread x), ``stall<p>`` (after each inner loop, with chance p, the machine pauses for
+one loop: another job, a sleeping laptop), ``ljit<x>`` (every transfer's time times such a
+factor), ``mx`` (the master on a fifth machine instead of worker 0's), ``s<n>`` (this arm's T,
+in AdamW steps) and, for arm a only, ``b<n>`` (its batch at the same step time: data parallel
+over 4 machines with a free all-reduce is ``a_muon_b32``). Everything else is the product's
+default: plain averaging (outer lr 1.0, momentum 0), fleet policy, min_deltas 2, bf16 deltas.
+``c_f0.25`` is the old default (boundary installs, AdamW reset).
 
 Presets for ``--arms`` (see ``PRESETS``): ``main`` (the latency grid), ``tokens``, ``uneven``,
 ``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30),
