@@ -849,8 +849,6 @@ def parse_arm(name: str) -> Arm:
             values.update(FLAGS[mod])
         elif mod == "naive":
             values["policy"]["policy"] = "naive"
-        elif mod == "norm":
-            values["policy"]["outer_merge"] = "norm"
         elif mod.startswith("f") and _number(mod[1:]) is not None:
             values["latency"] = _number(mod[1:])
         elif mod.startswith("kf") and mod[2:].isdigit() and int(mod[2:]) >= 1:
@@ -1204,7 +1202,7 @@ class Job:
 
 
 MASTER_DEFAULTS = {
-    {"policy": "outer_policy", "merge": "outer_merge"}.get(k, k): v
+    k if k != "policy" else "outer_policy": v
     for k, v in asdict(MasterConfig()).items()
     if k != "nesterov"
 }

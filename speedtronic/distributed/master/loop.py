@@ -50,7 +50,6 @@ def master_config(config: Any) -> MasterConfig:
         staleness_discount=config.staleness_discount,
         policy=config.outer_policy,
         shared_rounds=getattr(config, "global_dtype", "fp32") == "deltas",
-        merge=getattr(config, "outer_merge", "mean"),
     )
 
 

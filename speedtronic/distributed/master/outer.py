@@ -74,7 +74,6 @@ class MasterConfig:
     staleness_discount: float = 0.5  # weight factor per outer step of staleness
     policy: str = "fleet"  # "fleet": the stable async rule (module doc); "naive": per round
     shared_rounds: bool = False  # global_dtype deltas: rounds as nodes repeat them (shared_round)
-    merge: str = "mean"  # "norm": the nodes' norms and directions averaged apart (norm_merge)
 
     def __post_init__(self) -> None:
         rules = [
@@ -142,7 +141,6 @@ def aggregate(
     max_staleness: int,
     staleness_discount: float,
     seen_step: int | None = None,
-    merge: str = "mean",
 ) -> AggregateResult:
     """Sum each node's increments, then take the weighted mean over nodes (module doc).
 
@@ -173,8 +171,7 @@ def aggregate(
             included.append(delta)
     nodes = _node_sums(included, seen_step, staleness_discount)
     weights = {node: n.weight for node, n in nodes.items()}
-    combine = norm_merge if merge == "norm" else _weighted_mean
-    mean = combine({node: n.tensors for node, n in nodes.items()}, weights)
+    mean = _weighted_mean({node: n.tensors for node, n in nodes.items()}, weights)
     tokens = sum(d.header.tokens for d in included)
     rates = {node: n.rate for node, n in nodes.items()}
     return AggregateResult(mean, [d.identity for d in included], stale, bad, weights, tokens, rates)
@@ -225,27 +222,6 @@ def _weighted_mean(parts: dict[str, Tensors], weights: dict[str, float]) -> Tens
         for key, acc in mean.items():
             acc.add_(tensors[key], alpha=share)
     return mean
-
-
-def norm_merge(parts: dict[str, Tensors], weights: dict[str, float]) -> Tensors:
-    """Per tensor, the weighted mean of the parts' norms along the weighted mean of their unit
-    directions (Decoupled DiLoCo's radial-directional averaging): deltas that point apart no
-    longer shrink the step, as their plain mean does."""
-    if not parts:
-        return {}
-    total = sum(weights.values())
-    merged = {}
-    for key in next(iter(parts.values())):
-        radius, direction = 0.0, None
-        for name, tensors in parts.items():
-            value, share = tensors[key].float(), weights[name] / total
-            norm = float(value.norm())
-            radius += share * norm
-            term = value * (share / norm) if norm > 0 else torch.zeros_like(value)
-            direction = term if direction is None else direction.add_(term)
-        size = float(direction.norm())
-        merged[key] = direction.mul_(radius / size) if size > 0 else direction
-    return merged
 
 
 @dataclass(frozen=True)
@@ -415,9 +391,8 @@ class Master:
             return None
         cfg, pending = self.config, list(self._pending.values())
         got = aggregate(
-            pending, self._step, cfg.max_staleness, cfg.staleness_discount, self.visible_step,
-            cfg.merge,
-        )  # fmt: skip
+            pending, self._step, cfg.max_staleness, cfg.staleness_discount, self.visible_step
+        )
         weights, optimizer, fleet, step = self._weights, self._optimizer, self._fleet, self._step
         full, shared = False, None
         if got.included and cfg.shared_rounds:
