@@ -3,9 +3,9 @@ item 7).
 
 Usage::
 
-    python benchmarks/diloco/hub_commit_budget.py                       # 2 arms, ~2 x 1 min
-    python benchmarks/diloco/hub_commit_budget.py --commit-limit 4 --commit-window 20
-    PYTHONPATH=/path/to/main python benchmarks/diloco/hub_commit_budget.py  # other code
+    python benchmarks/diloco/commit_budget.py                       # 2 arms, ~2 x 1 min
+    python benchmarks/diloco/commit_budget.py --commit-limit 4 --commit-window 20
+    PYTHONPATH=/path/to/main python benchmarks/diloco/commit_budget.py  # other code
 
 The Hub refuses commits beyond about 128 an hour per repo. Here the Hub emulator (a process,
 tests/hub_emulator.py, as tests/hub/test_e2e.py starts it) refuses commits beyond
