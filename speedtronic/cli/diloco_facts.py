@@ -88,13 +88,14 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))
     if kind == "hub":  # docs/hub.md's figures
-        from speedtronic.distributed.hub.cadence import request_facts
+        from speedtronic.distributed.hub.cadence import keyframes_every, request_facts
 
         facts.update(
             request_facts(
                 inner_steps=dist.inner_steps,
                 poll_interval_s=dist.poll_interval,
                 min_publish_interval_s=dist.min_publish_interval_s,
+                keyframe_every=keyframes_every(dist),
             )
         )
     facts.update(fleet_facts(cfg, model, kind, fleet))

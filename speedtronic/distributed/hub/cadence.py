@@ -90,7 +90,12 @@ def estimate_calls_per_5min(
 
 
 def request_facts(
-    *, inner_steps: int, poll_interval_s: float, min_publish_interval_s: float, step_time_s=1.0
+    *,
+    inner_steps: int,
+    poll_interval_s: float,
+    min_publish_interval_s: float,
+    step_time_s=1.0,
+    keyframe_every: int = 0,
 ) -> dict:
     """What ``speedtronic validate`` says about a Hub run: each operation's requests, and one
     worker's and the master's spend at ``step_time_s`` against the Hub's limits."""
@@ -98,7 +103,9 @@ def request_facts(
     calls = estimate_calls_per_5min(
         **spend, poll_interval_s=poll_interval_s, min_publish_interval_s=min_publish_interval_s
     )
-    commits = estimate_commits_per_hour(**spend, min_publish_interval_s=min_publish_interval_s)
+    commits = estimate_commits_per_hour(
+        **spend, min_publish_interval_s=min_publish_interval_s, keyframe_every=keyframe_every
+    )
     return {
         "diloco_hub_requests": {k: {"api": a, "storage": s} for k, (a, s) in REQUESTS.items()},
         f"diloco_hub_budget_one_worker_at_{step_time_s:g}s_per_step": {
