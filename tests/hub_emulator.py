@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from urllib.parse import parse_qs
 
+from hub_emulator_budget import CommitBudget
 from hub_emulator_datasets import DATASET_GITATTRIBUTES, PREFIX, dataset_routes, namespace
 from hub_emulator_faults import (
     MESSAGES,
@@ -143,6 +144,7 @@ class HubState:
         self.tree_page_size = 1000  # entries per page before a Link: rel="next" header
         self.commits_page_size = 50
         self._counter = 0
+        self.commit_budget: CommitBudget | None = None  # the Hub's commits per repo (off)
         self.lfs = LfsApi(self)
         api = rf"/api/models/{REPO}"
         routes = [
@@ -220,7 +222,14 @@ class HubState:
         snap, lfs = MappingProxyType(dict(files)), frozenset(p for p in lfs if p in files)
         commit = EmuCommit(digest.hexdigest(), title, msg, author, self.clock(), snap, lfs)
         repo.commits.append(commit)
+        if self.commit_budget is not None:
+            self.commit_budget.spend(repo.repo_id)
         return repo.head.sha
+
+    def check_budget(self, repo_id: str) -> None:
+        """A commit over the repo's budget is refused with a 429, before anything applies."""
+        if self.commit_budget is not None:
+            self.commit_budget.check(repo_id)
 
     def push_files(self, repo: EmuRepo, files: dict, title: str, author: str) -> str:
         """Commit a whole tree as a git client would: LFS-worthy files as stored objects."""
@@ -456,6 +465,7 @@ class HubState:
         parent = header.get("parentCommit")
         if parent and parent != emu_repo.head.sha:
             raise Reject(412, MESSAGES[412])
+        self.check_budget(emu_repo.repo_id)
         files, lfs = dict(emu_repo.head.files), set(emu_repo.head.lfs)
         attributes = files.get(".gitattributes")
         for line in lines[1:]:
@@ -475,6 +485,7 @@ class HubState:
     def squash(self, req: Request, repo: str, rev: str):
         emu_repo = self.write_repo(req, repo)
         head, message = emu_repo.head, req.json().get("message") or "Super-squash"
+        self.check_budget(emu_repo.repo_id)
         emu_repo.commits = []  # older shas stop resolving, as on the Hub
         sha = self.add_commit(emu_repo, dict(head.files), message, "", lfs=head.lfs)
         return json_response({"commitId": sha})
@@ -538,9 +549,16 @@ class HubEmulator(FaultyServer):
         """Both origins' requests and faults, and each repo's commit titles, as JSON."""
         with self.state.lock:
             commits = {r: [c.title for c in repo.commits] for r, repo in self.state.repos.items()}
-        return {**super().stats(), "storage": self.storage.stats(), "commits": commits}
+        budget = self.state.commit_budget
+        refused = {"commits_refused": budget.refused} if budget is not None else {}
+        return {**super().stats(), "storage": self.storage.stats(), "commits": commits, **refused}
 
     # -- accounts ------------------------------------------------------------------------------
+
+    def limit_commits(self, limit: int, window_s: float = 3600.0) -> CommitBudget:
+        """Refuse commits beyond ``limit`` per repo in any ``window_s`` (the Hub: ~128/hour)."""
+        self.state.commit_budget = CommitBudget(limit, window_s, self.state.clock)
+        return self.state.commit_budget
 
     def add_user(self, name: str, token: str | None = None) -> None:
         with self.state.lock:

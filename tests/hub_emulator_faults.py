@@ -443,6 +443,8 @@ def serve_cli(emulator_cls, argv: list[str] | None = None) -> int:
     parser.add_argument("--storage-fault-rate", type=float, default=0.0, help="on the storage")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fault-after", type=int, default=0, help="requests let through first")
+    parser.add_argument("--commit-limit", type=int, default=0, help="commits per repo per window")
+    parser.add_argument("--commit-window", type=float, default=3600.0, help="seconds (a window)")
     args = parser.parse_args(argv)
     emu = emulator_cls(dict(t.split("=", 1) for t in args.token) or None)
     for token in args.readonly:
@@ -450,6 +452,8 @@ def serve_cli(emulator_cls, argv: list[str] | None = None) -> int:
     for spec in args.org:
         org, _, members = spec.partition("=")
         emu.add_org(org, dict(m.split(":", 1) for m in members.split(",") if m))
+    if args.commit_limit:  # the Hub's commit budget (tests/hub_emulator_budget.py)
+        emu.limit_commits(args.commit_limit, args.commit_window)
     # Random faults include answers cut short, and commits that land with their answer lost
     plans = [(emu.faults, args.fault_rate, args.seed)]
     if hasattr(emu, "storage"):

@@ -51,6 +51,25 @@ def measured_warnings(cfg: SpeedtronicConfig) -> list[str]:
     return found
 
 
+def fleet_warnings(cfg: SpeedtronicConfig, fleet: Fleet) -> list[str]:
+    """For a Hub repo: where ``fleet`` at this cadence would exceed the Hub's budgets (the
+    commits a repo takes an hour, the calls an account makes), each naming the way out."""
+    from speedtronic.distributed.hub.cadence import cadence_warnings, keyframes_every
+    from speedtronic.distributed.repos import check_repo_spec
+
+    dist = cfg.distributed
+    if check_repo_spec(dist.repo)[0] != "hub":
+        return []
+    return cadence_warnings(
+        nodes=fleet.nodes,
+        inner_steps=dist.inner_steps,
+        step_time_s=fleet.step_time_s,
+        poll_interval_s=dist.poll_interval,
+        min_publish_interval_s=dist.min_publish_interval_s,
+        keyframe_every=keyframes_every(dist),
+    )
+
+
 def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, Any]:
     """Every DumbDiLoCo fact ``validate`` prints; the repo spec is checked first (exit 2)."""
     from speedtronic.distributed.repos import check_repo_spec
@@ -69,13 +88,14 @@ def diloco_facts(cfg: SpeedtronicConfig, model: Any, fleet: Fleet) -> dict[str, 
     if model is not None:
         facts.update(_delta_facts(cfg, model, kind, fleet))
     if kind == "hub":  # docs/hub.md's figures
-        from speedtronic.distributed.hub.cadence import request_facts
+        from speedtronic.distributed.hub.cadence import keyframes_every, request_facts
 
         facts.update(
             request_facts(
                 inner_steps=dist.inner_steps,
                 poll_interval_s=dist.poll_interval,
                 min_publish_interval_s=dist.min_publish_interval_s,
+                keyframe_every=keyframes_every(dist),
             )
         )
     facts.update(fleet_facts(cfg, model, kind, fleet))
@@ -203,7 +223,7 @@ def _rounds_line(params: dict, dist: Any, kind: str, fleet: Fleet, loop_s: float
 def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> dict:
     """What ``fleet.nodes`` workers cost per hour: Hub commits against the repo's budget, and
     for a bucket its requests and bytes (docs/storage.md); nothing for a shared directory."""
-    from speedtronic.distributed.hub.cadence import estimate_commits_per_hour
+    from speedtronic.distributed.hub.cadence import estimate_commits_per_hour, keyframes_every
     from speedtronic.hub.budget import HUB_COMMITS_PER_HOUR
 
     if kind == "directory":
@@ -214,6 +234,7 @@ def fleet_facts(cfg: SpeedtronicConfig, model: Any, kind: str, fleet: Fleet) -> 
         inner_steps=dist.inner_steps,
         step_time_s=fleet.step_time_s,
         min_publish_interval_s=dist.min_publish_interval_s,
+        keyframe_every=keyframes_every(dist),
     )
     facts: dict[str, Any] = {
         "diloco_hub_commits_per_hour": f"{commits:.0f} for {fleet.nodes} worker(s) at "

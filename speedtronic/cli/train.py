@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
-from speedtronic.cli.diloco_facts import Fleet, diloco_facts, measured_warnings
+from speedtronic.cli.diloco_facts import Fleet, diloco_facts, fleet_warnings, measured_warnings
 from speedtronic.cli.errors import handle_errors
 from speedtronic.cli.machine_facts import data_facts, machine_warnings, precision_facts
 from speedtronic.cli.options import (
@@ -267,7 +267,8 @@ def validate(
     cfg, facts = init_facts(cfg, warnings)
     world_size = world_size or nproc_per_node
     facts |= derived_facts(cfg, build=build, world_size=world_size, fleet=fleet, warnings=warnings)
-    warnings += measured_warnings(cfg) if cfg.distributed.enabled else []
+    if cfg.distributed.enabled:
+        warnings += measured_warnings(cfg) + fleet_warnings(cfg, fleet)
     for message in warnings:
         print(f"speedtronic: warning: {message}", file=sys.stderr)
     if output_format is OutputFormat.json:

@@ -45,3 +45,25 @@ def test_validate_takes_trains_node_options_and_step_time(tmp_path):
     facts = json.loads(result.stdout)["facts"]
     assert facts["diloco_node"] == f"worker w1 on {repo}"
     assert facts["diloco_uploads_per_hour"].startswith("18.0 per node")  # 3600 / (100 x 2 s)
+
+
+def test_validate_says_a_hub_fleet_cannot_fit_the_commit_budget_and_the_way_out(tmp_path):
+    # Issue 54 item 7: 4 workers at H 10 and 8 s a step, round records (a keyframe commit
+    # every 10 publishes besides the publish itself): 180 deltas + 60 x 1.1 publishes an hour
+    args = ["--role", "worker", "--node-id", "w1", "--nodes", "4", "--step-time", "8"]
+    args += ["--set", "distributed.global_dtype=deltas", "--set", "distributed.delta_dtype=int2"]
+    args += ["--set", "distributed.outer_momentum=0", "--format", "json"]
+
+    def validate(repo, inner_steps):
+        sets = ("--repo", repo, "--set", f"distributed.inner_steps={inner_steps}")
+        result = invoke("validate", *args, *sets)
+        assert result.exit_code == 0, result.stderr
+        doc = json.loads(result.stdout)
+        return doc["facts"], [w for w in doc["warnings"] if "commit budget" in w]
+
+    facts, (line,) = validate("my-org/run", 10)
+    assert facts["diloco_hub_commits_per_hour"].startswith("246 for 4 worker(s) at 8 s/step")
+    assert "cannot fit one Hub repo" in line and "s3://BUCKET/PREFIX" in line
+    need = int(line.split("distributed.inner_steps to at least ")[1].split()[0])
+    assert validate("my-org/run", need)[1] == []  # the value it names fits
+    assert validate(str(tmp_path / "shared"), 10)[1] == []  # a directory has no budget

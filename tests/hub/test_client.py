@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import tempfile
 import threading
+from types import SimpleNamespace
 
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_home_"))
@@ -26,6 +28,7 @@ from speedtronic.distributed.hub.cadence import (
     cadence_warnings,
     estimate_calls_per_5min,
     estimate_commits_per_hour,
+    keyframes_every,
 )
 from speedtronic.errors import TransportError
 from speedtronic.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR, Budget
@@ -141,6 +144,23 @@ def test_fast_inner_loops_warn_about_commits_and_the_fix_works():
     need = int(line.split("at least ")[1].split()[0])
     assert cadence_warnings(inner_steps=need, **kw) == []
     assert cadence_warnings(inner_steps=need - 1, **kw) != []
+
+
+def test_keyframes_are_commits_of_their_own_and_the_warning_counts_them():
+    # global_dtype int8 / int4 / deltas: a keyframe upload every keyframe_every publishes
+    kw = dict(nodes=4, inner_steps=10, step_time_s=8.0, min_publish_interval_s=60)
+    assert estimate_commits_per_hour(**kw) == pytest.approx(180 + 60)
+    assert estimate_commits_per_hour(**kw, keyframe_every=10) == pytest.approx(180 + 66)
+    # 8 workers at 0.2 s, publishes every 120 s: 30 x 1.5 an hour leave 57 for the deltas
+    kw = dict(nodes=8, step_time_s=0.2, poll_interval_s=600, min_publish_interval_s=120)
+    (line,) = cadence_warnings(inner_steps=100, keyframe_every=2, **kw)
+    assert "cannot fit one Hub repo" in line and "s3://" in line
+    need = int(line.split("at least ")[1].split()[0])
+    assert need == math.ceil(8 * 3600 / ((102.4 - 45) * 0.2))
+    assert cadence_warnings(inner_steps=need, keyframe_every=2, **kw) == []
+    assert cadence_warnings(inner_steps=need - 1, keyframe_every=2, **kw) != []
+    assert keyframes_every(SimpleNamespace(global_dtype="deltas", keyframe_every=10)) == 10
+    assert keyframes_every(SimpleNamespace(global_dtype="fp32", keyframe_every=10)) == 0
 
 
 def test_fast_polling_warns_about_calls_and_names_poll_interval():

@@ -308,6 +308,38 @@ def test_I6_a_master_finishing_first_ends_with_every_nodes_last_delta_on_the_hub
     assert all(counted["nodes"][n]["final"] for n in ("master", "worker-1", "worker-2")), counted
 
 
+def test_a_fleet_over_the_repos_commit_budget_folds_its_deltas_and_ends_whole(tmp_path):
+    # The Hub's ~128 commits an hour, scaled down: 6 commits per 20 s, where the fleet's own
+    # cadence (a repo, its README, outer step 0, two announcements, a delta per 5 steps of
+    # each worker, the publishes) would make ~30 in less time. Refused commits (429) are not
+    # applied; the workers' uploads wait for the reset or give up and fold into the next
+    # delta; the run must still end whole, every process exit 0 (issue 54 item 7).
+    emulator = Emulator(tmp_path, "--commit-limit", "6", "--commit-window", "20")
+    client = emulator.client(tmp_path)
+    rounds = {"global_dtype": "deltas", "delta_dtype": "int2"}
+    processes: list[subprocess.Popen] = []
+    try:
+        master = start(tmp_path, emulator.url, "master", "master", 1, train_locally=False, **rounds)
+        processes.append(master)
+        assert wait_until(lambda: step_count(client) is not None, watch=master)
+        processes += [start(tmp_path, emulator.url, "worker", w, 60, **rounds) for w in WORKERS]
+        for node, process in zip(("master", *WORKERS), processes, strict=True):
+            assert proc_support.wait(process) == 0, log_of(tmp_path, node)
+        published, left = step_count(client), pending_deltas(client)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        stats = emulator.stop()
+    posts = [s for m, p, s in stats["requests"] if m == "POST" and "/commit/" in p]
+    assert posts.count(429) == stats["commits_refused"] >= 1, posts
+    rounds_run = master_rounds(tmp_path)
+    uploads = sum(len(events(tmp_path, w, "diloco_upload")) for w in WORKERS)
+    assert sum(r[1] for r in rounds_run) == uploads and not left, (uploads, rounds_run, left)
+    assert all(published["nodes"][w]["final"] for w in WORKERS), published["nodes"]
+    assert_run_ended_whole(tmp_path, None, list(WORKERS), ["master"])
+
+
 def count_kinds(faults: list) -> dict[str, int]:
     out: dict[str, int] = {}
     for _, _, kind in faults:

@@ -281,6 +281,38 @@ def test_429_carries_the_rate_limit_headers_the_client_parses(emu, sleeps):
     assert sleeps == [4.0]
 
 
+def test_the_commit_budget_refuses_over_the_window_and_applies_nothing(emu):
+    emu.create_repo(REPO)
+    now = [1000.0]
+    budget = emu.limit_commits(2, window_s=60)
+    budget.clock = lambda: now[0]
+    api(emu).create_commit(REPO, [add("a", b"1")], commit_message="a")
+    now[0] += 10
+    api(emu).create_commit(REPO, [add("b", b"2")], commit_message="b")
+    head, now[0] = emu.repo(REPO).head.sha, now[0] + 5
+    with pytest.raises(HfHubHTTPError) as limited:
+        api(emu).create_commit(REPO, [add("c", b"3")], commit_message="c")
+    assert status_of(limited.value) == 429 and budget.refused == 1
+    assert emu.repo(REPO).head.sha == head and "c" not in emu.repo(REPO).files  # not applied
+    limit = parse_ratelimit_headers(limited.value.response.headers)
+    # "a" leaves the window 60 s after it landed: 45 s from now
+    assert (limit.remaining, limit.reset_in_seconds, limit.limit, limit.window_seconds) == (
+        0,
+        45,
+        2,
+        60,
+    )
+    assert limited.value.response.headers["Retry-After"] == "45"
+    with pytest.raises(HfHubHTTPError):  # a squash is a commit too
+        api(emu).super_squash_history(REPO)
+    now[0] += 45  # "a" has left the window: one commit fits again, then none
+    api(emu).create_commit(REPO, [add("c", b"3")], commit_message="c")
+    assert emu.repo(REPO).files["c"] == b"3" and emu.stats()["commits_refused"] == 2
+    with pytest.raises(HfHubHTTPError):
+        api(emu).create_commit(REPO, [add("d", b"4")], commit_message="d")
+    assert "commits_refused" not in HubEmulator().stats()  # off by default
+
+
 def test_server_errors_before_and_after_the_commit_lands(emu):
     emu.create_repo(REPO)
     head = emu.repo(REPO).head.sha

@@ -34,16 +34,37 @@ GLOBAL_READ_CALLS = REQUESTS["global_read"][0]  # each worker, for each new glob
 
 
 def estimate_commits_per_hour(
-    *, nodes: int, inner_steps: int, step_time_s: float, min_publish_interval_s: float
+    *,
+    nodes: int,
+    inner_steps: int,
+    step_time_s: float,
+    min_publish_interval_s: float,
+    keyframe_every: int = 0,
 ) -> float:
     """Workers' delta commits plus the master's publishes, per hour.
 
     A worker commits one delta per inner loop; the master publishes at most once per
-    ``min_publish_interval_s`` and never faster than deltas arrive.
+    ``min_publish_interval_s`` and never faster than deltas arrive. With ``keyframe_every``
+    (``global_dtype`` int8 / int4 / deltas: 0 for fp32) every that many publishes also upload
+    a keyframe first, a commit of its own.
     """
     loop_s = max(inner_steps * step_time_s, 1e-9)
     arrival_s = loop_s / max(nodes, 1)
-    return nodes * 3600.0 / loop_s + 3600.0 / max(min_publish_interval_s, arrival_s)
+    publishes = 3600.0 / max(min_publish_interval_s, arrival_s)
+    return nodes * 3600.0 / loop_s + publishes * publish_commits(keyframe_every)
+
+
+def publish_commits(keyframe_every: int) -> float:
+    """Commits per publish: one, plus a keyframe's upload every ``keyframe_every`` of them."""
+    return 1.0 + (1.0 / keyframe_every if keyframe_every > 0 else 0.0)
+
+
+def keyframes_every(settings) -> int:
+    """A ``distributed`` section's publishes per keyframe commit: 0 with ``global_dtype`` fp32
+    (full weights in every publish, no keyframe); configs that predate it count as fp32."""
+    if getattr(settings, "global_dtype", "fp32") == "fp32":
+        return 0
+    return int(getattr(settings, "keyframe_every", 0) or 0)
 
 
 def estimate_calls_per_5min(
@@ -69,7 +90,12 @@ def estimate_calls_per_5min(
 
 
 def request_facts(
-    *, inner_steps: int, poll_interval_s: float, min_publish_interval_s: float, step_time_s=1.0
+    *,
+    inner_steps: int,
+    poll_interval_s: float,
+    min_publish_interval_s: float,
+    step_time_s=1.0,
+    keyframe_every: int = 0,
 ) -> dict:
     """What ``speedtronic validate`` says about a Hub run: each operation's requests, and one
     worker's and the master's spend at ``step_time_s`` against the Hub's limits."""
@@ -77,7 +103,9 @@ def request_facts(
     calls = estimate_calls_per_5min(
         **spend, poll_interval_s=poll_interval_s, min_publish_interval_s=min_publish_interval_s
     )
-    commits = estimate_commits_per_hour(**spend, min_publish_interval_s=min_publish_interval_s)
+    commits = estimate_commits_per_hour(
+        **spend, min_publish_interval_s=min_publish_interval_s, keyframe_every=keyframe_every
+    )
     return {
         "diloco_hub_requests": {k: {"api": a, "storage": s} for k, (a, s) in REQUESTS.items()},
         f"diloco_hub_budget_one_worker_at_{step_time_s:g}s_per_step": {
@@ -96,11 +124,13 @@ def cadence_warnings(
     step_time_s: float | None,
     poll_interval_s: float,
     min_publish_interval_s: float,
+    keyframe_every: int = 0,
 ) -> list[str]:
     """One line per Hub budget the configured cadence would exceed, naming the knob to turn.
 
     ``nodes`` is the number of workers; ``step_time_s`` the seconds per optimizer step (None
-    when not measured yet: only the polling part is estimated then).
+    when not measured yet: only the polling part is estimated then); ``keyframe_every`` as
+    for ``estimate_commits_per_hour``.
     """
     warnings = []
     commit_cap = HUB_COMMITS_PER_HOUR * WARN_FRACTION
@@ -111,9 +141,13 @@ def cadence_warnings(
             inner_steps=inner_steps,
             step_time_s=step_time_s,
             min_publish_interval_s=min_publish_interval_s,
+            keyframe_every=keyframe_every,
         )
         if commits > commit_cap:
-            warnings.append(_commit_warning(commits, nodes, step_time_s, min_publish_interval_s))
+            per_publish = publish_commits(keyframe_every)
+            warnings.append(
+                _commit_warning(commits, nodes, step_time_s, min_publish_interval_s, per_publish)
+            )
     calls = estimate_calls_per_5min(
         nodes=nodes,
         inner_steps=inner_steps,
@@ -126,11 +160,13 @@ def cadence_warnings(
     return warnings
 
 
-def _commit_warning(commits: float, nodes: int, step_time_s: float, publish_s: float) -> str:
+def _commit_warning(
+    commits: float, nodes: int, step_time_s: float, publish_s: float, per_publish: float = 1.0
+) -> str:
     cap = HUB_COMMITS_PER_HOUR * WARN_FRACTION
-    # The publishes take their share first (at most 3600/publish_s an hour); the workers'
-    # deltas must fit in the rest.
-    publishes = 3600.0 / publish_s if publish_s > 0 else cap
+    # The publishes (and their keyframes) take their share first (at most 3600/publish_s
+    # publishes an hour); the workers' deltas must fit in the rest.
+    publishes = 3600.0 / publish_s * per_publish if publish_s > 0 else cap
     room = cap - publishes
     if room > 0:
         need = math.ceil(nodes * 3600.0 / (room * step_time_s))
@@ -140,13 +176,20 @@ def _commit_warning(commits: float, nodes: int, step_time_s: float, publish_s: f
         )
     else:
         knob = (
-            f"raise distributed.min_publish_interval_s above {3600.0 / cap:.0f} s "
+            f"raise distributed.min_publish_interval_s above {3600.0 * per_publish / cap:.0f} s "
             f"(now {publish_s:g} s), then distributed.inner_steps"
         )
+    verdict = (
+        "this cadence cannot fit one Hub repo"
+        if commits > HUB_COMMITS_PER_HOUR
+        else "too near the limit for one Hub repo (retries spend commits too)"
+    )
     return (
         f"Hub commit budget: {nodes} worker(s) at {step_time_s:.3g} s/step would make about "
         f"{commits:.0f} commits/hour on the repo, over {cap:.0f} ({WARN_FRACTION:.0%} of the "
-        f"Hub's ~{HUB_COMMITS_PER_HOUR}/hour); {knob}"
+        f"Hub's ~{HUB_COMMITS_PER_HOUR}/hour): {verdict}; {knob}; "
+        f"or keep it in a bucket, which has no commit budget (distributed.repo_id: "
+        f"s3://BUCKET/PREFIX, docs/storage.md)"
     )
 
 

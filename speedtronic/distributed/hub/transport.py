@@ -15,7 +15,7 @@ import json
 import threading
 from typing import Any
 
-from speedtronic.distributed.hub.cadence import cadence_warnings
+from speedtronic.distributed.hub.cadence import cadence_warnings, keyframes_every
 from speedtronic.distributed.hub.publish import MAX_PUBLISH_ATTEMPTS, Publisher, commit_message
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
@@ -97,6 +97,7 @@ class HubTransport:
             step_time_s=step_time_s,
             poll_interval_s=settings.poll_interval,
             min_publish_interval_s=self.min_publish_interval_s,
+            keyframe_every=keyframes_every(settings),
         )
 
     # ------------------------------------------------------------------ workers
