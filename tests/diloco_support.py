@@ -23,8 +23,6 @@ def settings(**overrides):
     base = dict(
         node_id="node-a",
         inner_steps=2,
-        early_inner_steps=None,  # post-local SGD off
-        early_until_step=0,
         poll_interval=0.01,
         reset_inner_optimizer=True,
         install="boundary",  # the unit tests of boundaries; test_diloco_eager sets eager

@@ -43,15 +43,14 @@ over a cable-like link, ``sim.link_latency``, on which a bf16 delta takes f x L)
 download charged by its bytes), ``gdeltas`` (issue 54: no global published; each node downloads
 the round's other deltas and applies it, exact; ``sim.py``'s docstring) and ``kf<n>``
 (``keyframe_every``); ``h<n>`` (this arm's H; the link stays the one calibrated on the scale's
-H), ``early<H>to<step>`` (post-local SGD, issue 54: inner loops that start before a node's
-optimizer step ``step`` last ``H``), ``jit<x>`` (every step's time times a log-normal factor of
-mean 1 and spread x), ``stall<p>`` (after each inner loop, with chance p, the machine pauses for
-one loop: another job, a sleeping laptop), ``ljit<x>`` (every transfer's time times such a
-factor), ``mx`` (the master on a fifth machine instead of worker 0's), ``s<n>`` (this arm's T,
-in AdamW steps) and, for arm a only, ``b<n>`` (its batch at the same step time: data parallel
-over 4 machines with a free all-reduce is ``a_muon_b32``). Everything else is the product's
-default: plain averaging (outer lr 1.0, momentum 0), fleet policy, min_deltas 2, bf16 deltas.
-``c_f0.25`` is the old default (boundary installs, AdamW reset).
+H), ``jit<x>`` (every step's time times a log-normal factor of mean 1 and spread x),
+``stall<p>`` (after each inner loop, with chance p, the machine pauses for one loop: another
+job, a sleeping laptop), ``ljit<x>`` (every transfer's time times such a factor), ``mx`` (the
+master on a fifth machine instead of worker 0's), ``s<n>`` (this arm's T, in AdamW steps) and,
+for arm a only, ``b<n>`` (its batch at the same step time: data parallel over 4 machines with a
+free all-reduce is ``a_muon_b32``). Everything else is the product's default: plain averaging
+(outer lr 1.0, momentum 0), fleet policy, min_deltas 2, bf16 deltas. ``c_f0.25`` is the old
+default (boundary installs, AdamW reset).
 
 Presets for ``--arms`` (see ``PRESETS``): ``main`` (the latency grid), ``tokens``, ``uneven``,
 ``corrections``, ``long`` (run it with ``--steps 2400``: 48 inner loops), ``muon`` (issue 30),

@@ -72,7 +72,7 @@ from speedtronic.distributed.master.loop import MasterLoop
 from speedtronic.distributed.master.outer import MasterConfig
 from speedtronic.distributed.protocol import BadDelta, is_keyframe_path, parse_delta_path
 from speedtronic.distributed.transport import LocalTransport
-from speedtronic.distributed.worker.plugin import WorkerPlugin, loop_length, parameters_of
+from speedtronic.distributed.worker.plugin import WorkerPlugin, parameters_of
 from speedtronic.errors import SpeedtronicError
 from speedtronic.evaluate.loss_plugin import EvalPlugin
 from speedtronic.runtime import build_runtime
@@ -452,7 +452,7 @@ class SimNode:
         if self.stall_rng.random() >= self.stall:
             return 0.0
         self.stalls += 1
-        return loop_length(plugin.config, trainer.step) * self.step_s
+        return plugin.config.inner_steps * self.step_s
 
 
 def lognormal(rng: random.Random, spread: float) -> float:
@@ -528,9 +528,7 @@ class Simulation:
     def _step(self, now: float, i: int) -> None:
         node = self.nodes[i]
         trainer, plugin = node.runtime.trainer, node.plugin
-        boundary = trainer.step + 1 - plugin.boundary_step >= loop_length(
-            plugin.config, plugin.boundary_step
-        )
+        boundary = trainer.step + 1 - plugin.boundary_step >= plugin.config.inner_steps
         held = plugin.fetcher.take() if self.sync and boundary else None  # installed after the wait
         trainer.train_step()
         plugin.after_optimizer_step(trainer)
@@ -779,7 +777,6 @@ class Arm:
     stall: float = 0.0  # ``stall<p>``: a loop's pause after a loop, with chance p
     link_jitter: float = 0.0  # ``ljit<x>``: log-normal spread of every transfer's time
     inner_steps: int | None = None  # ``h<n>``: H for this arm (the link stays the scale's)
-    early: tuple[int, int] | None = None  # ``early<H>to<step>``: post-local SGD's H and end
     batch: int | None = None  # ``b<n>`` (arm a): sequences per step, at the same step time
     steps: int | None = None  # ``s<n>``: T for this arm, in AdamW steps (the scale's ``steps``)
 
@@ -823,7 +820,6 @@ def parse_arm(name: str) -> Arm:
     applies the round from the others' deltas, issue 54), ``kf<n>`` (``keyframe_every``),
     ``mx`` (the master on a machine of its own), ``jit<x>`` (jittery steps), ``stall<p>`` (a
     loop's pause after a loop, chance p), ``ljit<x>`` (jittery transfers), ``h<n>`` (H),
-    ``early<H>to<step>`` (post-local SGD: that H for loops that start before that step),
     ``s<n>`` (T in AdamW steps; arm a: evaluated at its end only, a rung of the speedup's
     ladder) and, for arm a only, ``b<n>`` (its batch at the same step time: data parallel with
     a free all-reduce)."""
@@ -855,11 +851,6 @@ def parse_arm(name: str) -> Arm:
             values["keyframe_every"] = int(mod[2:])
         elif _count(mod, "h"):
             values["inner_steps"] = _count(mod, "h")
-        elif mod.startswith("early") and "to" in mod:
-            h, until = (_count(part, "") for part in mod[5:].split("to", 1))
-            if not h or not until:
-                raise ValueError(f"arm {name!r}: early<H>to<step> takes two positive integers")
-            values["early"] = (h, until)
         elif mod.startswith("jit") and (_number(mod[3:]) or -1) >= 0:
             values["jitter"] = _number(mod[3:])
         elif mod.startswith("ljit") and (_number(mod[4:]) or -1) >= 0:
@@ -1088,8 +1079,6 @@ class Job:
             **{**MASTER_DEFAULTS, **policy},
             poll_interval=latency.poll_s,
             inner_steps=arm.inner_steps or scale.inner_steps,
-            early_inner_steps=arm.early[0] if arm.early else None,
-            early_until_step=arm.early[1] if arm.early else 0,
             reset_inner_optimizer=arm.reset_inner,
             reapply_own_delta=arm.reapply_own,
             sync_wait_s=3600.0 if arm.sync else 0.0,  # the event loop models the wait

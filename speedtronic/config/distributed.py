@@ -34,10 +34,6 @@ class DistributedConfig:
     endpoint_url: str | None = None  # s3:// repos: the store's URL; None: $AWS_ENDPOINT_URL, AWS
     token: str | None = field(default=None, repr=False)
     inner_steps: int = ranged(500, STEPS)  # optimizer steps between syncs (H)
-    # Post-local SGD (Lin et al. 2018): inner loops that start before a node's optimizer step
-    # early_until_step last early_inner_steps, a shorter H: a fleet loses most in its first rounds
-    early_inner_steps: int | None = ranged(None, STEPS)
-    early_until_step: int = ranged(0, "[0, 2**40]")
     poll_interval: float = ranged(60.0, "(0, 86400]", "at most a day")  # seconds
     # false: AdamW moments carry across installs; a reset measured 4-5 points worse over 12 and
     # 48 rounds (docs/diloco.md, "Why the defaults"), though upstream DiLoCo resets
@@ -121,7 +117,6 @@ class DistributedConfig:
             problems.append("distributed.train_locally: only a master may set it to false")
         if self.enabled and not self.train_locally and self.outer_steps is None:
             problems.append("distributed.outer_steps: required when train_locally is false")
-        problems += self._check_early()
         if self.global_dtype == "deltas" and self.outer_momentum > 0:
             problems.append(
                 f"distributed.outer_momentum: must be 0 with global_dtype deltas (got "
@@ -134,21 +129,6 @@ class DistributedConfig:
             for name in self.collaborators
             if not is_hub_user_name(name)
         ]
-
-    def _check_early(self) -> list[str]:
-        """Post-local SGD's two keys go together, and its H is the shorter one."""
-        if self.early_inner_steps is None:
-            if self.early_until_step:
-                return ["distributed.early_until_step: set distributed.early_inner_steps too "
-                        "(the H of inner loops before that step), or remove it"]  # fmt: skip
-            return []
-        if not self.early_until_step:
-            return ["distributed.early_inner_steps: set distributed.early_until_step too (the "
-                    "optimizer step where inner loops of inner_steps begin)"]  # fmt: skip
-        if self.early_inner_steps >= self.inner_steps:
-            return [f"distributed.early_inner_steps: must be below distributed.inner_steps "
-                    f"({self.inner_steps}) (got {self.early_inner_steps})"]  # fmt: skip
-        return []
 
     def _check_storage(self) -> list[str]:
         """An ``s3://`` repo spec and ``endpoint_url``: the bucket, prefix and URL rules."""

@@ -139,10 +139,6 @@ DOCS: dict[str, str] = {
     "distributed.path": "alias of repo_id for a shared directory",
     "distributed.token": "Hub token; null: $HF_TOKEN or the saved login (never logged)",
     "distributed.inner_steps": "optimizer steps between syncs (H)",
-    "distributed.early_inner_steps": "post-local SGD: a shorter H for the inner loops that "
-    "start before early_until_step (the first rounds are where a fleet loses most)",
-    "distributed.early_until_step": "post-local SGD: the node's optimizer step where inner "
-    "loops of inner_steps begin",
     "distributed.poll_interval": "seconds between checks of the repo",
     "distributed.reset_inner_optimizer": "true: clear AdamW moments at every install "
     "(upstream DiLoCo; measured worse, docs/diloco.md)",

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 import torch
 from diloco_support import Log, settings
 
 from diloco.test_nodes import FakeTrainer, model
-from speedtronic.config.distributed import DistributedConfig
 from speedtronic.distributed.codec import decode_delta, encode_weights
 from speedtronic.distributed.transport import LocalTransport
 from speedtronic.distributed.worker.plugin import WorkerPlugin
@@ -229,30 +227,3 @@ def test_a_resumed_node_that_cannot_read_the_global_holds_its_deltas_until_it_ca
     header, delta = decode_delta(transport.read(path, 1 << 20), path, REFERENCE)
     assert header.base_outer_step == 7 and header.steps == 6
     torch.testing.assert_close(delta["weight"], torch.full((1, 2), 1.5))  # 6 x 0.25: no loss
-
-
-def test_post_local_sgd_syncs_every_early_inner_steps_until_its_step_then_every_inner_steps(
-    tmp_path,
-):
-    transport = LocalTransport(tmp_path)
-    worker, trainer, _ = eager_worker(transport, early_inner_steps=1, early_until_step=3)
-    steps(worker, trainer, 11)  # loops start at 0, 1, 2 (H 1), then 3 and 7 (H 4)
-    sent = []
-    for seq in range(1, 6):
-        path = f"nodes/node-a/delta_{seq:08d}.safetensors"
-        sent.append(decode_delta(transport.read(path, 1 << 20), path, REFERENCE)[0].steps)
-    assert sent == [1, 1, 1, 4, 4] and len(transport.list_deltas()) == 5
-
-
-@pytest.mark.parametrize(
-    "keys, problem",
-    [
-        ({"early_inner_steps": 5}, "distributed.early_inner_steps: set distributed.early_until"),
-        ({"early_until_step": 50}, "distributed.early_until_step: set distributed.early_inner"),
-        ({"early_inner_steps": 500, "early_until_step": 50}, "must be below distributed.inner_"),
-    ],
-)
-def test_post_local_sgd_keys_go_together_and_shorten_h(keys, problem):
-    config = DistributedConfig(node_id="a", inner_steps=500, **keys)
-    assert any(p.startswith(problem) or problem in p for p in config.check())
-    assert not DistributedConfig(node_id="a", early_inner_steps=5, early_until_step=50).check()

@@ -251,7 +251,7 @@ def test_arm_names_pick_stalls_and_a_jittery_link():
 def test_a_stall_pauses_one_inner_loop_and_only_right_after_a_boundary():
     import random
 
-    config = SimpleNamespace(inner_steps=10, early_inner_steps=None, early_until_step=0)
+    config = SimpleNamespace(inner_steps=10)
     trainer, plugin = SimpleNamespace(step=20), SimpleNamespace(boundary_step=20, config=config)
     runtime = SimpleNamespace(trainer=trainer)
     node = sim.SimNode(runtime, plugin, 0.5, 100, stall=0.25, stall_rng=random.Random(0))

@@ -52,13 +52,6 @@ def snapshot(params: dict[str, nn.Parameter], device: str | None = None) -> dict
     }
 
 
-def loop_length(config: Any, start: int) -> int:
-    """H of the inner loop that starts at this node's optimizer step ``start``: post-local
-    SGD's ``early_inner_steps`` before ``early_until_step``, ``inner_steps`` after."""
-    early = config.early_inner_steps
-    return early if early and start < config.early_until_step else config.inner_steps
-
-
 class WorkerPlugin:
     """Trainer plug-in: boundaries and global installs; the network is its two helpers'."""
 
@@ -139,7 +132,7 @@ class WorkerPlugin:
     def after_optimizer_step(self, trainer: Any) -> None:
         self.status.raise_if_fatal()
         since = trainer.step - self.boundary_step
-        if since >= loop_length(self.config, self.boundary_step):
+        if since >= self.config.inner_steps:
             self.boundary(trainer, final=self.end.at_max_steps(trainer))
         elif self.eager and since % self.install_every == 0 and self.fetcher.ready is not None:
             self.install_eagerly(trainer)
