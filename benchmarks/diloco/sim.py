@@ -26,6 +26,10 @@ same seconds for the same link):
   step costs ``MUON_STEP_COST`` AdamW steps), so f = 0.25 is the same link for every optimizer.
 * **jitter** (``jit<x>``): each step takes its node's time times a log-normal factor of mean 1
   and spread x, drawn per node and seed.
+* **stalls** (``stall<p>``, issue 54 item 6): after each inner loop, with chance p, a node
+  pauses for one loop (another job, a sleeping laptop): slowdowns that do not average out
+  over a loop as jitter does. **A jittery link** (``ljit<x>``): every upload, download and
+  publish takes its time times a log-normal factor of spread x.
 * **worker poll** every f L; a newer global takes f/2 L to download before the plug-in sees it
   in ``fetcher.ready``. ``install: eager`` installs it after the next optimizer step;
   ``boundary`` at the next boundary.
