@@ -54,19 +54,17 @@ def measured_warnings(cfg: SpeedtronicConfig) -> list[str]:
 def fleet_warnings(cfg: SpeedtronicConfig, fleet: Fleet) -> list[str]:
     """For a Hub repo: where ``fleet`` at this cadence would exceed the Hub's budgets (the
     commits a repo takes an hour, the calls an account makes), each naming the way out."""
-    from speedtronic.distributed.hub.cadence import cadence_warnings, keyframes_every
+    from speedtronic.distributed.hub.cadence import settings_warnings
     from speedtronic.distributed.repos import check_repo_spec
 
     dist = cfg.distributed
     if check_repo_spec(dist.repo)[0] != "hub":
         return []
-    return cadence_warnings(
+    return settings_warnings(
+        dist,
         nodes=fleet.nodes,
-        inner_steps=dist.inner_steps,
         step_time_s=fleet.step_time_s,
-        poll_interval_s=dist.poll_interval,
         min_publish_interval_s=dist.min_publish_interval_s,
-        keyframe_every=keyframes_every(dist),
     )
 
 

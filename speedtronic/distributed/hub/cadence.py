@@ -10,6 +10,7 @@ are plain, testable arithmetic.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from speedtronic.hub.budget import HUB_CALLS_PER_5_MIN, HUB_COMMITS_PER_HOUR
 
@@ -158,6 +159,20 @@ def cadence_warnings(
     if calls > HUB_CALLS_PER_5_MIN * WARN_FRACTION:
         warnings.append(_call_warning(calls, nodes, poll_interval_s))
     return warnings
+
+
+def settings_warnings(
+    settings: Any, *, nodes: int, step_time_s: float | None, min_publish_interval_s: float
+) -> list[str]:
+    """``cadence_warnings`` for a ``distributed`` section: its H, polls and keyframes."""
+    return cadence_warnings(
+        nodes=nodes,
+        inner_steps=settings.inner_steps,
+        step_time_s=step_time_s,
+        poll_interval_s=settings.poll_interval,
+        min_publish_interval_s=min_publish_interval_s,
+        keyframe_every=keyframes_every(settings),
+    )
 
 
 def _commit_warning(

@@ -15,7 +15,7 @@ import json
 import threading
 from typing import Any
 
-from speedtronic.distributed.hub.cadence import cadence_warnings, keyframes_every
+from speedtronic.distributed.hub.cadence import settings_warnings
 from speedtronic.distributed.hub.publish import MAX_PUBLISH_ATTEMPTS, Publisher, commit_message
 from speedtronic.distributed.hub.rates import CommitRates
 from speedtronic.distributed.hub.view import RepoView, Tally, read_step_count_at
@@ -91,13 +91,11 @@ class HubTransport:
         """Where the configured cadence would exceed the Hub's budgets, naming the knob."""
         step = self.view.step
         nodes = len((step.value or {}).get("nodes") or {}) if step else 0
-        return cadence_warnings(
+        return settings_warnings(
+            settings,
             nodes=max(nodes, 1),
-            inner_steps=settings.inner_steps,
             step_time_s=step_time_s,
-            poll_interval_s=settings.poll_interval,
             min_publish_interval_s=self.min_publish_interval_s,
-            keyframe_every=keyframes_every(settings),
         )
 
     # ------------------------------------------------------------------ workers
